@@ -1,0 +1,55 @@
+# Thin wrapper over CMake. Two entry points for a fresh Debian machine (as root):
+#   make serve   install packages, build, create the default model, serve on 127.0.0.1:8080
+#   make check   install packages, build, run the whole test suite (and again under ASan+UBSan)
+BUILD       ?= build
+ASAN_BUILD  ?= build-asan
+JOBS        ?= $(shell nproc)
+MODEL       ?= models-local/default
+HOST        ?= 127.0.0.1
+PORT        ?= 8080
+APT_PACKAGES = build-essential cmake pkg-config libcivetweb-dev libcjson-dev libcmocka-dev \
+               libpcre2-dev python3 python3-numpy
+
+.PHONY: all deps build serve check check-fast check-asan model bench clean
+
+all: build
+
+# Installs what is missing (no-op when everything is there).
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The default model: Qwen3-shaped, random weights, with a tokenizer so it speaks text.
+model: build
+	@if [ ! -f $(MODEL)/config.json ]; then \
+	  $(BUILD)/graphswap mkmodel --arch qwen3 --out $(MODEL) --hidden 256 --layers 4 --heads 4 \
+	    --kv-heads 2 --head-dim 64 --intermediate 768 --vocab 4096 --seed 1; \
+	fi
+
+serve: model
+	$(BUILD)/graphswap serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+check-fast: build
+	cd $(BUILD) && GRAPHSWAP_CHECKED=1 ctest --output-on-failure -j $(JOBS)
+
+check-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DGS_SANITIZE=ON
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && GRAPHSWAP_CHECKED=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) -L 'unit|integration|reference'
+
+check: check-fast check-asan
+
+bench: model
+	$(BUILD)/graphswap bench decode --model $(MODEL)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,182 @@
+/* bench/bench_decode.c — `graphswap bench decode`: decode throughput against the memory floor.
+ *
+ * Decode on a CPU reads every weight once per step, so the floor for one step is
+ * (weight bytes read per step) / (memory bandwidth). The same run measures the machine's memcpy
+ * bandwidth (bytes copied per second, all worker threads) and a read-only bandwidth, then decodes
+ * at batch 1, 4, 16 with captured plans and eagerly, and prints the ratios. Nothing here asserts a
+ * speed: the figures go in the README with the machine and commit.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/cli.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    char *src, *dst;
+    size_t n;
+    double sink[64];
+    int mode; /* 0 copy, 1 read */
+} bw_ctx;
+
+static void bw_task(void *vctx, int tid, int nth)
+{
+    bw_ctx *c = vctx;
+    size_t chunk = (c->n / (size_t)nth) & ~(size_t)63;
+    size_t b = chunk * (size_t)tid, e = tid == nth - 1 ? c->n : b + chunk;
+    if (c->mode == 0) {
+        memcpy(c->dst + b, c->src + b, e - b);
+    } else {
+        const double *p = (const double *)(c->src + b);
+        size_t k = (e - b) / sizeof(double);
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i + 4 <= k; i += 4) {
+            s0 += p[i];
+            s1 += p[i + 1];
+            s2 += p[i + 2];
+            s3 += p[i + 3];
+        }
+        c->sink[tid] = s0 + s1 + s2 + s3;
+    }
+}
+
+/* Best of several passes over a buffer much larger than the caches, GB/s. */
+static double bandwidth(kern_pool *pool, int mode)
+{
+    bw_ctx c = {.n = (size_t)512 << 20, .mode = mode};
+    c.src = malloc(c.n);
+    c.dst = malloc(c.n);
+    if (!c.src || !c.dst) srv_die("out of memory for the bandwidth test");
+    memset(c.src, 1, c.n);
+    memset(c.dst, 2, c.n);
+    double best = 0;
+    for (int it = 0; it < 6; it++) {
+        double t0 = now_s();
+        kern_pool_run(pool, bw_task, &c);
+        double gbs = (double)c.n / (now_s() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(c.src);
+    free(c.dst);
+    return best;
+}
+
+typedef struct {
+    double tok_s, step_ms;
+} decode_result;
+
+static decode_result run_decode(srv_runtime_opts *ro, int batch, int tokens)
+{
+    char err[1024];
+    srv_runtime rt;
+    ro->ecfg.max_seqs = batch > 16 ? batch : 16;
+    if (srv_runtime_open(&rt, ro, err, sizeof err) != 0) srv_die("%s", err);
+    const int V = rt.m->cfg.vocab, P = 16;
+    eng_request *reqs = calloc((size_t)batch, sizeof *reqs);
+    int32_t *prompts = malloc((size_t)batch * P * sizeof(int32_t));
+    int32_t *out = malloc((size_t)batch * (size_t)tokens * sizeof(int32_t));
+    float *lps = malloc((size_t)batch * (size_t)tokens * sizeof(float));
+    if (!reqs || !prompts || !out || !lps) srv_die("out of memory");
+    for (int b = 0; b < batch; b++) {
+        for (int i = 0; i < P; i++) prompts[b * P + i] = (int32_t)((b * 7919 + i * 104729) % V);
+        eng_request *r = &reqs[b];
+        r->prompt = prompts + b * P;
+        r->n_prompt = P;
+        r->max_tokens = tokens;
+        r->ignore_eos = 1;
+        r->sp.top_p = 1;
+        r->out_tokens = out + (size_t)b * (size_t)tokens;
+        r->out_logprobs = lps + (size_t)b * (size_t)tokens;
+        if (eng_submit(rt.e, r, NULL, err, sizeof err) != 0) srv_die("%s", err);
+    }
+    eng_step(rt.e); /* prefill every prompt (batch * 16 rows fit one step) */
+    eng_step(rt.e); /* first decode step: warm caches */
+    const eng_stats *st = eng_get_stats(rt.e);
+    uint64_t steps0 = st->steps, rows0 = st->rows;
+    double t0 = now_s();
+    eng_run_until_idle(rt.e);
+    double dt = now_s() - t0;
+    decode_result res = {.tok_s = (double)(st->rows - rows0) / dt,
+                         .step_ms = 1e3 * dt / (double)(st->steps - steps0)};
+    free(reqs);
+    free(prompts);
+    free(out);
+    free(lps);
+    srv_runtime_close(&rt);
+    return res;
+}
+
+static const char help[] =
+    "usage: graphswap bench decode --model DIR [--tokens N] [--threads N]\n"
+    "\n"
+    "Decode tokens/s at batch 1, 4 and 16 with captured plans and eagerly, next to the memcpy and\n"
+    "read bandwidth measured in the same run and the floor they imply (weight bytes per step /\n"
+    "bandwidth).\n";
+
+static int bench_decode(int argc, char **argv)
+{
+    srv_runtime_opts ro;
+    srv_runtime_defaults(&ro);
+    int tokens = 64;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(help, stdout);
+            fputs(srv_runtime_help, stdout);
+            return 0;
+        }
+        if (srv_runtime_arg(argc, argv, &i, &ro) || srv_arg_int(argc, argv, &i, "--tokens", 4, 1 << 16, &tokens))
+            continue;
+        srv_die_usage("bench decode", argv[i]);
+    }
+    char err[1024];
+    srv_runtime rt;
+    if (srv_runtime_open(&rt, &ro, err, sizeof err) != 0) srv_die("%s", err);
+    const mdl_model *m = rt.m;
+    /* bytes a decode step reads: every parameter except the embedding table (one row is gathered),
+     * which is read in full anyway when it doubles as the tied lm_head */
+    double step_bytes = (double)m->weight_bytes;
+    if (m->lm_head != m->embed) step_bytes -= (double)m->params[m->embed].bytes;
+    size_t params = 0;
+    for (int i = 0; i < m->n_params; i++) params += (size_t)(m->params[i].rows * m->params[i].cols);
+    int threads = ro.threads;
+    kern_pool *pool = kern_pool_create(threads);
+    double copy_bw = bandwidth(pool, 0), read_bw = bandwidth(pool, 1);
+    int nthreads = kern_pool_threads(pool);
+    kern_pool_destroy(pool);
+    srv_runtime_close(&rt);
+
+    double floor_tok_s = copy_bw * 1e9 / step_bytes;
+    printf("model: %s  params: %.1fM  weight bytes per decode step: %.1f MB  threads: %d\n", ro.model_dir,
+           (double)params / 1e6, step_bytes / 1e6, nthreads);
+    printf("memcpy bandwidth: %.2f GB/s   read bandwidth: %.2f GB/s\n", copy_bw, read_bw);
+    printf("floor at batch 1: %.2f tok/s (memcpy)   %.2f tok/s (read)\n", floor_tok_s,
+           read_bw * 1e9 / step_bytes);
+    printf("%-6s %-7s %10s %10s %12s %12s\n", "batch", "mode", "tok/s", "step ms", "GB/s weights", "vs floor");
+    const int batches[] = {1, 4, 16};
+    for (int bi = 0; bi < 3; bi++) {
+        for (int mode = 0; mode < 2; mode++) {
+            ro.ecfg.use_plans = mode == 0;
+            decode_result r = run_decode(&ro, batches[bi], tokens);
+            double gbs = step_bytes / (r.step_ms * 1e-3) / 1e9;
+            printf("%-6d %-7s %10.2f %10.2f %12.2f %11.1f%%\n", batches[bi], mode == 0 ? "plan" : "eager",
+                   r.tok_s, r.step_ms, gbs, 100.0 * gbs / copy_bw);
+            fflush(stdout);
+        }
+    }
+    return 0;
+}
+
+int srv_cmd_bench(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "decode") == 0) return bench_decode(argc - 1, argv + 1);
+    fprintf(stderr, "usage: graphswap bench decode --model DIR [options]\n");
+    return (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) ? 0 : 2;
+}

@@ -1,0 +1,266 @@
+/* engine/backend_cpu.c — the CPU backend: the reference implementation of the backend contract.
+ *
+ * Arena: one anonymous mapping reserved up front (MAP_NORESERVE: untouched pages cost nothing) and
+ * handed out by bumping. Allocations are never reused: free() marks an entry retired and leaves its
+ * address range dead, so a stale baked pointer can always be told apart from a live one. The entry
+ * table is sorted by address by construction (bump order), so lookups are a binary search.
+ *
+ * Plans: a deep copy of the tape. Replay runs the copied ops in order with their baked pointers —
+ * the same semantics as a CUDA graph. In checked mode every pointer of every op is verified against
+ * the live allocations before the op runs; a violation aborts naming the op and the pointer.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "engine/backend.h"
+
+typedef struct {
+    uint8_t *ptr;
+    size_t bytes;
+    char tag[48];
+    int live;
+} cpu_alloc;
+
+typedef struct {
+    uint8_t *base;
+    size_t cap, used;
+    cpu_alloc *allocs;
+    size_t n_allocs, cap_allocs;
+    size_t live_bytes;
+    kern_pool *pool;
+} cpu_impl;
+
+struct eng_plan {
+    kern_op *ops;
+    size_t n;
+};
+
+static cpu_impl *impl_of(eng_backend *be) { return (cpu_impl *)be->impl; }
+
+static void *cpu_alloc_fn(eng_backend *be, size_t bytes, const char *tag)
+{
+    cpu_impl *c = impl_of(be);
+    size_t align = bytes >= (1u << 20) ? 4096 : 64;
+    size_t off = (c->used + align - 1) & ~(align - 1);
+    if (bytes == 0) bytes = 1;
+    if (off > c->cap || bytes > c->cap - off) return NULL;
+    if (c->n_allocs == c->cap_allocs) {
+        size_t ncap = c->cap_allocs ? c->cap_allocs * 2 : 256;
+        cpu_alloc *na = realloc(c->allocs, ncap * sizeof *na);
+        if (!na) return NULL;
+        c->allocs = na;
+        c->cap_allocs = ncap;
+    }
+    cpu_alloc *a = &c->allocs[c->n_allocs++];
+    a->ptr = c->base + off;
+    a->bytes = bytes;
+    snprintf(a->tag, sizeof a->tag, "%s", tag ? tag : "");
+    a->live = 1;
+    c->used = off + bytes;
+    c->live_bytes += bytes;
+    return a->ptr; /* fresh pages of an anonymous mapping are zero */
+}
+
+/* Index of the allocation whose range starts at or before p, or -1. */
+static long cpu_find(const cpu_impl *c, const void *p)
+{
+    const uint8_t *q = p;
+    long lo = 0, hi = (long)c->n_allocs - 1, best = -1;
+    while (lo <= hi) {
+        long mid = lo + (hi - lo) / 2;
+        if (c->allocs[mid].ptr <= q) {
+            best = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return best;
+}
+
+static void cpu_free_fn(eng_backend *be, void *ptr)
+{
+    cpu_impl *c = impl_of(be);
+    if (!ptr) return;
+    long i = cpu_find(c, ptr);
+    if (i < 0 || c->allocs[i].ptr != ptr || !c->allocs[i].live) {
+        fprintf(stderr, "graphswap: bug: free of %p which is not a live arena allocation\n", ptr);
+        abort();
+    }
+    c->allocs[i].live = 0;
+    c->live_bytes -= c->allocs[i].bytes;
+    /* give the pages back but keep the range reserved: it is never handed out again */
+    size_t pg = 4096;
+    uintptr_t b = ((uintptr_t)c->allocs[i].ptr + pg - 1) & ~(uintptr_t)(pg - 1);
+    uintptr_t e = ((uintptr_t)c->allocs[i].ptr + c->allocs[i].bytes) & ~(uintptr_t)(pg - 1);
+    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
+static int cpu_contains(eng_backend *be, const void *ptr, size_t bytes)
+{
+    cpu_impl *c = impl_of(be);
+    long i = cpu_find(c, ptr);
+    if (i < 0) return 0;
+    const cpu_alloc *a = &c->allocs[i];
+    size_t off = (size_t)((const uint8_t *)ptr - a->ptr);
+    return a->live && off <= a->bytes && bytes <= a->bytes - off;
+}
+
+static int cpu_alloc_info(eng_backend *be, const void *ptr, eng_alloc_info *out)
+{
+    cpu_impl *c = impl_of(be);
+    long i = cpu_find(c, ptr);
+    if (i < 0) return -1;
+    const cpu_alloc *a = &c->allocs[i];
+    if ((const uint8_t *)ptr >= a->ptr + a->bytes) return -1;
+    out->ptr = a->ptr;
+    out->bytes = a->bytes;
+    out->tag = a->tag;
+    out->live = a->live;
+    return 0;
+}
+
+static size_t cpu_bytes_in_use(eng_backend *be) { return impl_of(be)->live_bytes; }
+
+static void cpu_memcpy(eng_backend *be, void *dst, const void *src, size_t n)
+{
+    (void)be;
+    if (n) memcpy(dst, src, n);
+}
+
+static int cpu_upload_convert(eng_backend *be, void *dst, mdl_dtype dst_dt, const void *src,
+                              mdl_dtype src_dt, size_t n)
+{
+    (void)be;
+    return mdl_convert(dst, dst_dt, src, src_dt, n);
+}
+
+static void cpu_check_op(eng_backend *be, const kern_op *op, size_t index)
+{
+    for (int b = 0; b < KERN_MAX_BUFS; b++) {
+        const kern_buf *kb = &op->buf[b];
+        if (!kb->ptr) continue;
+        if (!cpu_contains(be, kb->ptr, kb->bytes)) {
+            eng_alloc_info info;
+            const char *why = "outside every arena allocation";
+            if (cpu_alloc_info(be, kb->ptr, &info) == 0)
+                why = info.live ? "overruns its allocation" : "points into a retired (freed) allocation";
+            fprintf(stderr,
+                    "graphswap: checked replay: op %zu (%s) buffer %d pointer %p (+%zu bytes) %s\n",
+                    index, kern_op_name(op->kind), b, kb->ptr, kb->bytes, why);
+            abort();
+        }
+    }
+}
+
+static void cpu_exec_ops(eng_backend *be, const kern_op *ops, size_t n)
+{
+    cpu_impl *c = impl_of(be);
+    for (size_t i = 0; i < n; i++) {
+        if (be->checked) cpu_check_op(be, &ops[i], i);
+        kern_cpu_exec(c->pool, &ops[i]);
+    }
+}
+
+static void cpu_run(eng_backend *be, const eng_tape *tape)
+{
+    assert(!tape->overflow);
+    cpu_exec_ops(be, tape->ops, tape->n);
+}
+
+static eng_plan *cpu_plan_create(eng_backend *be, const eng_tape *tape)
+{
+    (void)be;
+    assert(!tape->overflow);
+    eng_plan *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->ops = malloc((tape->n ? tape->n : 1) * sizeof *p->ops);
+    if (!p->ops) {
+        free(p);
+        return NULL;
+    }
+    memcpy(p->ops, tape->ops, tape->n * sizeof *p->ops);
+    p->n = tape->n;
+    return p;
+}
+
+static void cpu_plan_launch(eng_backend *be, eng_plan *plan) { cpu_exec_ops(be, plan->ops, plan->n); }
+
+static void cpu_plan_free(eng_backend *be, eng_plan *plan)
+{
+    (void)be;
+    if (!plan) return;
+    free(plan->ops);
+    free(plan);
+}
+
+static void cpu_synchronize(eng_backend *be) { (void)be; }
+
+static void cpu_destroy(eng_backend *be)
+{
+    cpu_impl *c = impl_of(be);
+    if (c) {
+        kern_pool_destroy(c->pool);
+        if (c->base) munmap(c->base, c->cap);
+        free(c->allocs);
+        free(c);
+    }
+    free(be);
+}
+
+static const eng_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc_fn,
+    .free = cpu_free_fn,
+    .contains = cpu_contains,
+    .alloc_info = cpu_alloc_info,
+    .bytes_in_use = cpu_bytes_in_use,
+    .upload = cpu_memcpy,
+    .download = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .upload_convert = cpu_upload_convert,
+    .run = cpu_run,
+    .plan_create = cpu_plan_create,
+    .plan_launch = cpu_plan_launch,
+    .plan_free = cpu_plan_free,
+    .synchronize = cpu_synchronize,
+    .destroy = cpu_destroy,
+};
+
+eng_backend *eng_backend_cpu_create(const eng_backend_config *cfg, char *err, size_t errlen)
+{
+    eng_backend *be = calloc(1, sizeof *be);
+    cpu_impl *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        snprintf(err, errlen, "out of memory creating the CPU backend");
+        return NULL;
+    }
+    be->ops = &cpu_ops;
+    be->impl = c;
+    be->checked = cfg->checked;
+    c->cap = (cfg->arena_bytes + 4095) & ~(size_t)4095;
+    void *m = mmap(NULL, c->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "cannot reserve %zu bytes for the CPU arena", c->cap);
+        c->base = NULL;
+        cpu_destroy(be);
+        return NULL;
+    }
+    c->base = m;
+#ifdef MADV_HUGEPAGE
+    madvise(c->base, c->cap, MADV_HUGEPAGE); /* fewer TLB misses when streaming weights */
+#endif
+    c->pool = kern_pool_create(cfg->threads);
+    if (!c->pool) {
+        snprintf(err, errlen, "cannot start %d CPU worker threads", cfg->threads);
+        cpu_destroy(be);
+        return NULL;
+    }
+    return be;
+}

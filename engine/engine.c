@@ -1,0 +1,479 @@
+/* engine/engine.c — scheduler, KV block management, plan cache and the step loop (see engine.h). */
+#include "engine/engine.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_BUCKETS 16
+
+typedef struct {
+    eng_request *req; /* NULL: free slot */
+    int32_t *tokens;  /* [max_model_len]: prompt then generated */
+    int n_tokens, n_computed, n_blocks;
+} eng_seq;
+
+struct eng_engine {
+    eng_config cfg;
+    mdl_model *m;
+    eng_backend *be;
+    eng_step_io io;
+    mdl_workspace ws;
+    /* host mirrors of the step parameters */
+    int32_t *h_tok, *h_pos, *h_slot, *h_kv_len, *h_logit_idx, *h_bt;
+    int bt_dirty;
+    float *h_logits; /* [max_seqs, V] */
+    int32_t *logit_seq; /* slot of each logits row */
+    /* plans */
+    int n_buckets;
+    int bucket_rows[MAX_BUCKETS];
+    struct eng_plan *plans[MAX_BUCKETS];
+    eng_tape tape; /* eager mode scratch, and capture */
+    /* sequences and KV blocks */
+    eng_seq *seqs;
+    int32_t *token_store;
+    int32_t *free_blocks;
+    int n_free_blocks;
+    int n_running;
+    /* waiting FIFO */
+    eng_request **queue;
+    int q_head, q_len;
+    eng_sampler_scratch ss;
+    int32_t banned[MDL_MAX_EOS + 64];
+    eng_stats stats;
+};
+
+void eng_config_defaults(eng_config *c)
+{
+    c->max_seqs = 64;
+    c->max_step_tokens = 256;
+    c->prefill_chunk = 256;
+    c->block_size = 16;
+    c->max_model_len = 4096;
+    c->kv_bytes = 512u << 20;
+    c->use_plans = 1;
+    c->queue_cap = 4096;
+}
+
+const char *eng_finish_name(eng_finish f)
+{
+    switch (f) {
+    case ENG_FINISH_LENGTH: return "length";
+    case ENG_FINISH_STOP: return "stop";
+    case ENG_FINISH_ABORT: return "abort";
+    default: return "none";
+    }
+}
+
+static void *xalloc(eng_backend *be, size_t bytes, const char *tag, char *err, size_t errlen)
+{
+    void *p = be->ops->alloc(be, bytes, tag);
+    if (!p) snprintf(err, errlen, "out of device memory allocating %s (%zu bytes)", tag, bytes);
+    return p;
+}
+
+eng_engine *eng_create(const eng_config *cfg_in, mdl_model *m, eng_backend *be, char *err, size_t errlen)
+{
+    eng_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    e->cfg = *cfg_in;
+    eng_config *c = &e->cfg;
+    e->m = m;
+    e->be = be;
+    const mdl_config *mc = &m->cfg;
+    if (c->max_model_len > mc->max_pos) c->max_model_len = mc->max_pos;
+    if (c->max_seqs < 1 || c->max_step_tokens < 1 || c->block_size < 1 || c->max_model_len < 2 ||
+        c->prefill_chunk < 1) {
+        snprintf(err, errlen, "invalid engine configuration");
+        goto fail;
+    }
+    if (c->max_seqs > c->max_step_tokens) c->max_seqs = c->max_step_tokens;
+    const int R = c->max_step_tokens, S = c->max_seqs;
+    e->io.max_rows = R;
+    e->io.max_seqs = S;
+    e->io.block_size = c->block_size;
+    e->io.max_blocks = (c->max_model_len + c->block_size - 1) / c->block_size;
+    const size_t per_block = (size_t)c->block_size * (size_t)mc->kv_heads * (size_t)mc->head_dim * sizeof(float);
+    size_t nb = c->kv_bytes / (2 * (size_t)mc->layers * per_block);
+    size_t nb_max = (size_t)S * (size_t)e->io.max_blocks;
+    if (nb > nb_max) nb = nb_max;
+    if (nb < (size_t)e->io.max_blocks) {
+        snprintf(err, errlen, "KV cache budget of %zu bytes holds %zu blocks; one sequence of %d tokens needs %d",
+                 c->kv_bytes, nb, c->max_model_len, e->io.max_blocks);
+        goto fail;
+    }
+    e->io.num_blocks = (int)nb;
+    e->io.kv_layer_bytes = nb * per_block;
+
+    /* plan-visible buffers: all allocated here, before the first capture (I1) */
+    const size_t i32 = sizeof(int32_t);
+    if (!(e->io.tok = xalloc(be, (size_t)R * i32, "step.tok", err, errlen)) ||
+        !(e->io.pos = xalloc(be, (size_t)R * i32, "step.pos", err, errlen)) ||
+        !(e->io.slot = xalloc(be, (size_t)R * i32, "step.slot", err, errlen)) ||
+        !(e->io.kv_len = xalloc(be, (size_t)R * i32, "step.kv_len", err, errlen)) ||
+        !(e->io.n_rows = xalloc(be, i32, "step.n_rows", err, errlen)) ||
+        !(e->io.logit_idx = xalloc(be, (size_t)S * i32, "step.logit_idx", err, errlen)) ||
+        !(e->io.n_logits = xalloc(be, i32, "step.n_logits", err, errlen)) ||
+        !(e->io.block_tables = xalloc(be, (size_t)S * (size_t)e->io.max_blocks * i32, "step.block_tables", err, errlen)))
+        goto fail;
+    e->io.kcache = calloc((size_t)mc->layers, sizeof(float *));
+    e->io.vcache = calloc((size_t)mc->layers, sizeof(float *));
+    if (!e->io.kcache || !e->io.vcache) goto oom;
+    for (int l = 0; l < mc->layers; l++) {
+        char tag[48];
+        snprintf(tag, sizeof tag, "kv.k.%d", l);
+        if (!(e->io.kcache[l] = xalloc(be, e->io.kv_layer_bytes, tag, err, errlen))) goto fail;
+        snprintf(tag, sizeof tag, "kv.v.%d", l);
+        if (!(e->io.vcache[l] = xalloc(be, e->io.kv_layer_bytes, tag, err, errlen))) goto fail;
+    }
+    if (mdl_workspace_alloc(m, be, R, S, &e->ws, err, errlen) != 0) goto fail;
+
+    /* host side */
+    e->h_tok = calloc((size_t)R, i32);
+    e->h_pos = calloc((size_t)R, i32);
+    e->h_slot = calloc((size_t)R, i32);
+    e->h_kv_len = calloc((size_t)R, i32);
+    e->h_logit_idx = calloc((size_t)S, i32);
+    e->logit_seq = calloc((size_t)S, i32);
+    e->h_bt = calloc((size_t)S * (size_t)e->io.max_blocks, i32);
+    e->h_logits = malloc((size_t)S * (size_t)mc->vocab * sizeof(float));
+    e->seqs = calloc((size_t)S, sizeof *e->seqs);
+    e->token_store = malloc((size_t)S * (size_t)c->max_model_len * i32);
+    e->free_blocks = malloc(nb * i32);
+    e->queue = calloc((size_t)c->queue_cap, sizeof *e->queue);
+    if (!e->h_tok || !e->h_pos || !e->h_slot || !e->h_kv_len || !e->h_logit_idx || !e->logit_seq ||
+        !e->h_bt || !e->h_logits || !e->seqs || !e->token_store || !e->free_blocks || !e->queue)
+        goto oom;
+    if (eng_sampler_scratch_init(&e->ss, mc->vocab) != 0) goto oom;
+    for (int s = 0; s < S; s++) e->seqs[s].tokens = e->token_store + (size_t)s * (size_t)c->max_model_len;
+    /* a LIFO of free blocks, lowest ids handed out first */
+    for (size_t b = 0; b < nb; b++) e->free_blocks[b] = (int32_t)(nb - 1 - b);
+    e->n_free_blocks = (int)nb;
+    e->bt_dirty = 1;
+
+    if (eng_tape_init(&e->tape, mdl_forward_ops(m)) != 0) goto oom;
+    /* buckets: 1, 2, 4, ... up to max_step_tokens (the last one exactly max_step_tokens) */
+    for (int r = 1;; r *= 2) {
+        int rows = r < R ? r : R;
+        e->bucket_rows[e->n_buckets++] = rows;
+        if (rows == R || e->n_buckets == MAX_BUCKETS) break;
+    }
+    if (e->bucket_rows[e->n_buckets - 1] != R) {
+        snprintf(err, errlen, "max_step_tokens %d needs more than %d plan buckets", R, MAX_BUCKETS);
+        goto fail;
+    }
+    if (c->use_plans) {
+        for (int b = 0; b < e->n_buckets; b++) {
+            int rows = e->bucket_rows[b];
+            eng_tape_reset(&e->tape);
+            mdl_emit_forward(m, &e->ws, &e->io, rows, rows < S ? rows : S, &e->tape);
+            e->plans[b] = be->ops->plan_create(be, &e->tape);
+            if (!e->plans[b]) {
+                snprintf(err, errlen, "plan capture failed for %d rows", rows);
+                goto fail;
+            }
+        }
+    }
+    return e;
+oom:
+    snprintf(err, errlen, "out of host memory creating the engine");
+fail:
+    eng_destroy(e);
+    return NULL;
+}
+
+void eng_destroy(eng_engine *e)
+{
+    if (!e) return;
+    for (int b = 0; b < e->n_buckets; b++)
+        if (e->plans[b]) e->be->ops->plan_free(e->be, e->plans[b]);
+    eng_tape_free(&e->tape);
+    eng_sampler_scratch_free(&e->ss);
+    free(e->io.kcache);
+    free(e->io.vcache);
+    free(e->h_tok);
+    free(e->h_pos);
+    free(e->h_slot);
+    free(e->h_kv_len);
+    free(e->h_logit_idx);
+    free(e->logit_seq);
+    free(e->h_bt);
+    free(e->h_logits);
+    free(e->seqs);
+    free(e->token_store);
+    free(e->free_blocks);
+    free(e->queue);
+    free(e);
+}
+
+static int blocks_for(const eng_engine *e, const eng_request *r);
+
+int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errlen)
+{
+    const int V = e->m->cfg.vocab;
+    if (busy) *busy = 0;
+    if (r->n_prompt < 1) {
+        snprintf(err, errlen, "prompt must contain at least one token");
+        return -1;
+    }
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= V) {
+            snprintf(err, errlen, "prompt token id %d at index %d is out of range [0, %d)", r->prompt[i], i, V);
+            return -1;
+        }
+    if (r->max_tokens < 1) {
+        snprintf(err, errlen, "max_tokens must be at least 1");
+        return -1;
+    }
+    if ((long)r->n_prompt + r->max_tokens > e->cfg.max_model_len) {
+        snprintf(err, errlen,
+                 "this model's maximum context length is %d tokens; the request has %d prompt tokens "
+                 "and max_tokens %d",
+                 e->cfg.max_model_len, r->n_prompt, r->max_tokens);
+        return -1;
+    }
+    if (blocks_for(e, r) > e->io.num_blocks) {
+        snprintf(err, errlen, "the request needs %d KV blocks but the cache holds %d", blocks_for(e, r),
+                 e->io.num_blocks);
+        return -1;
+    }
+    if (r->sp.logprobs < 0 || r->sp.logprobs > ENG_MAX_LOGPROBS) {
+        snprintf(err, errlen, "logprobs must be in [0, %d]", ENG_MAX_LOGPROBS);
+        return -1;
+    }
+    if (r->n_stop_ids > 64) {
+        snprintf(err, errlen, "at most 64 stop_token_ids");
+        return -1;
+    }
+    if (e->q_len == e->cfg.queue_cap) {
+        snprintf(err, errlen, "the request queue is full (%d waiting)", e->q_len);
+        if (busy) *busy = 1;
+        return -1;
+    }
+    r->n_out = 0;
+    r->finish = ENG_FINISH_NONE;
+    r->stop_token = -1;
+    r->slot = -1;
+    e->queue[(e->q_head + e->q_len) % e->cfg.queue_cap] = r;
+    e->q_len++;
+    return 0;
+}
+
+static int blocks_for(const eng_engine *e, const eng_request *r)
+{
+    int total = r->n_prompt + r->max_tokens;
+    return (total + e->cfg.block_size - 1) / e->cfg.block_size;
+}
+
+static void finish_seq(eng_engine *e, int slot, eng_finish why)
+{
+    eng_seq *s = &e->seqs[slot];
+    eng_request *r = s->req;
+    int32_t *bt = e->h_bt + (size_t)slot * (size_t)e->io.max_blocks;
+    for (int b = 0; b < s->n_blocks; b++) e->free_blocks[e->n_free_blocks++] = bt[b];
+    memset(bt, 0, (size_t)s->n_blocks * sizeof *bt);
+    e->bt_dirty = 1;
+    s->req = NULL;
+    s->n_blocks = s->n_tokens = s->n_computed = 0;
+    e->n_running--;
+    e->stats.finished++;
+    r->finish = why;
+    r->slot = -1;
+    if (r->on_finish) r->on_finish(r, r->user);
+}
+
+static void admit(eng_engine *e)
+{
+    while (e->q_len > 0) {
+        eng_request *r = e->queue[e->q_head];
+        if (atomic_load(&r->cancel)) { /* cancelled while waiting */
+            e->q_head = (e->q_head + 1) % e->cfg.queue_cap;
+            e->q_len--;
+            r->finish = ENG_FINISH_ABORT;
+            if (r->on_finish) r->on_finish(r, r->user);
+            continue;
+        }
+        int need = blocks_for(e, r);
+        if (e->n_running == e->cfg.max_seqs || need > e->n_free_blocks) return;
+        int slot = 0;
+        while (e->seqs[slot].req) slot++;
+        eng_seq *s = &e->seqs[slot];
+        e->q_head = (e->q_head + 1) % e->cfg.queue_cap;
+        e->q_len--;
+        s->req = r;
+        r->slot = slot;
+        memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+        s->n_tokens = r->n_prompt;
+        s->n_computed = 0;
+        s->n_blocks = need;
+        int32_t *bt = e->h_bt + (size_t)slot * (size_t)e->io.max_blocks;
+        for (int b = 0; b < need; b++) bt[b] = e->free_blocks[--e->n_free_blocks];
+        e->bt_dirty = 1;
+        e->n_running++;
+        e->stats.prompt_tokens += (uint64_t)r->n_prompt;
+    }
+}
+
+static void add_rows(eng_engine *e, int slot, int count, int *rows)
+{
+    eng_seq *s = &e->seqs[slot];
+    for (int i = 0; i < count; i++) {
+        int p = s->n_computed + i, r = (*rows)++;
+        e->h_tok[r] = s->tokens[p];
+        e->h_pos[r] = p;
+        e->h_slot[r] = slot;
+        e->h_kv_len[r] = p + 1; /* causal */
+    }
+}
+
+/* Appends a sampled token; returns the finish reason it triggers (NONE to go on). */
+static eng_finish append_token(eng_engine *e, int slot, int32_t tok)
+{
+    eng_seq *s = &e->seqs[slot];
+    eng_request *r = s->req;
+    s->tokens[s->n_tokens++] = tok;
+    r->out_tokens[r->n_out] = tok;
+    r->n_out++;
+    e->stats.generated_tokens++;
+    if (r->on_token && r->on_token(r, r->user)) return ENG_FINISH_STOP;
+    if (r->n_out >= r->min_tokens) {
+        const mdl_config *mc = &e->m->cfg;
+        if (!r->ignore_eos)
+            for (int i = 0; i < mc->n_eos; i++)
+                if (tok == mc->eos[i]) {
+                    r->stop_token = tok;
+                    return ENG_FINISH_STOP;
+                }
+        for (int i = 0; i < r->n_stop_ids; i++)
+            if (tok == r->stop_ids[i]) {
+                r->stop_token = tok;
+                return ENG_FINISH_STOP;
+            }
+    }
+    if (r->n_out >= r->max_tokens || s->n_tokens >= e->cfg.max_model_len) return ENG_FINISH_LENGTH;
+    return ENG_FINISH_NONE;
+}
+
+static int bucket_index(const eng_engine *e, int rows)
+{
+    for (int b = 0; b < e->n_buckets; b++)
+        if (e->bucket_rows[b] >= rows) return b;
+    assert(0 && "rows exceed the largest bucket");
+    return -1;
+}
+
+struct eng_plan *eng_plan_for_rows(eng_engine *e, int rows)
+{
+    return e->cfg.use_plans ? e->plans[bucket_index(e, rows)] : NULL;
+}
+
+int eng_step(eng_engine *e)
+{
+    const eng_config *c = &e->cfg;
+    const int V = e->m->cfg.vocab;
+    eng_backend *be = e->be;
+    for (int s = 0; s < c->max_seqs; s++)
+        if (e->seqs[s].req && atomic_load(&e->seqs[s].req->cancel)) finish_seq(e, s, ENG_FINISH_ABORT);
+    admit(e);
+    if (e->n_running == 0) return e->q_len;
+
+    /* rows: decode tokens first, then prefill chunks within the step budget */
+    int rows = 0, nl = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int s = 0; s < c->max_seqs; s++) {
+            eng_seq *q = &e->seqs[s];
+            if (!q->req) continue;
+            int left = q->n_tokens - q->n_computed;
+            if ((pass == 0) != (left == 1)) continue;
+            int take = left < c->prefill_chunk ? left : c->prefill_chunk;
+            if (take > c->max_step_tokens - rows) take = c->max_step_tokens - rows;
+            if (take <= 0) continue;
+            add_rows(e, s, take, &rows);
+            if (take == left) {
+                e->h_logit_idx[nl] = rows - 1;
+                e->logit_seq[nl++] = s;
+            }
+        }
+    }
+    assert(rows > 0);
+    int32_t n_rows = rows, n_logits = nl;
+    const size_t i32 = sizeof(int32_t);
+    be->ops->upload(be, e->io.tok, e->h_tok, (size_t)rows * i32);
+    be->ops->upload(be, e->io.pos, e->h_pos, (size_t)rows * i32);
+    be->ops->upload(be, e->io.slot, e->h_slot, (size_t)rows * i32);
+    be->ops->upload(be, e->io.kv_len, e->h_kv_len, (size_t)rows * i32);
+    be->ops->upload(be, e->io.n_rows, &n_rows, i32);
+    be->ops->upload(be, e->io.logit_idx, e->h_logit_idx, (size_t)nl * i32);
+    be->ops->upload(be, e->io.n_logits, &n_logits, i32);
+    if (e->bt_dirty) {
+        be->ops->upload(be, e->io.block_tables, e->h_bt, (size_t)c->max_seqs * (size_t)e->io.max_blocks * i32);
+        e->bt_dirty = 0;
+    }
+    if (c->use_plans) {
+        be->ops->plan_launch(be, e->plans[bucket_index(e, rows)]);
+        e->stats.plan_launches++;
+    } else {
+        eng_tape_reset(&e->tape);
+        mdl_emit_forward(e->m, &e->ws, &e->io, rows, nl > 0 ? nl : 1, &e->tape);
+        be->ops->run(be, &e->tape);
+        e->stats.eager_runs++;
+    }
+    if (nl > 0) be->ops->download(be, e->h_logits, e->ws.logits, (size_t)nl * (size_t)V * sizeof(float));
+    be->ops->synchronize(be);
+    e->stats.steps++;
+    e->stats.rows += (uint64_t)rows;
+
+    /* advance computed counts for every scheduled row */
+    for (int r = 0; r < rows; r++) e->seqs[e->h_slot[r]].n_computed++;
+    for (int j = 0; j < nl; j++) {
+        int s = e->logit_seq[j];
+        eng_seq *q = &e->seqs[s];
+        eng_request *r = q->req;
+        int nb = 0;
+        if (r->n_out < r->min_tokens) { /* keep eos and stop ids out until min_tokens */
+            const mdl_config *mc = &e->m->cfg;
+            if (!r->ignore_eos)
+                for (int i = 0; i < mc->n_eos; i++) e->banned[nb++] = mc->eos[i];
+            for (int i = 0; i < r->n_stop_ids; i++) e->banned[nb++] = r->stop_ids[i];
+        }
+        float lp;
+        eng_toplp *top = r->sp.logprobs > 0 ? r->out_top + (size_t)r->n_out * (size_t)r->sp.logprobs : NULL;
+        int32_t tok = eng_sample(e->h_logits + (size_t)j * (size_t)V, &r->sp, (uint64_t)r->n_out,
+                                 e->banned, nb, &e->ss, &lp, top);
+        r->out_logprobs[r->n_out] = lp;
+        eng_finish f = append_token(e, s, tok);
+        if (f != ENG_FINISH_NONE) finish_seq(e, s, f);
+    }
+    return e->n_running + e->q_len;
+}
+
+void eng_run_until_idle(eng_engine *e)
+{
+    while (eng_step(e) > 0) {
+    }
+}
+
+void eng_abort_all(eng_engine *e)
+{
+    for (int s = 0; s < e->cfg.max_seqs; s++)
+        if (e->seqs[s].req) finish_seq(e, s, ENG_FINISH_ABORT);
+    while (e->q_len > 0) {
+        eng_request *r = e->queue[e->q_head];
+        e->q_head = (e->q_head + 1) % e->cfg.queue_cap;
+        e->q_len--;
+        r->finish = ENG_FINISH_ABORT;
+        if (r->on_finish) r->on_finish(r, r->user);
+    }
+}
+
+int eng_num_running(const eng_engine *e) { return e->n_running; }
+int eng_num_waiting(const eng_engine *e) { return e->q_len; }
+int eng_kv_blocks_total(const eng_engine *e) { return e->io.num_blocks; }
+int eng_kv_blocks_free(const eng_engine *e) { return e->n_free_blocks; }
+const eng_stats *eng_get_stats(const eng_engine *e) { return &e->stats; }
+const eng_config *eng_get_config(const eng_engine *e) { return &e->cfg; }
+const mdl_model *eng_model(const eng_engine *e) { return e->m; }

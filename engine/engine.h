@@ -1,0 +1,99 @@
+/* engine/engine.h — the engine: one thread owns the backend, the model, the paged KV cache, the
+ * scheduler (continuous batching with chunked prefill) and the plan cache.
+ *
+ * Requests are submitted and stepped from the same (engine) thread; other threads hand requests
+ * over through their own queue (server/). A request's outputs are written into buffers its owner
+ * allocated (max_tokens entries), so the step loop allocates nothing.
+ *
+ * Step: (1) retire cancelled requests, (2) admit waiting requests while a sequence slot and KV blocks
+ * for prompt + max_tokens are free (reserved up front: no preemption is ever needed), (3) build the
+ * rows: every sequence with one token left (decode) first, then prefill chunks of at most
+ * prefill_chunk tokens within max_step_tokens, (4) upload step parameters, launch the plan of the
+ * smallest bucket >= rows (or run the tape eagerly), (5) download the logits of rows that end a
+ * sequence's known tokens, sample, append, check stop conditions, call the callbacks.
+ */
+#ifndef GS_ENG_ENGINE_H
+#define GS_ENG_ENGINE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/sampler.h"
+#include "models/model.h"
+
+typedef struct {
+    int max_seqs;        /* concurrent sequences (slots) */
+    int max_step_tokens; /* rows of the largest plan bucket */
+    int prefill_chunk;   /* max prompt tokens of one sequence per step */
+    int block_size;      /* tokens per KV block */
+    int max_model_len;   /* prompt + generated tokens per sequence (<= max_position_embeddings) */
+    size_t kv_bytes;     /* KV cache budget */
+    int use_plans;       /* 1: replay captured plans; 0: emit and run the tape each step */
+    int queue_cap;       /* waiting requests */
+} eng_config;
+
+void eng_config_defaults(eng_config *c);
+
+typedef enum { ENG_FINISH_NONE = 0, ENG_FINISH_LENGTH, ENG_FINISH_STOP, ENG_FINISH_ABORT } eng_finish;
+const char *eng_finish_name(eng_finish f);
+
+typedef struct eng_request eng_request;
+struct eng_request {
+    /* input (owned by the caller, valid until on_finish) */
+    const int32_t *prompt;
+    int n_prompt;
+    int max_tokens, min_tokens, ignore_eos;
+    const int32_t *stop_ids;
+    int n_stop_ids;
+    eng_sampling sp;
+    /* outputs, caller-allocated: max_tokens entries (out_top: max_tokens * sp.logprobs) */
+    int32_t *out_tokens;
+    float *out_logprobs;
+    eng_toplp *out_top;
+    int n_out;
+    eng_finish finish;
+    int32_t stop_token; /* the eos / stop id that ended it, or -1 */
+    /* callbacks, called on the engine thread. on_token may return nonzero to stop the request
+     * (finish "stop"; the server uses it for stop strings). */
+    int (*on_token)(eng_request *r, void *user);
+    void (*on_finish)(eng_request *r, void *user);
+    void *user;
+    atomic_int cancel; /* set from any thread: the request ends with "abort" at the next step */
+    /* engine-owned */
+    int slot;
+};
+
+typedef struct {
+    uint64_t steps, rows, prompt_tokens, generated_tokens, finished, plan_launches, eager_runs;
+} eng_stats;
+
+typedef struct eng_engine eng_engine;
+
+eng_engine *eng_create(const eng_config *cfg, mdl_model *m, eng_backend *be, char *err, size_t errlen);
+void eng_destroy(eng_engine *e);
+
+/* Queues a request (validated: prompt ids < vocab, non-empty, prompt + max_tokens <= max_model_len,
+ * logprobs <= 20). Returns 0, or -1 with err (queue full: err says so and *busy is set). */
+int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errlen);
+
+/* Runs one step. Returns the number of requests still running or waiting. */
+int eng_step(eng_engine *e);
+/* Steps until every submitted request finished. */
+void eng_run_until_idle(eng_engine *e);
+
+/* Ends every running and waiting request with finish "abort". */
+void eng_abort_all(eng_engine *e);
+
+int eng_num_running(const eng_engine *e);
+int eng_num_waiting(const eng_engine *e);
+int eng_kv_blocks_total(const eng_engine *e);
+int eng_kv_blocks_free(const eng_engine *e);
+const eng_stats *eng_get_stats(const eng_engine *e);
+const eng_config *eng_get_config(const eng_engine *e);
+const mdl_model *eng_model(const eng_engine *e);
+
+/* Test hooks: the captured plan for `rows` rows (NULL when plans are off). */
+struct eng_plan *eng_plan_for_rows(eng_engine *e, int rows);
+
+#endif

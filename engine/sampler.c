@@ -1,0 +1,164 @@
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int eng_sampler_scratch_init(eng_sampler_scratch *s, int V)
+{
+    s->V = V;
+    s->prob = malloc((size_t)V * sizeof *s->prob);
+    s->idx = malloc((size_t)V * sizeof *s->idx);
+    if (!s->prob || !s->idx) {
+        eng_sampler_scratch_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+void eng_sampler_scratch_free(eng_sampler_scratch *s)
+{
+    free(s->prob);
+    free(s->idx);
+    s->prob = NULL;
+    s->idx = NULL;
+}
+
+void eng_philox(uint64_t counter, uint64_t key, uint32_t out[4])
+{
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1;
+        c3 = (uint32_t)p0;
+        c0 = n0;
+        c2 = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+double eng_uniform(uint64_t seed, uint64_t counter)
+{
+    uint32_t w[4];
+    eng_philox(counter, seed, w);
+    uint64_t bits = ((uint64_t)w[0] << 21) ^ (uint64_t)w[1]; /* 53 random bits */
+    bits &= (1ull << 53) - 1;
+    return (double)bits * (1.0 / 9007199254740992.0);
+}
+
+/* descending by value, ties by ascending id: a total order, so results never depend on qsort */
+static const float *g_cmp_vals;
+static int cmp_desc(const void *a, const void *b)
+{
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = g_cmp_vals[i], y = g_cmp_vals[j];
+    if (x > y) return -1;
+    if (x < y) return 1;
+    return (i > j) - (i < j);
+}
+
+static void sort_desc(int32_t *idx, size_t n, const float *vals)
+{
+    /* the engine thread is the only caller; the comparator reads a file-static pointer */
+    g_cmp_vals = vals;
+    qsort(idx, n, sizeof *idx, cmp_desc);
+}
+
+static int is_banned(int32_t id, const int32_t *banned, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (banned[i] == id) return 1;
+    return 0;
+}
+
+int32_t eng_sample(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                   int n_banned, eng_sampler_scratch *s, float *logprob, eng_toplp *top)
+{
+    const int V = s->V;
+    /* raw log-softmax normaliser, in double */
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
+    const double lse = (double)mx + log(sum);
+
+    int32_t tok = -1;
+    if (sp->temperature <= 1e-5f) {
+        float best = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if ((logits[i] > best || tok < 0) && !is_banned(i, banned, n_banned)) {
+                best = logits[i];
+                tok = i;
+            }
+    } else {
+        /* candidates sorted by logit, filtered by top-k, then probabilities at temperature */
+        int n = 0;
+        for (int i = 0; i < V; i++)
+            if (!is_banned(i, banned, n_banned)) s->idx[n++] = i;
+        sort_desc(s->idx, (size_t)n, logits);
+        if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
+        const double inv_t = 1.0 / sp->temperature;
+        const double lmax = logits[s->idx[0]];
+        double z = 0;
+        for (int j = 0; j < n; j++) {
+            double p = exp(((double)logits[s->idx[j]] - lmax) * inv_t);
+            s->prob[j] = (float)p;
+            z += p;
+        }
+        if (sp->top_p > 0 && sp->top_p < 1) { /* smallest prefix whose mass reaches top_p */
+            double c = 0;
+            int keep = n;
+            for (int j = 0; j < n; j++) {
+                c += s->prob[j] / z;
+                if (c >= sp->top_p) {
+                    keep = j + 1;
+                    break;
+                }
+            }
+            n = keep;
+        }
+        if (sp->min_p > 0) { /* drop tokens below min_p times the most likely one */
+            double thr = sp->min_p * s->prob[0];
+            int keep = 1;
+            while (keep < n && s->prob[keep] >= thr) keep++;
+            n = keep;
+        }
+        double zz = 0;
+        for (int j = 0; j < n; j++) zz += s->prob[j];
+        double u = eng_uniform(sp->seed, counter) * zz, c = 0;
+        tok = s->idx[n - 1];
+        for (int j = 0; j < n; j++) {
+            c += s->prob[j];
+            if (u < c) {
+                tok = s->idx[j];
+                break;
+            }
+        }
+    }
+    *logprob = (float)((double)logits[tok] - lse);
+    if (sp->logprobs > 0 && top) {
+        /* partial selection of the k best (k <= 20): insertion into a small sorted list */
+        int k = sp->logprobs < ENG_MAX_LOGPROBS ? sp->logprobs : ENG_MAX_LOGPROBS;
+        if (k > V) k = V;
+        int have = 0;
+        for (int i = 0; i < V; i++) {
+            float v = logits[i];
+            if (have == k && !(v > logits[top[k - 1].id])) continue;
+            int pos = have < k ? have++ : k - 1;
+            while (pos > 0 && v > logits[top[pos - 1].id]) {
+                top[pos] = top[pos - 1];
+                pos--;
+            }
+            top[pos].id = i;
+        }
+        for (int j = 0; j < k; j++) top[j].logprob = (float)((double)logits[top[j].id] - lse);
+    }
+    return tok;
+}

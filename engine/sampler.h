@@ -1,0 +1,51 @@
+/* engine/sampler.h — token sampling and logprobs, per sequence, on the host.
+ *
+ * Reproducibility: randomness comes from Philox4x32-10 keyed by the request's seed with the
+ * token's index in the request as counter, so a seeded request draws the same numbers whatever else
+ * shares its batch or step. Logprobs are always those of the raw model distribution
+ * (log_softmax of the logits, before temperature and filters), as vLLM reports them by default.
+ */
+#ifndef GS_ENG_SAMPLER_H
+#define GS_ENG_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENG_MAX_LOGPROBS 20
+
+typedef struct {
+    float temperature; /* <= 1e-5: greedy (argmax, lowest id on ties) */
+    int top_k;         /* <= 0: off */
+    float top_p;       /* >= 1: off */
+    float min_p;       /* <= 0: off */
+    uint64_t seed;
+    int logprobs;      /* number of top alternatives to report (0..ENG_MAX_LOGPROBS) */
+} eng_sampling;
+
+typedef struct {
+    int32_t id;
+    float logprob;
+} eng_toplp;
+
+/* Scratch for one sampling call over a vocabulary of V (allocated once per engine). */
+typedef struct {
+    int V;
+    float *prob;   /* [V] */
+    int32_t *idx;  /* [V] */
+} eng_sampler_scratch;
+
+int eng_sampler_scratch_init(eng_sampler_scratch *s, int V);
+void eng_sampler_scratch_free(eng_sampler_scratch *s);
+
+/* Philox4x32-10 of (counter, key) -> 4 words. */
+void eng_philox(uint64_t counter, uint64_t key, uint32_t out[4]);
+/* Uniform double in [0, 1) for (seed, counter). */
+double eng_uniform(uint64_t seed, uint64_t counter);
+
+/* Samples one token from logits[V]. banned (may be NULL) lists ids that must not be chosen (min_tokens
+ * keeps eos/stop ids out). counter: the token's index in its request. Writes the token's raw logprob
+ * and, when sp->logprobs > 0, the sp->logprobs best raw logprobs (descending, ties by id). */
+int32_t eng_sample(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                   int n_banned, eng_sampler_scratch *s, float *logprob, eng_toplp *top);
+
+#endif

@@ -1,0 +1,26 @@
+/* engine/stepio.h — the plan-visible buffers a forward pass reads besides its weights.
+ *
+ * Allocated once by the engine from the backend arena (I1) and written with upload() before each
+ * launch. Shapes (R = max rows of the largest plan, S = max sequences, B = blocks per sequence):
+ *   tok, pos, slot, kv_len   int32 [R]    per row: token id, absolute position, sequence slot
+ *                                          (-1 masks a padding row), keys visible to the row
+ *   n_rows                   int32 [1]    live rows this step
+ *   logit_idx                int32 [S]    rows whose logits are needed (last row of a sequence)
+ *   n_logits                 int32 [1]
+ *   block_tables             int32 [S*B]  physical KV block of (slot, logical block)
+ *   kcache[l], vcache[l]     f32 [num_blocks * block_size * n_kv_heads * head_dim] per layer
+ */
+#ifndef GS_ENG_STEPIO_H
+#define GS_ENG_STEPIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int32_t *tok, *pos, *slot, *kv_len, *n_rows, *logit_idx, *n_logits, *block_tables;
+    int max_rows, max_seqs, max_blocks, block_size, num_blocks;
+    float **kcache, **vcache; /* host array of per-layer device pointers */
+    size_t kv_layer_bytes;
+} eng_step_io;
+
+#endif

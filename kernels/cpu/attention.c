@@ -1,0 +1,160 @@
+/* kernels/cpu/attention.c — KOP_KV_WRITE and KOP_ATTENTION over the paged KV cache.
+ *
+ * Cache layout (both k and v): [num_blocks, block_size, nkv, hd] f32; a sequence slot's position j
+ * lives in block block_tables[slot * max_blocks + j / block_size] at offset j % block_size.
+ * num_blocks is the cache buffer's extent divided by one block's bytes, and the number of slots is
+ * the block table's extent divided by max_blocks: every block id, slot and position read from the
+ * step parameters is checked against them before it is used as an address.
+ */
+#include "kernels/cpu/kern_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- KOP_KV_WRITE: a few KB per row, done on the calling thread --------------------------------- */
+
+void kern_cpu_kv_write(kern_pool *pool, const kern_op *op)
+{
+    (void)pool;
+    const int32_t *p = op->p;
+    const int nkv = p[0], hd = p[1], stride = p[2], k_off = p[3], v_off = p[4], bs = p[5],
+              max_blocks = p[6], max_rows = p[7];
+    const int32_t n = kern_cpu_count(op, 6, max_rows);
+    const float *qkv = op->buf[0].ptr;
+    float *kc = op->buf[1].ptr, *vc = op->buf[2].ptr;
+    const int32_t *slot = op->buf[3].ptr, *pos = op->buf[4].ptr, *bt = op->buf[5].ptr;
+    const size_t head = (size_t)nkv * (size_t)hd; /* floats per cached position */
+    const int64_t num_blocks = (int64_t)(op->buf[1].bytes / ((size_t)bs * head * 4));
+    const int64_t max_seqs = (int64_t)(op->buf[5].bytes / ((size_t)max_blocks * 4));
+    for (int r = 0; r < n; r++) {
+        if (slot[r] < 0) continue; /* masked padding row */
+        KERN_CHECK(op, slot[r] < max_seqs);
+        KERN_CHECK(op, pos[r] >= 0 && pos[r] / bs < max_blocks);
+        int32_t blk = bt[(int64_t)slot[r] * max_blocks + pos[r] / bs];
+        KERN_CHECK(op, blk >= 0 && blk < num_blocks);
+        size_t dst = ((size_t)blk * (size_t)bs + (size_t)(pos[r] % bs)) * head;
+        const float *row = qkv + (size_t)r * (size_t)stride;
+        memcpy(kc + dst, row + k_off, head * sizeof(float));
+        memcpy(vc + dst, row + v_off, head * sizeof(float));
+    }
+}
+
+/* ---- KOP_ATTENTION ------------------------------------------------------------------------------
+ * One (row, query head) pair at a time, one pass over its keys with an online softmax: keys come
+ * in chunks of ATT_CHUNK positions (chunk boundaries at fixed multiples of ATT_CHUNK, so they
+ * depend on nothing but kv_len); a chunk's scores are computed first, the running max m is raised
+ * to the chunk max once (rescaling the running sum l and accumulator acc by exp(old m - new m)),
+ * then each key adds p = exp(s - m) to l and p * V[j] to acc. out = acc / l. All in f32; the dot
+ * products and axpys use the 16-lane scheme, so results do not depend on the ISA or the threads.
+ */
+#define ATT_CHUNK 32
+
+typedef struct {
+    const kern_op *op;
+    const kern_simd_ops *simd;
+    const float *q, *kc, *vc;
+    float *out;
+    const int32_t *slot, *kv_len, *bt;
+    int nh, group, hd, q_stride, bs, max_blocks, n_rows;
+    size_t head; /* floats per cached position: nkv * hd */
+    int64_t num_blocks, max_seqs;
+    float scale;
+} attn_task;
+
+static void attn_one(const attn_task *t, int r, int h)
+{
+    const int hd = t->hd;
+    float *o = t->out + (size_t)r * (size_t)t->nh * (size_t)hd + (size_t)h * (size_t)hd;
+    const int32_t slot = t->slot[r];
+    if (slot < 0) { /* masked padding row */
+        memset(o, 0, (size_t)hd * sizeof(float));
+        return;
+    }
+    const int32_t L = t->kv_len[r];
+    KERN_CHECK(t->op, slot < t->max_seqs);
+    KERN_CHECK(t->op, L >= 0 && (int64_t)L <= (int64_t)t->max_blocks * t->bs);
+    const int32_t *table = t->bt + (int64_t)slot * t->max_blocks;
+    const size_t kv_col = (size_t)(h / t->group) * (size_t)hd;
+    const float *qv = t->q + (size_t)r * (size_t)t->q_stride + (size_t)h * (size_t)hd;
+    const kern_simd_ops *simd = t->simd;
+
+    float acc[KERN_MAX_HEAD_DIM];
+    memset(acc, 0, (size_t)hd * sizeof(float));
+    float m = -INFINITY, l = 0.0f;
+    float s[ATT_CHUNK];
+    const float *vrow[ATT_CHUNK];
+    for (int32_t j0 = 0; j0 < L; j0 += ATT_CHUNK) {
+        const int c = L - j0 < ATT_CHUNK ? (int)(L - j0) : ATT_CHUNK;
+        float mc = -INFINITY;
+        for (int i = 0; i < c; i++) {
+            const int32_t j = j0 + i;
+            const int32_t blk = table[j / t->bs];
+            KERN_CHECK(t->op, blk >= 0 && blk < t->num_blocks);
+            const size_t at = ((size_t)blk * (size_t)t->bs + (size_t)(j % t->bs)) * t->head + kv_col;
+            s[i] = simd->dot(qv, t->kc + at, hd) * t->scale;
+            vrow[i] = t->vc + at;
+            if (s[i] > mc) mc = s[i];
+        }
+        if (mc > m) {
+            if (l > 0.0f) { /* nothing accumulated yet: nothing to rescale */
+                const float corr = expf(m - mc);
+                l = l * corr;
+                simd->scale(acc, corr, hd);
+            }
+            m = mc;
+        }
+        for (int i = 0; i < c; i++) {
+            const float pj = expf(s[i] - m);
+            l = l + pj;
+            simd->axpy(acc, pj, vrow[i], hd);
+        }
+    }
+    if (L == 0) { /* no keys: define the empty softmax as zeros */
+        memset(o, 0, (size_t)hd * sizeof(float));
+        return;
+    }
+    for (int d = 0; d < hd; d++) o[d] = acc[d] / l;
+}
+
+static void attn_run(void *ctx, int tid, int nt)
+{
+    const attn_task *t = ctx;
+    int64_t b, e;
+    kern_split((int64_t)t->n_rows * t->nh, tid, nt, 1, &b, &e);
+    for (int64_t i = b; i < e; i++) attn_one(t, (int)(i / t->nh), (int)(i % t->nh));
+}
+
+void kern_cpu_attention(kern_pool *pool, const kern_op *op)
+{
+    const int32_t *p = op->p;
+    const int nh = p[0], nkv = p[1], hd = p[2], bs = p[4], max_blocks = p[5];
+    const int32_t n = kern_cpu_count(op, 7, p[6]);
+    if (n == 0) return;
+    const size_t head = (size_t)nkv * (size_t)hd;
+    attn_task t = {
+        .op = op,
+        .simd = kern_simd(),
+        .q = op->buf[0].ptr,
+        .kc = op->buf[1].ptr,
+        .vc = op->buf[2].ptr,
+        .out = op->buf[3].ptr,
+        .slot = op->buf[4].ptr,
+        .kv_len = op->buf[5].ptr,
+        .bt = op->buf[6].ptr,
+        .nh = nh,
+        .group = nh / nkv,
+        .hd = hd,
+        .q_stride = p[3],
+        .bs = bs,
+        .max_blocks = max_blocks,
+        .n_rows = n,
+        .head = head,
+        .num_blocks = (int64_t)(op->buf[1].bytes / ((size_t)bs * head * 4)),
+        .max_seqs = (int64_t)(op->buf[6].bytes / ((size_t)max_blocks * 4)),
+        .scale = op->f[0],
+    };
+    size_t keys = 0;
+    for (int r = 0; r < n; r++)
+        if (t.slot[r] >= 0 && t.kv_len[r] > 0) keys += (size_t)t.kv_len[r];
+    kern_cpu_parallel(pool, attn_run, &t, keys * (size_t)nh * (size_t)hd * 2);
+}

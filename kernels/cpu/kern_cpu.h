@@ -1,0 +1,114 @@
+/* kernels/cpu/kern_cpu.h — internals of the CPU backend (not part of the kern.h contract).
+ *
+ * Layout of the backend:
+ *   pool.c          the worker pool (kern_pool_*)
+ *   dispatch.c      kern_cpu_exec: validates an op, then calls one kernel per op family
+ *   matmul.c        KOP_MATMUL           norm_rope.c    KOP_RMSNORM, KOP_QK_NORM_ROPE
+ *   attention.c     KOP_KV_WRITE, KOP_ATTENTION
+ *   elementwise.c   KOP_EMBED, KOP_SILU_MUL, KOP_ADD, KOP_GATHER_ROWS
+ *   simd.c          picks the instruction set once; simd_{scalar,avx2,avx512}.c instantiate
+ *                   simd_body.inc, the one source of every reduction (dot products, GEMV tiles).
+ *
+ * Determinism: every reduction (matmul sums, attention and norm dot products) uses one scheme,
+ * "16 lanes": lane i accumulates terms k = i, i+16, i+32, ... with an unfused multiply then add,
+ * the 16 lanes are summed by a fixed tree (i + i+8, then + i+4, + i+2, + i+1), then the k % 16
+ * tail is added in order. The scalar, AVX2 (two 8-wide halves) and AVX-512 instantiations all
+ * perform exactly these IEEE operations, so results are bitwise identical on every x86-64 machine,
+ * for every row count, tile shape and thread split. Tests check this by forcing each ISA.
+ */
+#ifndef GS_KERN_CPU_H
+#define GS_KERN_CPU_H
+
+#include "kernels/kern.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- malformed-op checks (always on: a bad op is a bug, and the CPU backend is the checked one) */
+_Noreturn void kern_cpu_fail(const kern_op *op, const char *what, const char *file, int line);
+#define KERN_CHECK(op, cond)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) kern_cpu_fail((op), #cond, __FILE__, __LINE__);                               \
+    } while (0)
+
+/* ---- instruction-set selection ----------------------------------------------------------------- */
+typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2 } kern_isa;
+
+/* Arguments of one GEMV/GEMM call: out[r, n] (+)= x[r, :] . W[n, :] + bias[n], r < M. */
+typedef struct {
+    const float *x;    /* [M, K] */
+    const void *w;     /* [N, K], f32 or bf16 */
+    const float *bias; /* [N] or NULL */
+    float *out;        /* [M, N] */
+    int K, N, M;
+    int bf16;       /* W is bf16 */
+    int accumulate; /* out += instead of out = */
+} kern_mm_args;
+
+/* Per-ISA entry points; all give bitwise-identical results (see top of file). */
+typedef struct {
+    kern_isa isa;
+    const char *name;
+    /* all rows 0..M-1, output columns [n0, n1) */
+    void (*mm_cols)(const kern_mm_args *a, int n0, int n1);
+    /* sum_i a[i]*b[i] in the 16-lane scheme */
+    float (*dot)(const float *a, const float *b, int n);
+    /* y[i] = y[i] + alpha * x[i] */
+    void (*axpy)(float *y, float alpha, const float *x, int n);
+    /* y[i] = y[i] * alpha */
+    void (*scale)(float *y, float alpha, int n);
+} kern_simd_ops;
+
+extern const kern_simd_ops kern_simd_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+#define KERN_HAVE_X86 1
+extern const kern_simd_ops kern_simd_avx2;
+extern const kern_simd_ops kern_simd_avx512;
+#endif
+
+/* The ISA in use: the best the CPU supports, or GS_KERN_ISA=scalar|avx2|avx512 (capped at what
+ * the CPU supports). Chosen on first use. */
+const kern_simd_ops *kern_simd(void);
+/* Test hook: force an ISA. Returns 0, or -1 if the CPU lacks it. Not thread-safe against running
+ * kernels; call between ops. */
+int kern_simd_force(kern_isa isa);
+
+/* ---- parallel helpers ------------------------------------------------------------------------- */
+/* Runs fn on the pool, or inline as (tid 0, nthreads 1) when pool is NULL or work (roughly, the
+ * number of scalar operations) is below the threshold where waking workers costs more than it
+ * saves. Results never depend on which it picks. */
+void kern_cpu_parallel(kern_pool *pool, kern_task_fn fn, void *ctx, size_t work);
+/* Test hook: set the threshold (0: always use the pool). Returns the previous value. */
+size_t kern_cpu_set_min_parallel_work(size_t work);
+
+/* Contiguous share [*b, *e) of 0..total for thread tid of nt, boundaries rounded to align. */
+static inline void kern_split(int64_t total, int tid, int nt, int64_t align, int64_t *b, int64_t *e)
+{
+    int64_t units = (total + align - 1) / align;
+    int64_t ub = units * tid / nt, ue = units * (tid + 1) / nt;
+    *b = ub * align < total ? ub * align : total;
+    *e = ue * align < total ? ue * align : total;
+}
+
+/* Test hook: how long an idle worker spins before sleeping, in microseconds (default 1000, or
+ * GS_KERN_SPIN_US). */
+void kern_pool_set_spin_us(kern_pool *pool, long us);
+
+/* ---- kernels (op already validated by dispatch.c) --------------------------------------------- */
+void kern_cpu_embed(kern_pool *pool, const kern_op *op);
+void kern_cpu_rmsnorm(kern_pool *pool, const kern_op *op);
+void kern_cpu_matmul(kern_pool *pool, const kern_op *op);
+void kern_cpu_qk_norm_rope(kern_pool *pool, const kern_op *op);
+void kern_cpu_kv_write(kern_pool *pool, const kern_op *op);
+void kern_cpu_attention(kern_pool *pool, const kern_op *op);
+void kern_cpu_silu_mul(kern_pool *pool, const kern_op *op);
+void kern_cpu_add(kern_pool *pool, const kern_op *op);
+void kern_cpu_gather_rows(kern_pool *pool, const kern_op *op);
+
+/* Reads the int32 row count in buf[i], checking 0 <= n <= max. */
+int32_t kern_cpu_count(const kern_op *op, int i, int32_t max);
+
+/* Upper bounds that keep per-row scratch on the stack. */
+#define KERN_MAX_HEAD_DIM 1024
+
+#endif

@@ -1,0 +1,56 @@
+/* kernels/cpu/simd_avx2.c — AVX2 instantiation of simd_body.inc: the 16 lanes are two ymm halves
+ * (lanes 0-7, 8-15), so every lane sees the same operations as in the AVX-512 and scalar builds.
+ * Only called after kern_simd() saw avx2 at run time. */
+#include "kernels/cpu/kern_cpu.h"
+
+#ifdef KERN_HAVE_X86
+#include <immintrin.h>
+
+#define SIMD_TARGET __attribute__((target("avx2,fma")))
+#define SIMD_SFX(name) name##_avx2
+typedef struct {
+    __m256 lo, hi;
+} v16x2;
+#define V v16x2
+/* 16 ymm registers and two per accumulator: tiles of at most 8 accumulators. */
+#define MM_MR_MAX 2
+#define MM_NR_ONE 4
+#define MM_NR_MULTI 2
+#define MM_NR_MAX 4
+
+#define AI2 static inline __attribute__((always_inline)) SIMD_TARGET
+AI2 V V_ZERO(void) { return (V){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+AI2 V V_LOAD(const float *p) { return (V){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+AI2 __m256 ldbf8(const uint16_t *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+AI2 V V_LOADBF(const uint16_t *p) { return (V){ldbf8(p), ldbf8(p + 8)}; }
+AI2 void V_STORE(float *p, V v)
+{
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+}
+AI2 V V_SET1(float f) { return (V){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
+AI2 V V_ADD(V a, V b) { return (V){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+AI2 V V_MUL(V a, V b) { return (V){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+AI2 float V_HSUM(V v)
+{
+    __m256 s8 = _mm256_add_ps(v.lo, v.hi);                                             /* i + i+8 */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* + i+4 */
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 /* + i+2 */
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));                             /* + i+1 */
+    return _mm_cvtss_f32(s1);
+}
+
+#include "kernels/cpu/simd_body.inc"
+
+const kern_simd_ops kern_simd_avx2 = {
+    .isa = KERN_ISA_AVX2,
+    .name = "avx2",
+    .mm_cols = simd_mm_cols_avx2,
+    .dot = simd_dot_avx2,
+    .axpy = simd_axpy_avx2,
+    .scale = simd_scale_avx2,
+};
+#endif

@@ -1,0 +1,69 @@
+/* kernels/cpu/simd_scalar.c — portable instantiation of simd_body.inc: the 16 lanes are a float
+ * array, so it runs anywhere and gives the same bits as the vector builds (the compiler may
+ * vectorize the lane loops; that cannot change per-lane results: no fusion, no reassociation). */
+#include "kernels/cpu/kern_cpu.h"
+
+#define SIMD_TARGET
+#define SIMD_SFX(name) name##_scalar
+typedef struct {
+    float l[16];
+} v16s;
+#define V v16s
+#define MM_MR_MAX 1
+#define MM_NR_ONE 1
+#define MM_NR_MULTI 1
+#define MM_NR_MAX 1
+
+#define AIS static inline __attribute__((always_inline))
+AIS V V_ZERO(void) { return (V){{0}}; }
+AIS V V_LOAD(const float *p)
+{
+    V v;
+    for (int i = 0; i < 16; i++) v.l[i] = p[i];
+    return v;
+}
+AIS V V_LOADBF(const uint16_t *p)
+{
+    V v;
+    for (int i = 0; i < 16; i++) v.l[i] = kern_bf16_to_f32(p[i]);
+    return v;
+}
+AIS void V_STORE(float *p, V v)
+{
+    for (int i = 0; i < 16; i++) p[i] = v.l[i];
+}
+AIS V V_SET1(float f)
+{
+    V v;
+    for (int i = 0; i < 16; i++) v.l[i] = f;
+    return v;
+}
+AIS V V_ADD(V a, V b)
+{
+    for (int i = 0; i < 16; i++) a.l[i] = a.l[i] + b.l[i];
+    return a;
+}
+AIS V V_MUL(V a, V b)
+{
+    for (int i = 0; i < 16; i++) a.l[i] = a.l[i] * b.l[i];
+    return a;
+}
+AIS float V_HSUM(V v)
+{
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = v.l[i] + v.l[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
+    return s2a + s2b;
+}
+
+#include "kernels/cpu/simd_body.inc"
+
+const kern_simd_ops kern_simd_scalar = {
+    .isa = KERN_ISA_SCALAR,
+    .name = "scalar",
+    .mm_cols = simd_mm_cols_scalar,
+    .dot = simd_dot_scalar,
+    .axpy = simd_axpy_scalar,
+    .scale = simd_scale_scalar,
+};

@@ -1,0 +1,130 @@
+/* kernels/kern.h — the op vocabulary shared by every backend.
+ *
+ * A model's forward pass is a tape of kern_op records. Each op names every buffer it touches as
+ * (pointer, extent in bytes): those are the "baked pointers" a captured plan keeps. Nothing an op
+ * reads may change size between steps; what varies per step (row counts, token ids, positions,
+ * block tables, kv lengths) lives in int32 step-parameter buffers that the op reads at run time.
+ *
+ * Conventions
+ *  - Activations are f32, row-major, rows = tokens of the step. Row r < *n_rows is live; rows past
+ *    it (padding up to the plan's bucket) are never read or written.
+ *  - Weights are row-major [N, K] (Hugging Face nn.Linear layout) in f32 or bf16 (KERN_DT_*).
+ *    Norm weights and biases are always f32.
+ *  - Every op's per-row result depends only on that row's inputs: results are bitwise independent
+ *    of how many other rows share the step and of how threads split the work (tests rely on it).
+ *  - buf[] slots a kind does not use are {NULL, 0}. An optional buffer (bias, q_norm) may be NULL.
+ */
+#ifndef GS_KERN_H
+#define GS_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    KERN_DT_F32 = 0,
+    KERN_DT_BF16 = 1,
+} kern_dtype;
+
+static inline size_t kern_dtype_size(kern_dtype dt) { return dt == KERN_DT_BF16 ? 2 : 4; }
+
+typedef enum {
+    /* out[r,:] = (f32) table[ids[r], :]
+     * buf: 0 ids i32[max_rows], 1 table [V,H] (wdt), 2 out f32[max_rows,H], 3 n_rows i32[1]
+     * p: 0 H, 1 V, 2 max_rows, 3 wdt                                                             */
+    KOP_EMBED = 0,
+    /* out[r,:] = (x[r,:] * rsqrt(mean(x[r,:]^2) + eps)) * w          (in place allowed: out == x)
+     * buf: 0 x f32[max_rows,H], 1 w f32[H], 2 out f32[max_rows,H], 3 n_rows
+     * p: 0 H, 1 max_rows;  f: 0 eps                                                             */
+    KOP_RMSNORM,
+    /* out[r,n] (+)= sum_k x[r,k] * W[n,k] + bias[n]
+     * buf: 0 x f32[max_rows,K], 1 W [N,K] (wdt), 2 bias f32[N] or NULL, 3 out f32[max_rows,N],
+     *      4 n_rows
+     * p: 0 K, 1 N, 2 max_rows, 3 wdt, 4 accumulate (0: out = ..., 1: out += ...)
+     * The sum over k is done in one fixed order per output element, whatever the row count.     */
+    KOP_MATMUL,
+    /* In place on a packed qkv row [q: nh*hd | k: nkv*hd | v: nkv*hd] (row stride p[3] floats):
+     * q heads: RMSNorm over hd with q_norm (if not NULL), then RoPE; k heads likewise with k_norm.
+     * RoPE: neox rotate-half, angle = (float)pos[r] * inv_freq[i] in f32, i < hd/2:
+     *   a = x[i], b = x[i+hd/2];  x[i] = a*cos - b*sin;  x[i+hd/2] = b*cos + a*sin.
+     * buf: 0 qkv f32[max_rows,stride], 1 q_norm f32[hd] or NULL, 2 k_norm f32[hd] or NULL,
+     *      3 pos i32[max_rows], 4 inv_freq f32[hd/2], 5 n_rows
+     * p: 0 nh, 1 nkv, 2 hd, 3 stride, 4 max_rows;  f: 0 eps                                     */
+    KOP_QK_NORM_ROPE,
+    /* Scatter each row's k and v heads into the paged cache at (slot[r], pos[r]):
+     *   blk = block_tables[slot[r] * max_blocks + pos[r] / block_size], off = pos[r] % block_size,
+     *   kcache[((blk * block_size + off) * nkv + h) * hd + d] = qkv[r, k_off + h*hd + d]  (v likewise)
+     * A row with slot[r] < 0 is skipped (masked padding row).
+     * buf: 0 qkv f32[max_rows,stride], 1 kcache f32[num_blocks*block_size*nkv*hd], 2 vcache (same),
+     *      3 slot i32[max_rows], 4 pos i32[max_rows], 5 block_tables i32[max_seqs*max_blocks],
+     *      6 n_rows
+     * p: 0 nkv, 1 hd, 2 stride, 3 k_off, 4 v_off, 5 block_size, 6 max_blocks, 7 max_rows        */
+    KOP_KV_WRITE,
+    /* Paged attention. Row r, query head h (kv head h / (nh/nkv)) attends cache positions
+     * 0 .. kv_len[r]-1 of sequence slot[r] (causal decode/prefill: kv_len = pos+1; a drafter block
+     * sets the same kv_len on every block row: non-causal). Scores in f32, softmax with max
+     * subtraction, out[r, h*hd + d] = sum_j softmax_j * V[j, d]. A row with slot[r] < 0 gets zeros.
+     * buf: 0 q f32[max_rows,q_stride] (q heads at column 0), 1 kcache, 2 vcache,
+     *      3 out f32[max_rows, nh*hd], 4 slot i32[max_rows], 5 kv_len i32[max_rows],
+     *      6 block_tables i32[max_seqs*max_blocks], 7 n_rows
+     * p: 0 nh, 1 nkv, 2 hd, 3 q_stride, 4 block_size, 5 max_blocks, 6 max_rows;  f: 0 scale      */
+    KOP_ATTENTION,
+    /* out[r,i] = silu(gu[r,i]) * gu[r,I+i],  silu(a) = a / (1 + exp(-a))
+     * buf: 0 gu f32[max_rows,2I], 1 out f32[max_rows,I], 2 n_rows;  p: 0 I, 1 max_rows          */
+    KOP_SILU_MUL,
+    /* x[r,:] += y[r,:]
+     * buf: 0 x f32[max_rows,H], 1 y f32[max_rows,H], 2 n_rows;  p: 0 H, 1 max_rows              */
+    KOP_ADD,
+    /* out[j,:] = x[idx[j],:] for j < *n  (idx[j] < max_rows of x)
+     * buf: 0 x f32[x_rows,H], 1 idx i32[max_out], 2 out f32[max_out,H], 3 n i32[1]
+     * p: 0 H, 1 x_rows, 2 max_out                                                              */
+    KOP_GATHER_ROWS,
+    KOP_COUNT
+} kern_op_kind;
+
+#define KERN_MAX_BUFS 8
+#define KERN_MAX_P 8
+
+typedef struct {
+    void *ptr;
+    size_t bytes; /* extent the op may touch, from ptr */
+} kern_buf;
+
+typedef struct {
+    kern_op_kind kind;
+    kern_buf buf[KERN_MAX_BUFS];
+    int32_t p[KERN_MAX_P];
+    float f[2];
+} kern_op;
+
+const char *kern_op_name(kern_op_kind kind);
+
+/* ---- CPU execution -------------------------------------------------------------------------- */
+
+/* A fixed pool of worker threads, created once. kern_pool_run calls fn(ctx, tid, nthreads) on every
+ * thread (the caller is thread 0) and returns when all are done. No allocation after init. */
+typedef struct kern_pool kern_pool;
+typedef void (*kern_task_fn)(void *ctx, int tid, int nthreads);
+
+kern_pool *kern_pool_create(int nthreads); /* nthreads <= 0: number of online CPUs */
+void kern_pool_destroy(kern_pool *pool);
+int kern_pool_threads(const kern_pool *pool);
+void kern_pool_run(kern_pool *pool, kern_task_fn fn, void *ctx);
+
+/* Runs one op on the CPU, using the pool's threads. Asserts on malformed ops (a bug). */
+void kern_cpu_exec(kern_pool *pool, const kern_op *op);
+
+/* bf16 <-> f32 (round to nearest even; NaN stays NaN) */
+static inline float kern_bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+static inline uint16_t kern_f32_to_bf16(float f)
+{
+    union { uint32_t u; float f; } v = { .f = f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)((v.u + rounding) >> 16);
+}
+
+#endif

@@ -1,0 +1,235 @@
+#include "models/config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const arch_names[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"};
+
+const char *mdl_arch_name(mdl_arch a) { return arch_names[a]; }
+
+char *mdl_read_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                snprintf(err, errlen, "%s: out of memory", path);
+                goto fail;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (n > max_bytes) {
+            snprintf(err, errlen, "%s: larger than %zu bytes", path, max_bytes);
+            goto fail;
+        }
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        snprintf(err, errlen, "%s: read error", path);
+        goto fail;
+    }
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+fail:
+    free(buf);
+    fclose(f);
+    return NULL;
+}
+
+/* Reads an integer field in [lo, hi]. Missing: *out = dflt when has_default, else error. */
+static int get_int(const cJSON *root, const char *key, int has_default, int dflt, long lo, long hi,
+                   int *out, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (has_default) {
+            *out = dflt;
+            return 0;
+        }
+        snprintf(err, errlen, "config.json: missing field %s", key);
+        return -1;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi) {
+        snprintf(err, errlen, "config.json: field %s must be an integer in [%ld, %ld]", key, lo, hi);
+        return -1;
+    }
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int get_num(const cJSON *root, const char *key, double dflt, double lo, double hi, double *out,
+                   char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
+        snprintf(err, errlen, "config.json: field %s must be a number in [%g, %g]", key, lo, hi);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *root, const char *key, int dflt, int *out, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) {
+        snprintf(err, errlen, "config.json: field %s must be true or false", key);
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen)
+{
+    memset(c, 0, sizeof *c);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    int rc = -1;
+    if (!root || !cJSON_IsObject(root)) {
+        snprintf(err, errlen, "config.json: not a JSON object");
+        goto out;
+    }
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (!cJSON_IsArray(archs) || cJSON_GetArraySize(archs) != 1 ||
+        !cJSON_IsString(cJSON_GetArrayItem(archs, 0))) {
+        snprintf(err, errlen, "config.json: field architectures must be a list of one string");
+        goto out;
+    }
+    const char *an = cJSON_GetArrayItem(archs, 0)->valuestring;
+    int found = 0;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(an, arch_names[i]) == 0) {
+            c->arch = (mdl_arch)i;
+            found = 1;
+        }
+    if (!found) {
+        snprintf(err, errlen,
+                 "config.json: unsupported architecture %s (supported: Qwen3ForCausalLM, "
+                 "LlamaForCausalLM, Qwen2ForCausalLM)",
+                 an);
+        goto out;
+    }
+    const int M = 1 << 20;
+    if (get_int(root, "hidden_size", 0, 0, 1, M, &c->hidden, err, errlen) ||
+        get_int(root, "intermediate_size", 0, 0, 1, M, &c->intermediate, err, errlen) ||
+        get_int(root, "num_hidden_layers", 0, 0, 1, 1024, &c->layers, err, errlen) ||
+        get_int(root, "num_attention_heads", 0, 0, 1, 4096, &c->heads, err, errlen) ||
+        get_int(root, "num_key_value_heads", 1, c->heads, 1, 4096, &c->kv_heads, err, errlen) ||
+        get_int(root, "vocab_size", 0, 0, 1, 1 << 24, &c->vocab, err, errlen) ||
+        get_int(root, "max_position_embeddings", 1, 4096, 1, 1 << 24, &c->max_pos, err, errlen))
+        goto out;
+    if (get_int(root, "head_dim", 1, c->hidden / c->heads, 2, 4096, &c->head_dim, err, errlen)) goto out;
+    if (c->head_dim % 2) {
+        snprintf(err, errlen, "config.json: head_dim %d must be even for RoPE", c->head_dim);
+        goto out;
+    }
+    if (c->heads % c->kv_heads) {
+        snprintf(err, errlen,
+                 "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                 c->heads, c->kv_heads);
+        goto out;
+    }
+    if (get_num(root, "rms_norm_eps", 1e-6, 0, 1, &c->rms_eps, err, errlen) ||
+        get_num(root, "rope_theta", c->arch == MDL_ARCH_LLAMA ? 10000.0 : 1000000.0, 1, 1e12,
+                &c->rope_theta, err, errlen) ||
+        get_bool(root, "tie_word_embeddings", c->arch == MDL_ARCH_QWEN2 ? 0 : 0, &c->tie, err, errlen) ||
+        get_int(root, "bos_token_id", 1, -1, -1, c->vocab - 1, &c->bos, err, errlen))
+        goto out;
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+    if (cJSON_IsArray(eos)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, eos)
+        {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= c->vocab ||
+                c->n_eos >= MDL_MAX_EOS) {
+                snprintf(err, errlen, "config.json: field eos_token_id: bad entry");
+                goto out;
+            }
+            c->eos[c->n_eos++] = (int)e->valuedouble;
+        }
+    } else if (eos && !cJSON_IsNull(eos)) {
+        int v;
+        if (get_int(root, "eos_token_id", 0, 0, 0, c->vocab - 1, &v, err, errlen)) goto out;
+        c->eos[c->n_eos++] = v;
+    }
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
+    if (!dt) dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
+    c->dtype = MDL_DT_BF16;
+    if (dt && !cJSON_IsNull(dt)) {
+        const char *s = cJSON_IsString(dt) ? dt->valuestring : "";
+        if (strcmp(s, "bfloat16") == 0) c->dtype = MDL_DT_BF16;
+        else if (strcmp(s, "float16") == 0) c->dtype = MDL_DT_F16;
+        else if (strcmp(s, "float32") == 0) c->dtype = MDL_DT_F32;
+        else {
+            snprintf(err, errlen, "config.json: unsupported torch_dtype %s", s);
+            goto out;
+        }
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
+        snprintf(err, errlen, "config.json: unsupported hidden_act (only silu)");
+        goto out;
+    }
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (rs && !cJSON_IsNull(rs)) {
+        snprintf(err, errlen, "config.json: rope_scaling is not supported (must be null)");
+        goto out;
+    }
+    int flag;
+    if (get_bool(root, "use_sliding_window", 0, &flag, err, errlen)) goto out;
+    if (flag) {
+        snprintf(err, errlen, "config.json: use_sliding_window=true is not supported");
+        goto out;
+    }
+    if (get_bool(root, "mlp_bias", 0, &flag, err, errlen)) goto out;
+    if (flag) {
+        snprintf(err, errlen, "config.json: mlp_bias=true is not supported");
+        goto out;
+    }
+    int attn_bias;
+    if (get_bool(root, "attention_bias", 0, &attn_bias, err, errlen)) goto out;
+    c->qk_norm = c->arch == MDL_ARCH_QWEN3;
+    c->qkv_bias = c->arch == MDL_ARCH_QWEN2 || attn_bias;
+    c->o_bias = c->arch != MDL_ARCH_QWEN2 && attn_bias;
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int mdl_config_load(const char *dir, mdl_config *out, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *buf = mdl_read_file(path, 1 << 20, &len, err, errlen);
+    if (!buf) return -1;
+    int rc = mdl_config_parse(buf, len, out, err, errlen);
+    free(buf);
+    return rc;
+}

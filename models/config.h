@@ -1,0 +1,40 @@
+/* models/config.h — config.json of a Hugging Face causal LM, parsed and checked.
+ * Supported: Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM with SiLU MLP, plain RoPE
+ * (rope_scaling null), full attention. Anything else is a clear error naming the field. */
+#ifndef GS_MDL_CONFIG_H
+#define GS_MDL_CONFIG_H
+
+#include <stddef.h>
+
+#include "models/safetensors.h"
+
+typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2 } mdl_arch;
+
+#define MDL_MAX_EOS 8
+
+typedef struct {
+    mdl_arch arch;
+    int hidden, intermediate, layers, heads, kv_heads, head_dim, vocab;
+    double rms_eps, rope_theta;
+    int max_pos;
+    int tie;
+    int bos;                 /* -1 when absent */
+    int eos[MDL_MAX_EOS];    /* eos_token_id may be an int or a list */
+    int n_eos;
+    mdl_dtype dtype;         /* torch_dtype: BF16, F16 or F32 */
+    int qk_norm;             /* qwen3 */
+    int qkv_bias;            /* qwen2, llama attention_bias */
+    int o_bias;              /* llama attention_bias */
+} mdl_config;
+
+const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */
+
+/* Parses config.json text. Returns 0, or -1 with err naming the field and the reason. */
+int mdl_config_parse(const char *json, size_t len, mdl_config *out, char *err, size_t errlen);
+/* Reads dir/config.json. */
+int mdl_config_load(const char *dir, mdl_config *out, char *err, size_t errlen);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer (max_bytes bound). NULL + err on failure. */
+char *mdl_read_file(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,399 @@
+/* models/model.c — parameter table, storage, load sessions and cold loading (see model.h). */
+#include "models/model.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- table building ---------------------------------------------------------------------------- */
+
+typedef struct {
+    mdl_model *m;
+    int cap_params, cap_dests;
+    int failed;
+} builder;
+
+static int add_param(builder *b, const char *name, mdl_dtype dt, int64_t rows, int64_t cols)
+{
+    mdl_model *m = b->m;
+    if (m->n_params == b->cap_params) {
+        b->cap_params = b->cap_params ? b->cap_params * 2 : 64;
+        mdl_param *np = realloc(m->params, (size_t)b->cap_params * sizeof *np);
+        if (!np) {
+            b->failed = 1;
+            return -1;
+        }
+        m->params = np;
+    }
+    mdl_param *p = &m->params[m->n_params];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->dt = dt;
+    p->rows = rows;
+    p->cols = cols;
+    p->bytes = (size_t)rows * (size_t)cols * mdl_dtype_size(dt);
+    return m->n_params++;
+}
+
+/* Adds a destination. cover < 0: a new coverage slot; else share slot `cover` (aliases). */
+static int add_dest(builder *b, const char *name, int param, int64_t row0, int64_t rows, int ndim,
+                    int cover)
+{
+    mdl_model *m = b->m;
+    if (param < 0) return -1;
+    if (m->n_dests == b->cap_dests) {
+        b->cap_dests = b->cap_dests ? b->cap_dests * 2 : 128;
+        mdl_dest *nd = realloc(m->dests, (size_t)b->cap_dests * sizeof *nd);
+        if (!nd) {
+            b->failed = 1;
+            return -1;
+        }
+        m->dests = nd;
+    }
+    mdl_dest *d = &m->dests[m->n_dests];
+    d->name = strdup(name);
+    if (!d->name) {
+        b->failed = 1;
+        return -1;
+    }
+    d->param = param;
+    d->row0 = row0;
+    d->rows = rows;
+    d->ndim = ndim;
+    d->cols = m->params[param].cols;
+    d->cover = cover >= 0 ? cover : m->n_cover++;
+    m->n_dests++;
+    return d->cover;
+}
+
+/* A whole parameter with one checkpoint name. */
+static int add_whole(builder *b, const char *ckpt, const char *rt, mdl_dtype dt, int64_t rows,
+                     int64_t cols)
+{
+    int p = add_param(b, rt, dt, rows, cols);
+    add_dest(b, ckpt, p, 0, rows, cols == 1 ? 1 : 2, -1);
+    return p;
+}
+
+static int dest_cmp(const void *a, const void *b)
+{
+    return strcmp(((const mdl_dest *)a)->name, ((const mdl_dest *)b)->name);
+}
+
+static void build_table(builder *b)
+{
+    mdl_model *m = b->m;
+    const mdl_config *c = &m->cfg;
+    const mdl_dtype W = m->wdt == KERN_DT_BF16 ? MDL_DT_BF16 : MDL_DT_F32, F = MDL_DT_F32;
+    const int64_t H = c->hidden, I = c->intermediate, hd = c->head_dim;
+    const int64_t q_rows = (int64_t)c->heads * hd, kv_rows = (int64_t)c->kv_heads * hd;
+    const int64_t qkv_rows = q_rows + 2 * kv_rows;
+    char ck[160], rt[64];
+
+    m->embed = add_whole(b, "model.embed_tokens.weight", "embed_tokens", W, c->vocab, H);
+    for (int l = 0; l < c->layers; l++) {
+        mdl_layer_params *L = &m->layer[l];
+        L->qkv_bias = L->q_norm = L->k_norm = L->o_bias = -1;
+#define NAMES(ckfmt, rtfmt)                                                                            \
+    snprintf(ck, sizeof ck, "model.layers.%d." ckfmt, l);                                                \
+    snprintf(rt, sizeof rt, "layers.%d." rtfmt, l)
+        NAMES("input_layernorm.weight", "input_norm");
+        L->input_norm = add_whole(b, ck, rt, F, H, 1);
+        snprintf(rt, sizeof rt, "layers.%d.qkv", l);
+        L->qkv = add_param(b, rt, W, qkv_rows, H);
+        const char *proj[3] = {"q_proj", "k_proj", "v_proj"};
+        const int64_t r0[3] = {0, q_rows, q_rows + kv_rows}, nr[3] = {q_rows, kv_rows, kv_rows};
+        for (int i = 0; i < 3; i++) {
+            snprintf(ck, sizeof ck, "model.layers.%d.self_attn.%s.weight", l, proj[i]);
+            add_dest(b, ck, L->qkv, r0[i], nr[i], 2, -1);
+        }
+        if (c->qkv_bias) {
+            snprintf(rt, sizeof rt, "layers.%d.qkv_bias", l);
+            L->qkv_bias = add_param(b, rt, F, qkv_rows, 1);
+            for (int i = 0; i < 3; i++) {
+                snprintf(ck, sizeof ck, "model.layers.%d.self_attn.%s.bias", l, proj[i]);
+                add_dest(b, ck, L->qkv_bias, r0[i], nr[i], 1, -1);
+            }
+        }
+        if (c->qk_norm) {
+            NAMES("self_attn.q_norm.weight", "q_norm");
+            L->q_norm = add_whole(b, ck, rt, F, hd, 1);
+            NAMES("self_attn.k_norm.weight", "k_norm");
+            L->k_norm = add_whole(b, ck, rt, F, hd, 1);
+        }
+        NAMES("self_attn.o_proj.weight", "o_proj");
+        L->o = add_whole(b, ck, rt, W, H, q_rows);
+        if (c->o_bias) {
+            NAMES("self_attn.o_proj.bias", "o_bias");
+            L->o_bias = add_whole(b, ck, rt, F, H, 1);
+        }
+        NAMES("post_attention_layernorm.weight", "post_norm");
+        L->post_norm = add_whole(b, ck, rt, F, H, 1);
+        snprintf(rt, sizeof rt, "layers.%d.gate_up", l);
+        L->gate_up = add_param(b, rt, W, 2 * I, H);
+        snprintf(ck, sizeof ck, "model.layers.%d.mlp.gate_proj.weight", l);
+        add_dest(b, ck, L->gate_up, 0, I, 2, -1);
+        snprintf(ck, sizeof ck, "model.layers.%d.mlp.up_proj.weight", l);
+        add_dest(b, ck, L->gate_up, I, I, 2, -1);
+        NAMES("mlp.down_proj.weight", "down_proj");
+        L->down = add_whole(b, ck, rt, W, H, I);
+#undef NAMES
+    }
+    m->final_norm = add_whole(b, "model.norm.weight", "final_norm", F, H, 1);
+    if (c->tie) {
+        m->lm_head = m->embed;
+        /* alias: lm_head.weight writes the shared matrix and covers embed_tokens' slot */
+        add_dest(b, "lm_head.weight", m->embed, 0, c->vocab, 2, m->dests[0].cover);
+    } else {
+        m->lm_head = add_whole(b, "lm_head.weight", "lm_head", W, c->vocab, H);
+    }
+}
+
+mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, size_t errlen)
+{
+    mdl_model *m = calloc(1, sizeof *m);
+    if (!m) goto oom;
+    m->cfg = *cfg;
+    m->be = be;
+    m->wdt = cfg->dtype == MDL_DT_BF16 ? KERN_DT_BF16 : KERN_DT_F32;
+    m->layer = calloc((size_t)cfg->layers, sizeof *m->layer);
+    if (!m->layer) goto oom;
+    builder b = {.m = m};
+    build_table(&b);
+    if (b.failed) goto oom;
+    qsort(m->dests, (size_t)m->n_dests, sizeof *m->dests, dest_cmp);
+    for (int i = 0; i < m->n_params; i++) {
+        mdl_param *p = &m->params[i];
+        p->ptr = be->ops->alloc(be, p->bytes, p->name);
+        if (!p->ptr) {
+            snprintf(err, errlen, "out of device memory allocating %s (%zu bytes)", p->name, p->bytes);
+            mdl_model_destroy(m);
+            return NULL;
+        }
+        m->weight_bytes += p->bytes;
+    }
+    /* RoPE inverse frequencies: config-derived, fixed for the model's lifetime */
+    int half = cfg->head_dim / 2;
+    float inv[4096];
+    for (int i = 0; i < half; i++)
+        inv[i] = (float)(1.0 / pow(cfg->rope_theta, (double)(2 * i) / (double)cfg->head_dim));
+    m->inv_freq = be->ops->alloc(be, (size_t)half * sizeof(float), "rope_inv_freq");
+    if (!m->inv_freq) {
+        snprintf(err, errlen, "out of device memory allocating rope_inv_freq");
+        mdl_model_destroy(m);
+        return NULL;
+    }
+    be->ops->upload(be, m->inv_freq, inv, (size_t)half * sizeof(float));
+    return m;
+oom:
+    snprintf(err, errlen, "out of memory building the parameter table");
+    mdl_model_destroy(m);
+    return NULL;
+}
+
+void mdl_model_destroy(mdl_model *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->n_dests; i++) free(m->dests[i].name);
+    free(m->dests);
+    free(m->params);
+    free(m->layer);
+    free(m);
+}
+
+const mdl_dest *mdl_model_find(const mdl_model *m, const char *name)
+{
+    mdl_dest key = {.name = (char *)name};
+    return bsearch(&key, m->dests, (size_t)m->n_dests, sizeof *m->dests, dest_cmp);
+}
+
+/* ---- sessions ---------------------------------------------------------------------------------- */
+
+int mdl_session_begin(mdl_session *s, mdl_model *m, mdl_load_mode mode, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->m = m;
+    s->mode = mode;
+    s->covered = calloc((size_t)m->n_cover, 1);
+    if (!s->covered) {
+        snprintf(err, errlen, "out of memory starting a load session");
+        return -1;
+    }
+    return 0;
+}
+
+static void shape_str(const mdl_st_tensor *t, char *out, size_t cap)
+{
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < t->ndim && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
+}
+
+int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                       size_t errlen)
+{
+    mdl_model *m = s->m;
+    /* pass 1: validate everything; nothing is written unless the whole bucket is good */
+    for (size_t i = 0; i < n; i++) {
+        const mdl_dest *d = mdl_model_find(m, t[i].name);
+        if (!d) {
+            snprintf(err, errlen, "%s: unknown tensor %s (not a parameter of %s)", what, t[i].name,
+                     mdl_arch_name(m->cfg.arch));
+            return -1;
+        }
+        if (!mdl_dtype_convertible(t[i].dtype)) {
+            snprintf(err, errlen, "%s: tensor %s has dtype %s; expected BF16, F16 or F32", what,
+                     t[i].name, mdl_dtype_name(t[i].dtype));
+            return -1;
+        }
+        int ok = t[i].ndim == d->ndim && t[i].shape[0] == d->rows && (d->ndim == 1 || t[i].shape[1] == d->cols);
+        if (!ok) {
+            char got[128];
+            shape_str(&t[i], got, sizeof got);
+            if (d->ndim == 1)
+                snprintf(err, errlen, "%s: tensor %s has shape %s; expected [%lld]", what, t[i].name,
+                         got, (long long)d->rows);
+            else
+                snprintf(err, errlen, "%s: tensor %s has shape %s; expected [%lld,%lld]", what,
+                         t[i].name, got, (long long)d->rows, (long long)d->cols);
+            return -1;
+        }
+    }
+    /* pass 2: direct, dtype-converting writes into the destinations (I2) */
+    for (size_t i = 0; i < n; i++) {
+        const mdl_dest *d = mdl_model_find(m, t[i].name);
+        const mdl_param *p = &m->params[d->param];
+        size_t row_bytes = (size_t)p->cols * mdl_dtype_size(p->dt);
+        uint8_t *dst = (uint8_t *)p->ptr + (size_t)d->row0 * row_bytes;
+        if (m->be->ops->upload_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel) != 0) {
+            /* unreachable after validation; a bug if it happens */
+            fprintf(stderr, "graphswap: bug: conversion %s -> %s failed\n", mdl_dtype_name(t[i].dtype),
+                    mdl_dtype_name(p->dt));
+            abort();
+        }
+        s->covered[d->cover] = 1;
+        s->tensors++;
+        s->bytes += t[i].nbytes;
+        s->wrote = 1;
+    }
+    s->buckets++;
+    return 0;
+}
+
+/* The target's post-load hook. A Qwen3/Llama/Qwen2 target keeps no weight-derived buffers on the
+ * CPU backend (stacked qkv / gate_up are destinations, written directly), so the hook only records
+ * that it ran; drafters and backends with repacked copies refill theirs here, in place. */
+static void target_post_load(mdl_model *m) { m->hook_runs++; }
+
+int mdl_session_finish(mdl_session *s, char *err, size_t errlen)
+{
+    mdl_model *m = s->m;
+    if (s->mode == MDL_LOAD_FULL) {
+        size_t n = 0, missing = 0;
+        for (int i = 0; i < m->n_dests; i++) {
+            const mdl_dest *d = &m->dests[i];
+            if (s->covered[d->cover]) continue;
+            /* an alias (tied lm_head) is satisfied by its partner; report the primary name */
+            if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
+            if (missing++ == 0) n += (size_t)snprintf(err, errlen, "missing tensor %s", d->name);
+            else if (missing <= 8 && n < errlen) n += (size_t)snprintf(err + n, errlen - n, ", %s", d->name);
+        }
+        if (missing > 8 && n < errlen) snprintf(err + n, errlen - n, " (and %zu more)", missing - 8);
+        if (missing) return -1;
+    }
+    if (s->wrote) target_post_load(m); /* exactly once per finish, never for an untouched model */
+    return 0;
+}
+
+void mdl_session_end(mdl_session *s)
+{
+    free(s->covered);
+    s->covered = NULL;
+}
+
+/* ---- cold load ----------------------------------------------------------------------------------- */
+
+/* A shard file name from an index must be a plain file name inside the folder. */
+static int safe_file_name(const char *f)
+{
+    return f[0] && f[0] != '.' && !strchr(f, '/') && !strchr(f, '\\') && strlen(f) < 256;
+}
+
+static int load_file(mdl_session *s, const char *dir, const char *file, const cJSON *weight_map,
+                     char *err, size_t errlen)
+{
+    char path[4352];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    mdl_st_file f;
+    if (mdl_st_open(path, &f, err, errlen) != 0) return -1;
+    int rc = 0;
+    if (weight_map) { /* every tensor of a shard must be listed for that shard in the index */
+        for (size_t i = 0; i < f.n && rc == 0; i++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(weight_map, f.tensors[i].name);
+            if (!cJSON_IsString(v) || strcmp(v->valuestring, file) != 0) {
+                snprintf(err, errlen, "%s: tensor %s is not mapped to this file in model.safetensors.index.json",
+                         path, f.tensors[i].name);
+                rc = -1;
+            }
+        }
+    }
+    if (rc == 0) rc = mdl_session_bucket(s, f.tensors, f.n, path, err, errlen);
+    mdl_st_close(&f);
+    return rc;
+}
+
+int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen)
+{
+    mdl_session s;
+    if (mdl_session_begin(&s, m, MDL_LOAD_FULL, err, errlen) != 0) return -1;
+    char path[4352];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    struct stat st;
+    int rc = -1;
+    cJSON *index = NULL;
+    if (stat(path, &st) == 0) {
+        size_t len;
+        char *txt = mdl_read_file(path, 64u << 20, &len, err, errlen);
+        if (!txt) goto out;
+        index = cJSON_ParseWithLength(txt, len);
+        free(txt);
+        const cJSON *wm = index ? cJSON_GetObjectItemCaseSensitive(index, "weight_map") : NULL;
+        if (!cJSON_IsObject(wm)) {
+            snprintf(err, errlen, "%s: not a JSON object with a weight_map", path);
+            goto out;
+        }
+        /* the distinct shard files, in first-seen order */
+        const cJSON *e;
+        const char *files[4096];
+        int nf = 0;
+        cJSON_ArrayForEach(e, wm)
+        {
+            if (!cJSON_IsString(e) || !safe_file_name(e->valuestring)) {
+                snprintf(err, errlen, "%s: tensor %s maps to an invalid file name", path, e->string);
+                goto out;
+            }
+            int seen = 0;
+            for (int i = 0; i < nf && !seen; i++) seen = strcmp(files[i], e->valuestring) == 0;
+            if (!seen) {
+                if (nf == 4096) {
+                    snprintf(err, errlen, "%s: too many shard files", path);
+                    goto out;
+                }
+                files[nf++] = e->valuestring;
+            }
+        }
+        for (int i = 0; i < nf; i++)
+            if (load_file(&s, dir, files[i], wm, err, errlen) != 0) goto out;
+    } else {
+        if (load_file(&s, dir, "model.safetensors", NULL, err, errlen) != 0) goto out;
+    }
+    rc = mdl_session_finish(&s, err, errlen);
+out:
+    cJSON_Delete(index);
+    mdl_session_end(&s);
+    return rc;
+}

@@ -1,0 +1,114 @@
+/* models/model.h — a target model: its parameter table, storage, load sessions and forward tape.
+ *
+ * Parameter table (I2): every checkpoint tensor name maps to exactly one destination, a whole
+ * runtime parameter or a row range of a stacked one:
+ *   model.layers.N.self_attn.{q,k,v}_proj.weight -> rows [0,nh*hd) / [nh*hd, +nkv*hd) / [.., +nkv*hd)
+ *                                                   of layers.N.qkv [(nh+2nkv)*hd, H]
+ *   model.layers.N.self_attn.{q,k,v}_proj.bias   -> the same rows of layers.N.qkv_bias (qwen2)
+ *   model.layers.N.mlp.{gate,up}_proj.weight     -> rows [0,I) / [I,2I) of layers.N.gate_up [2I, H]
+ *   everything else                              -> one parameter of the same shape
+ * Writing a tensor is a dtype-converting copy into its destination, in any order, in any bucket.
+ * Matrices are stored in bf16 when the checkpoint's torch_dtype is bfloat16, else f32 (so f16 and
+ * f32 checkpoints lose nothing); norm weights and biases are always f32.
+ *
+ * Tied embeddings: lm_head shares embed_tokens' storage. The table maps model.embed_tokens.weight
+ * to it and also accepts lm_head.weight as an alias of the same destination: writing either one
+ * writes the shared matrix (and covers it); the last write in a session wins.
+ *
+ * Coverage (I3): each destination part has a coverage slot set when it is written in the current
+ * session. Sessions (I4): begin -> buckets -> finish; finish checks coverage in full mode and runs
+ * the post-load hook exactly once when anything was written.
+ */
+#ifndef GS_MDL_MODEL_H
+#define GS_MDL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/stepio.h"
+#include "engine/tape.h"
+#include "models/config.h"
+#include "models/safetensors.h"
+
+typedef struct {
+    char name[64];   /* runtime name, e.g. "layers.3.qkv" */
+    void *ptr;       /* arena storage, never moves */
+    mdl_dtype dt;    /* storage dtype: BF16 or F32 */
+    int64_t rows, cols; /* vectors: rows = n, cols = 1 */
+    size_t bytes;
+} mdl_param;
+
+typedef struct {
+    char *name;          /* checkpoint tensor name */
+    int param;           /* destination parameter */
+    int64_t row0, rows;  /* destination row range */
+    int ndim;            /* expected checkpoint shape: [rows] or [rows, cols] */
+    int64_t cols;
+    int cover;           /* coverage slot */
+} mdl_dest;
+
+typedef struct {
+    int input_norm, qkv, qkv_bias, q_norm, k_norm, o, o_bias, post_norm, gate_up, down;
+} mdl_layer_params;
+
+typedef struct mdl_model {
+    mdl_config cfg;
+    eng_backend *be;
+    mdl_param *params;
+    int n_params;
+    mdl_dest *dests; /* sorted by name */
+    int n_dests;
+    int n_cover;
+    mdl_layer_params *layer;
+    int embed, final_norm, lm_head; /* lm_head == embed when tied */
+    float *inv_freq;                /* RoPE inverse frequencies [hd/2], from config */
+    kern_dtype wdt;                 /* storage dtype of matrices */
+    uint64_t hook_runs;             /* post-load hook executions (tests, metrics) */
+    uint64_t weight_bytes;          /* bytes of all parameters */
+} mdl_model;
+
+/* Builds the table and allocates every parameter from the backend arena (zeroed). */
+mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, size_t errlen);
+void mdl_model_destroy(mdl_model *m);
+const mdl_dest *mdl_model_find(const mdl_model *m, const char *name);
+
+/* ---- load sessions ---------------------------------------------------------------------------- */
+typedef enum { MDL_LOAD_FULL = 0, MDL_LOAD_PARTIAL = 1 } mdl_load_mode;
+
+typedef struct {
+    mdl_model *m;
+    mdl_load_mode mode;
+    uint8_t *covered; /* [n_cover] */
+    uint64_t tensors, bytes, buckets;
+    int wrote;
+} mdl_session;
+
+int mdl_session_begin(mdl_session *s, mdl_model *m, mdl_load_mode mode, char *err, size_t errlen);
+/* Validates the whole bucket (names known, shapes equal, dtypes convertible) before writing any
+ * byte; a bad bucket changes nothing. `what` names the source in messages. */
+int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                       size_t errlen);
+/* Full mode: every coverage slot must be set ("missing tensor NAME"). Then the post-load hook runs
+ * once if anything was written. Returns 0 or -1 with err (the session stays open for an abort). */
+int mdl_session_finish(mdl_session *s, char *err, size_t errlen);
+void mdl_session_end(mdl_session *s); /* frees session state (after finish or to abort) */
+
+/* Cold load of a checkpoint folder: one session, one bucket per safetensors file, finish. */
+int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen);
+
+/* ---- forward ------------------------------------------------------------------------------------ */
+typedef struct {
+    float *x, *h, *qkv, *attn, *tmp, *gu, *act, *xs, *logits;
+    int max_rows, max_logits;
+} mdl_workspace;
+
+int mdl_workspace_alloc(const mdl_model *m, eng_backend *be, int max_rows, int max_logits,
+                        mdl_workspace *ws, char *err, size_t errlen);
+/* Number of ops mdl_emit_forward pushes (to size tapes). */
+size_t mdl_forward_ops(const mdl_model *m);
+/* Emits one step for `rows` rows (the plan bucket) and `logit_rows` logits rows. */
+void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_step_io *io, int rows,
+                      int logit_rows, eng_tape *t);
+
+#endif

@@ -1,0 +1,165 @@
+#include "server/cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void srv_die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("graphswap: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+void srv_die_usage(const char *cmd, const char *arg)
+{
+    fprintf(stderr, "graphswap %s: unknown option %s (see graphswap %s --help)\n", cmd, arg, cmd);
+    exit(2);
+}
+
+static const char *value_of(int argc, char **argv, int *i, const char *name)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "graphswap: option %s needs a value\n", name);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+int srv_arg_flag(int argc, char **argv, int *i, const char *name, int *out)
+{
+    (void)argc;
+    if (strcmp(argv[*i], name) != 0) return 0;
+    *out = 1;
+    return 1;
+}
+
+int srv_arg_str(int argc, char **argv, int *i, const char *name, const char **out)
+{
+    if (strcmp(argv[*i], name) != 0) return 0;
+    *out = value_of(argc, argv, i, name);
+    return 1;
+}
+
+int srv_arg_int(int argc, char **argv, int *i, const char *name, long lo, long hi, int *out)
+{
+    if (strcmp(argv[*i], name) != 0) return 0;
+    const char *v = value_of(argc, argv, i, name);
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "graphswap: option %s: '%s' is not an integer in [%ld, %ld]\n", name, v, lo, hi);
+        exit(2);
+    }
+    *out = (int)x;
+    return 1;
+}
+
+int srv_arg_u64(int argc, char **argv, int *i, const char *name, uint64_t *out)
+{
+    if (strcmp(argv[*i], name) != 0) return 0;
+    const char *v = value_of(argc, argv, i, name);
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || end == v || v[0] == '-') {
+        fprintf(stderr, "graphswap: option %s: '%s' is not a non-negative integer\n", name, v);
+        exit(2);
+    }
+    *out = x;
+    return 1;
+}
+
+int srv_arg_float(int argc, char **argv, int *i, const char *name, double lo, double hi, float *out)
+{
+    if (strcmp(argv[*i], name) != 0) return 0;
+    const char *v = value_of(argc, argv, i, name);
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || end == v || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "graphswap: option %s: '%s' is not a number in [%g, %g]\n", name, v, lo, hi);
+        exit(2);
+    }
+    *out = (float)x;
+    return 1;
+}
+
+void srv_runtime_defaults(srv_runtime_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 0;
+    const char *chk = getenv("GRAPHSWAP_CHECKED");
+    o->checked = chk && strcmp(chk, "1") == 0;
+    eng_config_defaults(&o->ecfg);
+}
+
+const char srv_runtime_help[] =
+    "  --model DIR            Hugging Face checkpoint folder (config.json + safetensors)\n"
+    "  --threads N            CPU worker threads (default: all cores)\n"
+    "  --checked              verify every baked plan pointer at replay (also GRAPHSWAP_CHECKED=1)\n"
+    "  --eager                run the op tape each step instead of replaying captured plans\n"
+    "  --max-seqs N           concurrent sequences (default 64)\n"
+    "  --max-step-tokens N    rows of the largest plan bucket (default 256)\n"
+    "  --prefill-chunk N      prompt tokens of one sequence per step (default 256)\n"
+    "  --max-model-len N      prompt + generated tokens per sequence (default min(4096, model))\n"
+    "  --kv-cache-mb N        KV cache budget in MiB (default 512)\n";
+
+int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
+{
+    int eager = 0, kv_mb = 0;
+    if (srv_arg_str(argc, argv, i, "--model", &o->model_dir) ||
+        srv_arg_int(argc, argv, i, "--threads", 1, 256, &o->threads) ||
+        srv_arg_flag(argc, argv, i, "--checked", &o->checked) ||
+        srv_arg_int(argc, argv, i, "--max-seqs", 1, 4096, &o->ecfg.max_seqs) ||
+        srv_arg_int(argc, argv, i, "--max-step-tokens", 1, 16384, &o->ecfg.max_step_tokens) ||
+        srv_arg_int(argc, argv, i, "--prefill-chunk", 1, 1 << 20, &o->ecfg.prefill_chunk) ||
+        srv_arg_int(argc, argv, i, "--max-model-len", 2, 1 << 24, &o->ecfg.max_model_len))
+        return 1;
+    if (srv_arg_flag(argc, argv, i, "--eager", &eager)) {
+        o->ecfg.use_plans = 0;
+        return 1;
+    }
+    if (srv_arg_int(argc, argv, i, "--kv-cache-mb", 1, 1 << 22, &kv_mb)) {
+        o->ecfg.kv_bytes = (size_t)kv_mb << 20;
+        return 1;
+    }
+    return 0;
+}
+
+int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size_t errlen)
+{
+    memset(rt, 0, sizeof *rt);
+    if (!o->model_dir) {
+        snprintf(err, errlen, "--model DIR is required");
+        return -1;
+    }
+    mdl_config cfg;
+    if (mdl_config_load(o->model_dir, &cfg, err, errlen) != 0) return -1;
+    eng_backend_config bc = {.arena_bytes = (size_t)64 << 30, .threads = o->threads, .checked = o->checked};
+    rt->be = eng_backend_cpu_create(&bc, err, errlen);
+    if (!rt->be) return -1;
+    rt->m = mdl_model_create(&cfg, rt->be, err, errlen);
+    if (!rt->m || mdl_model_load_dir(rt->m, o->model_dir, err, errlen) != 0) goto fail;
+    rt->e = eng_create(&o->ecfg, rt->m, rt->be, err, errlen);
+    if (!rt->e) goto fail;
+    return 0;
+fail:
+    srv_runtime_close(rt);
+    return -1;
+}
+
+void srv_runtime_close(srv_runtime *rt)
+{
+    eng_destroy(rt->e);
+    mdl_model_destroy(rt->m);
+    eng_backend_destroy(rt->be);
+    memset(rt, 0, sizeof *rt);
+}

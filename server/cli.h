@@ -1,0 +1,47 @@
+/* server/cli.h — command-line parsing helpers shared by the subcommands, and the runtime bundle
+ * (backend + model + engine) every subcommand that computes opens the same way. */
+#ifndef GS_SRV_CLI_H
+#define GS_SRV_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+/* Options are "--name value" or "--flag". srv_arg_* return 1 when argv[*i] matched (advancing *i
+ * past a value), 0 when it did not, and exit(2) with a message on a bad value. */
+int srv_arg_flag(int argc, char **argv, int *i, const char *name, int *out);
+int srv_arg_int(int argc, char **argv, int *i, const char *name, long lo, long hi, int *out);
+int srv_arg_u64(int argc, char **argv, int *i, const char *name, uint64_t *out);
+int srv_arg_float(int argc, char **argv, int *i, const char *name, double lo, double hi, float *out);
+int srv_arg_str(int argc, char **argv, int *i, const char *name, const char **out);
+void srv_die_usage(const char *cmd, const char *arg); /* unknown option: exit(2) */
+void srv_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+typedef struct {
+    const char *model_dir;
+    int threads;
+    int checked;
+    eng_config ecfg;
+} srv_runtime_opts;
+
+typedef struct {
+    eng_backend *be;
+    mdl_model *m;
+    eng_engine *e;
+} srv_runtime;
+
+void srv_runtime_defaults(srv_runtime_opts *o);
+/* Parses the options every engine-running command shares (--model, --threads, --checked,
+ * --max-seqs, --max-step-tokens, --prefill-chunk, --max-model-len, --kv-cache-mb, --eager). */
+int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o);
+extern const char srv_runtime_help[];
+int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size_t errlen);
+void srv_runtime_close(srv_runtime *rt);
+
+int srv_cmd_generate(int argc, char **argv);
+int srv_cmd_mkmodel(int argc, char **argv);
+int srv_cmd_serve(int argc, char **argv);
+int srv_cmd_bench(int argc, char **argv);
+
+#endif

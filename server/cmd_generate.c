@@ -1,0 +1,252 @@
+/* server/cmd_generate.c — `graphswap generate`: token-id prompts in, JSON out.
+ * Single prompt (--prompt-ids) or many (--batch-file, JSONL) through the continuous batcher; output
+ * objects are printed in input order once everything finished. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/config.h"
+#include "server/cli.h"
+
+static const char help[] =
+    "usage: graphswap generate --model DIR (--prompt-ids 1,2,3 | --batch-file FILE) [options]\n"
+    "\n"
+    "Prints {\"token_ids\":[...],\"logprobs\":[...],\"top_logprobs\":[[[id,logprob],...],...],\n"
+    "\"finish_reason\":\"length\"|\"stop\"} (one line per request with --batch-file, in input order).\n"
+    "\n"
+    "  --prompt-ids LIST      comma-separated token ids\n"
+    "  --batch-file FILE      JSONL: {\"prompt_ids\":[..],\"max_tokens\":N,\"temperature\":T,\"top_k\":K,\n"
+    "                         \"top_p\":P,\"min_p\":P,\"seed\":S,\"logprobs\":K,\"ignore_eos\":B,\"min_tokens\":N}\n"
+    "  --max-tokens N         tokens to generate (default 16)\n"
+    "  --min-tokens N         no eos / stop ids before N tokens\n"
+    "  --temperature T        0 = greedy (default 0)\n"
+    "  --top-k K  --top-p P  --min-p P  --seed S\n"
+    "  --logprobs K           report the K best logprobs per token (0..20)\n"
+    "  --ignore-eos           do not stop at the model's eos token\n";
+
+typedef struct {
+    eng_request r;
+    int32_t *prompt;
+    int ok;
+} gen_item;
+
+static int parse_ids(const char *s, int32_t **out, int *n)
+{
+    int cap = 16, k = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    while (v && *s) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < 0 || x > 0x7fffffff) break;
+        if (k == cap) {
+            cap *= 2;
+            int32_t *nv = realloc(v, (size_t)cap * sizeof *nv);
+            if (!nv) break;
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) break;
+    }
+    if (!v || *s || k == 0) {
+        free(v);
+        return -1;
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static int alloc_outputs(gen_item *it)
+{
+    eng_request *r = &it->r;
+    r->out_tokens = calloc((size_t)r->max_tokens, sizeof *r->out_tokens);
+    r->out_logprobs = calloc((size_t)r->max_tokens, sizeof *r->out_logprobs);
+    r->out_top = r->sp.logprobs > 0 ? calloc((size_t)r->max_tokens * (size_t)r->sp.logprobs, sizeof *r->out_top) : NULL;
+    return r->out_tokens && r->out_logprobs && (r->sp.logprobs == 0 || r->out_top) ? 0 : -1;
+}
+
+static void free_item(gen_item *it)
+{
+    free(it->prompt);
+    free(it->r.out_tokens);
+    free(it->r.out_logprobs);
+    free(it->r.out_top);
+}
+
+static void print_result(const eng_request *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *ids = cJSON_AddArrayToObject(o, "token_ids");
+    cJSON *lps = cJSON_AddArrayToObject(o, "logprobs");
+    for (int i = 0; i < r->n_out; i++) {
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->out_tokens[i]));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(r->out_logprobs[i]));
+    }
+    if (r->sp.logprobs > 0) {
+        cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+        for (int i = 0; i < r->n_out; i++) {
+            cJSON *step = cJSON_CreateArray();
+            for (int j = 0; j < r->sp.logprobs; j++) {
+                const eng_toplp *t = &r->out_top[(size_t)i * (size_t)r->sp.logprobs + (size_t)j];
+                cJSON *pair = cJSON_CreateArray();
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(t->id));
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(t->logprob));
+                cJSON_AddItemToArray(step, pair);
+            }
+            cJSON_AddItemToArray(tops, step);
+        }
+    }
+    cJSON_AddStringToObject(o, "finish_reason", eng_finish_name(r->finish));
+    char *txt = cJSON_PrintUnformatted(o);
+    puts(txt);
+    free(txt);
+    cJSON_Delete(o);
+}
+
+/* One request object of a batch file into *it (defaults from the command line). */
+static int parse_line(const char *line, const gen_item *dflt, gen_item *it, char *err, size_t errlen)
+{
+    cJSON *j = cJSON_Parse(line);
+    int rc = -1;
+    *it = *dflt;
+    it->prompt = NULL;
+    if (!cJSON_IsObject(j)) {
+        snprintf(err, errlen, "not a JSON object");
+        goto out;
+    }
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt_ids");
+    int n = cJSON_GetArraySize(p);
+    if (!cJSON_IsArray(p) || n < 1) {
+        snprintf(err, errlen, "prompt_ids must be a non-empty list of token ids");
+        goto out;
+    }
+    it->prompt = malloc((size_t)n * sizeof *it->prompt);
+    if (!it->prompt) goto out;
+    for (int i = 0; i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(p, i);
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 2147483647.0) {
+            snprintf(err, errlen, "prompt_ids[%d] is not a token id", i);
+            goto out;
+        }
+        it->prompt[i] = (int32_t)x->valuedouble;
+    }
+    it->r.prompt = it->prompt;
+    it->r.n_prompt = n;
+    const cJSON *v;
+#define NUM(key, lo, hi, dst)                                                                           \
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, key)) != NULL) {                                        \
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= (lo) && v->valuedouble <= (hi))) {                 \
+            snprintf(err, errlen, "%s must be a number in [%g, %g]", key, (double)(lo), (double)(hi));    \
+            goto out;                                                                                   \
+        }                                                                                               \
+        dst = v->valuedouble;                                                                           \
+    }
+    NUM("max_tokens", 1, 1 << 24, it->r.max_tokens);
+    NUM("min_tokens", 0, 1 << 24, it->r.min_tokens);
+    NUM("temperature", 0, 100, it->r.sp.temperature);
+    NUM("top_k", -1, 1 << 24, it->r.sp.top_k);
+    NUM("top_p", 0, 1, it->r.sp.top_p);
+    NUM("min_p", 0, 1, it->r.sp.min_p);
+    NUM("seed", 0, 9007199254740991.0, it->r.sp.seed);
+    NUM("logprobs", 0, ENG_MAX_LOGPROBS, it->r.sp.logprobs);
+#undef NUM
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos")) != NULL) it->r.ignore_eos = cJSON_IsTrue(v);
+    rc = 0;
+out:
+    cJSON_Delete(j);
+    return rc;
+}
+
+int srv_cmd_generate(int argc, char **argv)
+{
+    srv_runtime_opts ro;
+    srv_runtime_defaults(&ro);
+    const char *ids = NULL, *batch = NULL;
+    gen_item dflt;
+    memset(&dflt, 0, sizeof dflt);
+    dflt.r.max_tokens = 16;
+    dflt.r.sp.top_p = 1.0f;
+    int have_seed = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(help, stdout);
+            fputs(srv_runtime_help, stdout);
+            return 0;
+        }
+        uint64_t seed;
+        if (srv_runtime_arg(argc, argv, &i, &ro) || srv_arg_str(argc, argv, &i, "--prompt-ids", &ids) ||
+            srv_arg_str(argc, argv, &i, "--batch-file", &batch) ||
+            srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 24, &dflt.r.max_tokens) ||
+            srv_arg_int(argc, argv, &i, "--min-tokens", 0, 1 << 24, &dflt.r.min_tokens) ||
+            srv_arg_float(argc, argv, &i, "--temperature", 0, 100, &dflt.r.sp.temperature) ||
+            srv_arg_int(argc, argv, &i, "--top-k", -1, 1 << 24, &dflt.r.sp.top_k) ||
+            srv_arg_float(argc, argv, &i, "--top-p", 0, 1, &dflt.r.sp.top_p) ||
+            srv_arg_float(argc, argv, &i, "--min-p", 0, 1, &dflt.r.sp.min_p) ||
+            srv_arg_int(argc, argv, &i, "--logprobs", 0, ENG_MAX_LOGPROBS, &dflt.r.sp.logprobs) ||
+            srv_arg_flag(argc, argv, &i, "--ignore-eos", &dflt.r.ignore_eos))
+            continue;
+        if (srv_arg_u64(argc, argv, &i, "--seed", &seed)) {
+            dflt.r.sp.seed = seed;
+            have_seed = 1;
+            continue;
+        }
+        srv_die_usage("generate", argv[i]);
+    }
+    if (!have_seed) dflt.r.sp.seed = 0; /* generate is reproducible by default */
+    if (!ids == !batch) srv_die("give exactly one of --prompt-ids or --batch-file");
+
+    gen_item *items = NULL;
+    int n_items = 0;
+    char err[1024];
+    if (ids) {
+        items = calloc(1, sizeof *items);
+        if (!items) srv_die("out of memory");
+        items[0] = dflt;
+        if (parse_ids(ids, &items[0].prompt, &items[0].r.n_prompt) != 0)
+            srv_die("--prompt-ids must be a comma-separated list of token ids");
+        items[0].r.prompt = items[0].prompt;
+        n_items = 1;
+    } else {
+        size_t len;
+        char *txt = mdl_read_file(batch, 1u << 30, &len, err, sizeof err);
+        if (!txt) srv_die("%s", err);
+        int cap = 0, lineno = 0;
+        for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
+            lineno++;
+            if (strspn(line, " \t\r") == strlen(line)) continue;
+            if (n_items == cap) {
+                cap = cap ? cap * 2 : 16;
+                gen_item *ni = realloc(items, (size_t)cap * sizeof *ni);
+                if (!ni) srv_die("out of memory");
+                items = ni;
+            }
+            if (parse_line(line, &dflt, &items[n_items], err, sizeof err) != 0)
+                srv_die("%s line %d: %s", batch, lineno, err);
+            n_items++;
+        }
+        free(txt);
+        if (n_items == 0) srv_die("%s holds no requests", batch);
+    }
+
+    srv_runtime rt;
+    if (srv_runtime_open(&rt, &ro, err, sizeof err) != 0) srv_die("%s", err);
+    for (int i = 0; i < n_items; i++) {
+        if (alloc_outputs(&items[i]) != 0) srv_die("out of memory");
+        int busy;
+        if (eng_submit(rt.e, &items[i].r, &busy, err, sizeof err) != 0)
+            srv_die("request %d: %s", i + 1, err);
+        /* keep the queue bounded for huge batch files */
+        while (eng_num_waiting(rt.e) >= eng_get_config(rt.e)->queue_cap - 1) eng_step(rt.e);
+    }
+    eng_run_until_idle(rt.e);
+    for (int i = 0; i < n_items; i++) {
+        print_result(&items[i].r);
+        free_item(&items[i]);
+    }
+    free(items);
+    srv_runtime_close(&rt);
+    return 0;
+}

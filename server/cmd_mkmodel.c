@@ -1,0 +1,73 @@
+/* server/cmd_mkmodel.c — `graphswap mkmodel`: random-init checkpoints in Hugging Face layout. */
+#include <stdio.h>
+#include <string.h>
+
+#include "models/mkmodel.h"
+#include "server/cli.h"
+
+static const char help[] =
+    "usage: graphswap mkmodel --out DIR [options]\n"
+    "\n"
+    "Writes config.json, model.safetensors (or N shards + model.safetensors.index.json) and a small\n"
+    "byte-level BPE tokenizer (tokenizer.json, tokenizer_config.json; vocab >= 512) in the exact\n"
+    "layout and naming of a Hugging Face checkpoint, with seeded random weights.\n"
+    "\n"
+    "  --arch qwen3|llama|qwen2   (default qwen3)\n"
+    "  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --intermediate N  --vocab N\n"
+    "                             (defaults 64, 2, 4, 2, 16, 128, 1024)\n"
+    "  --max-pos N                max_position_embeddings (default 4096)\n"
+    "  --tie | --no-tie           tie lm_head to embed_tokens (default --tie)\n"
+    "  --dtype bf16|f16|f32       (default bf16)\n"
+    "  --shards N                 number of safetensors files (default 1)\n"
+    "  --seed S                   (default 0)\n"
+    "  --no-tokenizer             skip the tokenizer files\n";
+
+int srv_cmd_mkmodel(int argc, char **argv)
+{
+    mdl_mkmodel_opts o;
+    mdl_mkmodel_defaults(&o);
+    const char *out = NULL, *arch = NULL, *dtype = NULL;
+    int tie = 0, no_tie = 0, no_tok = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(help, stdout);
+            return 0;
+        }
+        const int M = 1 << 20;
+        if (srv_arg_str(argc, argv, &i, "--out", &out) || srv_arg_str(argc, argv, &i, "--arch", &arch) ||
+            srv_arg_str(argc, argv, &i, "--dtype", &dtype) ||
+            srv_arg_int(argc, argv, &i, "--hidden", 1, M, &o.hidden) ||
+            srv_arg_int(argc, argv, &i, "--layers", 1, 1024, &o.layers) ||
+            srv_arg_int(argc, argv, &i, "--heads", 1, 4096, &o.heads) ||
+            srv_arg_int(argc, argv, &i, "--kv-heads", 1, 4096, &o.kv_heads) ||
+            srv_arg_int(argc, argv, &i, "--head-dim", 2, 4096, &o.head_dim) ||
+            srv_arg_int(argc, argv, &i, "--intermediate", 1, M, &o.intermediate) ||
+            srv_arg_int(argc, argv, &i, "--vocab", 2, 1 << 24, &o.vocab) ||
+            srv_arg_int(argc, argv, &i, "--max-pos", 2, 1 << 24, &o.max_pos) ||
+            srv_arg_int(argc, argv, &i, "--shards", 1, 999, &o.shards) ||
+            srv_arg_u64(argc, argv, &i, "--seed", &o.seed) || srv_arg_flag(argc, argv, &i, "--tie", &tie) ||
+            srv_arg_flag(argc, argv, &i, "--no-tie", &no_tie) ||
+            srv_arg_flag(argc, argv, &i, "--no-tokenizer", &no_tok))
+            continue;
+        srv_die_usage("mkmodel", argv[i]);
+    }
+    if (!out) srv_die("--out DIR is required");
+    if (tie && no_tie) srv_die("--tie and --no-tie are exclusive");
+    o.tie = !no_tie;
+    o.tokenizer = !no_tok;
+    if (arch) {
+        if (strcmp(arch, "qwen3") == 0) o.arch = MDL_ARCH_QWEN3;
+        else if (strcmp(arch, "llama") == 0) o.arch = MDL_ARCH_LLAMA;
+        else if (strcmp(arch, "qwen2") == 0) o.arch = MDL_ARCH_QWEN2;
+        else srv_die("--arch must be qwen3, llama or qwen2 (dflash and dspark drafters are not built yet)");
+    }
+    if (dtype) {
+        if (strcmp(dtype, "bf16") == 0) o.dtype = MDL_DT_BF16;
+        else if (strcmp(dtype, "f16") == 0) o.dtype = MDL_DT_F16;
+        else if (strcmp(dtype, "f32") == 0) o.dtype = MDL_DT_F32;
+        else srv_die("--dtype must be bf16, f16 or f32");
+    }
+    char err[1024];
+    if (mdl_mkmodel(&o, out, err, sizeof err) != 0) srv_die("%s", err);
+    return 0;
+}

@@ -1,0 +1,32 @@
+/* server/main.c — the graphswap binary: one entry point, one subcommand per capability. */
+#include <stdio.h>
+#include <string.h>
+
+#include "server/cli.h"
+
+static const char usage[] =
+    "usage: graphswap <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  serve      serve a model over HTTP (OpenAI-compatible completions)\n"
+    "  generate   generate tokens for token-id prompts, print JSON\n"
+    "  mkmodel    write a random-init checkpoint in Hugging Face layout\n"
+    "  bench      benchmarks (bench decode)\n"
+    "\n"
+    "graphswap <command> --help shows the command's options.\n";
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "serve") == 0) return srv_cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "generate") == 0) return srv_cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "mkmodel") == 0) return srv_cmd_mkmodel(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0) return srv_cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "graphswap: unknown command %s\n%s", cmd, usage);
+    return 2;
+}

@@ -1,0 +1,571 @@
+"""Independent float64 numpy reference for Qwen3 / Llama / Qwen2 causal LMs (Hugging Face layout).
+
+Written from the published model semantics (see shared/reference/MODELS.md); standard library +
+numpy only. Provides:
+
+  * a strict safetensors reader (own parser) and writer (used by the tests to build or corrupt
+    checkpoints),
+  * checkpoint loading (config.json, model.safetensors or sharded index), with a strict check that
+    the tensor set is exactly the expected Hugging Face set with the expected shapes and dtype,
+  * RefModel: full causal forward in float64 with an optional KV cache,
+    teacher-forced per-step log-probabilities, greedy decoding, and a no-cache brute-force decoder.
+
+Semantics (per decoder layer, pre-norm residual):
+    h = x + o_proj(attn(RoPE(qk_norm(q_proj(rms(x)))), RoPE(qk_norm(k_proj(rms(x)))), v_proj(rms(x))))
+    y = h + down(silu(gate(rms(h))) * up(rms(h)))
+RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w.  q_norm / k_norm (Qwen3 only) are RMSNorms over head_dim
+shared by all heads, applied before RoPE.  RoPE is neox "rotate half" with
+inv_freq[i] = theta^(-2i/hd), i in [0, hd/2).  Attention: causal, GQA (query head h uses kv head
+h // (nh/nkv)), scale hd^-0.5.  Final RMSNorm, lm_head (or embed_tokens when tied).
+Biases: Qwen2 q/k/v; Llama q/k/v/o when attention_bias, gate/up/down when mlp_bias; Qwen3 q/k/v/o
+when attention_bias.
+"""
+
+import json
+import os
+import struct
+
+import numpy as np
+
+ARCHS = {
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+ST_MAX_HEADER = 100_000_000
+
+# dtype name -> (numpy dtype used to view the raw little-endian bytes, width)
+ST_DTYPES = {
+    "BOOL": (np.dtype("u1"), 1),
+    "U8": (np.dtype("u1"), 1),
+    "I8": (np.dtype("i1"), 1),
+    "F8_E4M3": (np.dtype("u1"), 1),
+    "F8_E5M2": (np.dtype("u1"), 1),
+    "I16": (np.dtype("<i2"), 2),
+    "U16": (np.dtype("<u2"), 2),
+    "F16": (np.dtype("<f2"), 2),
+    "BF16": (np.dtype("<u2"), 2),
+    "I32": (np.dtype("<i4"), 4),
+    "U32": (np.dtype("<u4"), 4),
+    "F32": (np.dtype("<f4"), 4),
+    "F64": (np.dtype("<f8"), 8),
+    "I64": (np.dtype("<i8"), 8),
+    "U64": (np.dtype("<u8"), 8),
+}
+
+TORCH_DTYPE_TO_ST = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
+class FormatError(Exception):
+    """A checkpoint that does not follow the expected format."""
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors
+# ---------------------------------------------------------------------------------------------
+
+class RawTensor:
+    """One tensor as stored: dtype name, shape, raw little-endian bytes."""
+
+    __slots__ = ("name", "dtype", "shape", "data")
+
+    def __init__(self, name, dtype, shape, data):
+        self.name = name
+        self.dtype = dtype
+        self.shape = tuple(int(s) for s in shape)
+        self.data = bytes(data)
+
+    def numel(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def to_f64(self):
+        return decode_array(self.dtype, self.shape, self.data)
+
+
+def decode_array(dtype, shape, data):
+    """Raw bytes of a float tensor -> float64 numpy array of the given shape."""
+    if dtype == "BF16":
+        u16 = np.frombuffer(data, dtype="<u2")
+        f32 = (u16.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        arr = f32.astype(np.float64)
+    elif dtype == "F16":
+        arr = np.frombuffer(data, dtype="<f2").astype(np.float64)
+    elif dtype == "F32":
+        arr = np.frombuffer(data, dtype="<f4").astype(np.float64)
+    elif dtype == "F64":
+        arr = np.frombuffer(data, dtype="<f8").astype(np.float64)
+    else:
+        raise FormatError("unsupported float dtype %s" % dtype)
+    return arr.reshape(shape)
+
+
+def encode_array(dtype, arr):
+    """float/int numpy array -> raw little-endian bytes in the given safetensors dtype."""
+    arr = np.ascontiguousarray(arr)
+    if dtype == "BF16":
+        f32 = arr.astype(np.float32)
+        u32 = f32.view(np.uint32).astype(np.uint64)
+        # round to nearest even on the upper 16 bits (finite values only)
+        rounded = (u32 + np.uint64(0x7FFF) + ((u32 >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+        return rounded.astype("<u2").tobytes()
+    if dtype == "F16":
+        return arr.astype("<f2").tobytes()
+    if dtype == "F32":
+        return arr.astype("<f4").tobytes()
+    if dtype == "F64":
+        return arr.astype("<f8").tobytes()
+    if dtype in ST_DTYPES:
+        return arr.astype(ST_DTYPES[dtype][0]).tobytes()
+    raise FormatError("unknown dtype %s" % dtype)
+
+
+def round_to_dtype(dtype, arr):
+    """What an array becomes after a store/load round trip in `dtype` (float64 result)."""
+    return decode_array(dtype, np.shape(arr), encode_array(dtype, arr))
+
+
+def read_safetensors(path):
+    """Parses and validates a safetensors file. Returns (list of RawTensor in header order, metadata)."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    if len(buf) < 8:
+        raise FormatError("%s: file too short (%d bytes)" % (path, len(buf)))
+    (n,) = struct.unpack("<Q", buf[:8])
+    if n > ST_MAX_HEADER or 8 + n > len(buf):
+        raise FormatError("%s: bad header length %d (file %d bytes)" % (path, n, len(buf)))
+    try:
+        header = json.loads(buf[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError("%s: bad header JSON: %s" % (path, e))
+    if not isinstance(header, dict):
+        raise FormatError("%s: header is not an object" % path)
+    meta = header.pop("__metadata__", None)
+    data = buf[8 + n:]
+    spans = []
+    tensors = []
+    for name, info in header.items():
+        try:
+            dtype = info["dtype"]
+            shape = info["shape"]
+            begin, end = info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise FormatError("%s: tensor %s: malformed header entry" % (path, name))
+        if dtype not in ST_DTYPES:
+            raise FormatError("%s: tensor %s: unknown dtype %s" % (path, name, dtype))
+        numel = 1
+        for s in shape:
+            if not isinstance(s, int) or s < 0:
+                raise FormatError("%s: tensor %s: bad shape %r" % (path, name, shape))
+            numel *= s
+        if not (0 <= begin <= end <= len(data)):
+            raise FormatError("%s: tensor %s: offsets [%d,%d) out of bounds" % (path, name, begin, end))
+        if end - begin != numel * ST_DTYPES[dtype][1]:
+            raise FormatError("%s: tensor %s: size %d != numel*width" % (path, name, end - begin))
+        spans.append((begin, end, name))
+        tensors.append(RawTensor(name, dtype, shape, data[begin:end]))
+    spans.sort()
+    pos = 0
+    for begin, end, name in spans:
+        if begin != pos:
+            raise FormatError("%s: tensor %s: data not contiguous (hole or overlap at %d)" % (path, name, pos))
+        pos = end
+    if pos != len(data):
+        raise FormatError("%s: data section %d bytes but tensors cover %d" % (path, len(data), pos))
+    return tensors, meta
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes RawTensors (in the given order) as a valid safetensors file."""
+    header = {}
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    off = 0
+    for t in tensors:
+        nbytes = len(t.data)
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [off, off + nbytes]}
+        off += nbytes
+    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hjson += b" " * ((8 - len(hjson) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hjson)))
+        f.write(hjson)
+        for t in tensors:
+            f.write(t.data)
+
+
+def checkpoint_files(model_dir):
+    """Returns (dict name -> file name, index json or None) for a checkpoint directory."""
+    idx_path = os.path.join(model_dir, "model.safetensors.index.json")
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.exists(idx_path):
+        with open(idx_path) as f:
+            index = json.load(f)
+        wm = index.get("weight_map")
+        if not isinstance(wm, dict) or not wm:
+            raise FormatError("%s: no weight_map" % idx_path)
+        return dict(wm), index
+    if os.path.exists(single):
+        return None, None
+    raise FormatError("%s: neither model.safetensors nor model.safetensors.index.json" % model_dir)
+
+
+def read_checkpoint_tensors(model_dir):
+    """All tensors of a checkpoint as {name: RawTensor}, validating the index against the shards."""
+    wm, index = checkpoint_files(model_dir)
+    out = {}
+    if wm is None:
+        tensors, _ = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+        for t in tensors:
+            out[t.name] = t
+        return out
+    total = 0
+    for fname in sorted(set(wm.values())):
+        tensors, _ = read_safetensors(os.path.join(model_dir, fname))
+        for t in tensors:
+            if t.name in out:
+                raise FormatError("tensor %s stored twice" % t.name)
+            if wm.get(t.name) != fname:
+                raise FormatError("tensor %s is in %s but the index maps it to %s" % (t.name, fname, wm.get(t.name)))
+            out[t.name] = t
+            total += len(t.data)
+    for name in wm:
+        if name not in out:
+            raise FormatError("index lists %s but no shard holds it" % name)
+    ts = index.get("metadata", {}).get("total_size")
+    if ts is not None and int(ts) != total:
+        raise FormatError("index metadata.total_size %s != %d bytes of tensor data" % (ts, total))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# config and parameter table
+# ---------------------------------------------------------------------------------------------
+
+class Config:
+    def __init__(self, d):
+        self.raw = d
+        archs = d.get("architectures") or []
+        if len(archs) != 1 or archs[0] not in ARCHS:
+            raise FormatError("unsupported architectures %r" % (archs,))
+        self.arch = ARCHS[archs[0]]
+        self.hidden = int(d["hidden_size"])
+        self.inter = int(d["intermediate_size"])
+        self.layers = int(d["num_hidden_layers"])
+        self.heads = int(d["num_attention_heads"])
+        self.kv_heads = int(d.get("num_key_value_heads") or self.heads)
+        hd = d.get("head_dim")
+        self.head_dim = int(hd) if hd is not None else self.hidden // self.heads
+        self.vocab = int(d["vocab_size"])
+        self.eps = float(d["rms_norm_eps"])
+        self.theta = float(d.get("rope_theta", 10000.0))
+        self.tie = bool(d.get("tie_word_embeddings", False))
+        self.torch_dtype = d.get("torch_dtype")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise FormatError("hidden_act %r not supported by the reference" % act)
+        rs = d.get("rope_scaling")
+        if rs is not None and rs.get("rope_type", rs.get("type")) not in (None, "default"):
+            raise FormatError("rope_scaling %r not supported by the reference" % (rs,))
+        if self.heads % self.kv_heads != 0:
+            raise FormatError("num_attention_heads %d not a multiple of num_key_value_heads %d"
+                              % (self.heads, self.kv_heads))
+        if self.head_dim % 2 != 0:
+            raise FormatError("odd head_dim %d" % self.head_dim)
+        attn_bias = bool(d.get("attention_bias", False))
+        self.qkv_bias = self.arch == "qwen2" or attn_bias
+        self.o_bias = self.arch in ("llama", "qwen3") and attn_bias
+        self.mlp_bias = self.arch == "llama" and bool(d.get("mlp_bias", False))
+        self.qk_norm = self.arch == "qwen3"
+
+    def expected_tensors(self):
+        """{name: shape} of exactly the tensors a checkpoint of this config must contain."""
+        H, I, V, hd = self.hidden, self.inter, self.vocab, self.head_dim
+        nq, nkv = self.heads * hd, self.kv_heads * hd
+        e = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+        if not self.tie:
+            e["lm_head.weight"] = (V, H)
+        for l in range(self.layers):
+            p = "model.layers.%d." % l
+            e[p + "input_layernorm.weight"] = (H,)
+            e[p + "post_attention_layernorm.weight"] = (H,)
+            e[p + "self_attn.q_proj.weight"] = (nq, H)
+            e[p + "self_attn.k_proj.weight"] = (nkv, H)
+            e[p + "self_attn.v_proj.weight"] = (nkv, H)
+            e[p + "self_attn.o_proj.weight"] = (H, nq)
+            if self.qkv_bias:
+                e[p + "self_attn.q_proj.bias"] = (nq,)
+                e[p + "self_attn.k_proj.bias"] = (nkv,)
+                e[p + "self_attn.v_proj.bias"] = (nkv,)
+            if self.o_bias:
+                e[p + "self_attn.o_proj.bias"] = (H,)
+            if self.qk_norm:
+                e[p + "self_attn.q_norm.weight"] = (hd,)
+                e[p + "self_attn.k_norm.weight"] = (hd,)
+            e[p + "mlp.gate_proj.weight"] = (I, H)
+            e[p + "mlp.up_proj.weight"] = (I, H)
+            e[p + "mlp.down_proj.weight"] = (H, I)
+            if self.mlp_bias:
+                e[p + "mlp.gate_proj.bias"] = (I,)
+                e[p + "mlp.up_proj.bias"] = (I,)
+                e[p + "mlp.down_proj.bias"] = (H,)
+        return e
+
+
+def load_config(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return Config(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def log_softmax(logits):
+    m = np.max(logits, axis=-1, keepdims=True)
+    z = logits - m
+    return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+
+
+class KVCache:
+    def __init__(self, cfg):
+        self.k = [np.zeros((cfg.kv_heads, 0, cfg.head_dim)) for _ in range(cfg.layers)]
+        self.v = [np.zeros((cfg.kv_heads, 0, cfg.head_dim)) for _ in range(cfg.layers)]
+
+    def length(self):
+        return self.k[0].shape[1] if self.k else 0
+
+
+class RefModel:
+    def __init__(self, model_dir, strict=True):
+        self.dir = model_dir
+        self.cfg = load_config(model_dir)
+        raw = read_checkpoint_tensors(model_dir)
+        cfg = self.cfg
+        expected = cfg.expected_tensors()
+        if strict:
+            want_dt = TORCH_DTYPE_TO_ST.get(cfg.torch_dtype)
+            missing = sorted(set(expected) - set(raw))
+            extra = sorted(set(raw) - set(expected))
+            if missing:
+                raise FormatError("missing tensor(s): %s" % ", ".join(missing))
+            if extra:
+                raise FormatError("unexpected tensor(s): %s" % ", ".join(extra))
+            for name, shape in expected.items():
+                if raw[name].shape != tuple(shape):
+                    raise FormatError("tensor %s has shape %s, expected %s" % (name, raw[name].shape, shape))
+                if want_dt is not None and raw[name].dtype != want_dt:
+                    raise FormatError("tensor %s has dtype %s but torch_dtype is %s"
+                                      % (name, raw[name].dtype, cfg.torch_dtype))
+        self.w = {}
+        for name in expected:
+            if name not in raw:
+                raise FormatError("missing tensor %s" % name)
+            self.w[name] = raw[name].to_f64()
+        self.lm_head = self.w["lm_head.weight"] if not cfg.tie else self.w["model.embed_tokens.weight"]
+        hd = cfg.head_dim
+        self.inv_freq = cfg.theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+
+    # -- pieces ----------------------------------------------------------------------------------
+    def _lin(self, x, name):
+        y = x @ self.w[name + ".weight"].T
+        b = self.w.get(name + ".bias")
+        if b is not None:
+            y = y + b
+        return y
+
+    def _rope(self, x, positions):
+        """x: [heads, T, hd]; neox rotate-half."""
+        ang = np.asarray(positions, dtype=np.float64)[:, None] * self.inv_freq[None, :]   # [T, hd/2]
+        cos = np.cos(np.concatenate([ang, ang], axis=-1))[None]
+        sin = np.sin(np.concatenate([ang, ang], axis=-1))[None]
+        half = x.shape[-1] // 2
+        rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + rot * sin
+
+    def forward(self, ids, cache=None, return_hidden=False):
+        """Runs tokens `ids` at positions cache.length().. (0.. without cache).
+        Returns logits [T, V] (float64); appends K/V to the cache when given."""
+        cfg = self.cfg
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise ValueError("ids must be a non-empty 1-D sequence")
+        if ids.min() < 0 or ids.max() >= cfg.vocab:
+            raise ValueError("token id out of range")
+        start = cache.length() if cache is not None else 0
+        T = len(ids)
+        pos = np.arange(start, start + T)
+        nh, nkv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        group = nh // nkv
+        scale = hd ** -0.5
+        x = self.w["model.embed_tokens.weight"][ids]                       # [T, H]
+        hiddens = []
+        for l in range(cfg.layers):
+            p = "model.layers.%d." % l
+            h = rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.eps)
+            q = self._lin(h, p + "self_attn.q_proj").reshape(T, nh, hd).transpose(1, 0, 2)
+            k = self._lin(h, p + "self_attn.k_proj").reshape(T, nkv, hd).transpose(1, 0, 2)
+            v = self._lin(h, p + "self_attn.v_proj").reshape(T, nkv, hd).transpose(1, 0, 2)
+            if cfg.qk_norm:
+                q = rms_norm(q, self.w[p + "self_attn.q_norm.weight"], cfg.eps)
+                k = rms_norm(k, self.w[p + "self_attn.k_norm.weight"], cfg.eps)
+            q = self._rope(q, pos)
+            k = self._rope(k, pos)
+            if cache is not None:
+                k = np.concatenate([cache.k[l], k], axis=1)
+                v = np.concatenate([cache.v[l], v], axis=1)
+                cache.k[l], cache.v[l] = k, v
+            S = k.shape[1]                                                 # start + T
+            kk = np.repeat(k, group, axis=0)                               # [nh, S, hd]
+            vv = np.repeat(v, group, axis=0)
+            scores = np.einsum("htd,hsd->hts", q, kk) * scale              # [nh, T, S]
+            mask = np.arange(S)[None, :] > pos[:, None]                    # key after query
+            scores = np.where(mask[None], -np.inf, scores)
+            scores = scores - scores.max(axis=-1, keepdims=True)
+            pr = np.exp(scores)
+            pr = pr / pr.sum(axis=-1, keepdims=True)
+            att = np.einsum("hts,hsd->htd", pr, vv).transpose(1, 0, 2).reshape(T, nh * hd)
+            x = x + self._lin(att, p + "self_attn.o_proj")
+            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.eps)
+            m = silu(self._lin(h, p + "mlp.gate_proj")) * self._lin(h, p + "mlp.up_proj")
+            x = x + self._lin(m, p + "mlp.down_proj")
+            hiddens.append(x)
+        x = rms_norm(x, self.w["model.norm.weight"], cfg.eps)
+        logits = x @ self.lm_head.T
+        if return_hidden:
+            return logits, hiddens
+        return logits
+
+    # -- generation-level helpers ----------------------------------------------------------------
+    def step_logprobs(self, prompt, generated):
+        """Teacher forcing over prompt + generated in one pass. Returns float64 [len(generated), V]:
+        row i is log_softmax of the logits that predict generated[i]."""
+        prompt = list(prompt)
+        generated = list(generated)
+        seq = prompt + generated[:-1] if generated else prompt
+        logits = self.forward(seq)
+        return log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + len(generated)])
+
+    def step_logits(self, prompt, generated):
+        prompt = list(prompt)
+        generated = list(generated)
+        seq = prompt + generated[:-1] if generated else prompt
+        logits = self.forward(seq)
+        return logits[len(prompt) - 1:len(prompt) - 1 + len(generated)]
+
+    def greedy(self, prompt, n):
+        """Greedy decoding with a KV cache. Returns (tokens, logits rows [n, V])."""
+        cache = KVCache(self.cfg)
+        logits = self.forward(list(prompt), cache)[-1]
+        toks, rows = [], []
+        for i in range(n):
+            t = int(np.argmax(logits))
+            toks.append(t)
+            rows.append(logits)
+            if i + 1 < n:
+                logits = self.forward([t], cache)[-1]
+        return toks, np.array(rows)
+
+    def greedy_bruteforce(self, prompt, n):
+        """Greedy decoding without a cache: recomputes the whole prefix every step."""
+        seq = list(prompt)
+        toks, rows = [], []
+        for _ in range(n):
+            logits = self.forward(seq)[-1]
+            t = int(np.argmax(logits))
+            toks.append(t)
+            rows.append(logits)
+            seq.append(t)
+        return toks, np.array(rows)
+
+
+def top2_gap(logits_row):
+    s = np.sort(np.asarray(logits_row))
+    return float(s[-1] - s[-2])
+
+
+# ---------------------------------------------------------------------------------------------
+# building checkpoints (self-check and test helpers)
+# ---------------------------------------------------------------------------------------------
+
+def make_config_dict(arch, hidden, layers, heads, kv_heads, head_dim, inter, vocab, tie, dtype="bfloat16",
+                     theta=1000000.0, eps=1e-6, attention_bias=False):
+    name = {v: k for k, v in ARCHS.items()}[arch]
+    d = {
+        "architectures": [name],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "rms_norm_eps": eps,
+        "rope_theta": theta,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": tie,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": dtype,
+        "hidden_act": "silu",
+        "rope_scaling": None,
+    }
+    if arch == "llama":
+        d["attention_bias"] = attention_bias
+    return d
+
+
+def write_random_checkpoint(out_dir, cfg_dict, seed=0, shards=1, std=0.3):
+    """Writes config.json and random weights (norm weights around 1, non-zero biases). Returns cfg."""
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = Config(cfg_dict)
+    st_dt = TORCH_DTYPE_TO_ST[cfg_dict["torch_dtype"]]
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for name, shape in cfg.expected_tensors().items():
+        if name.endswith("norm.weight"):
+            a = 1.0 + 0.2 * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            a = 0.2 * rng.standard_normal(shape)
+        elif name.endswith("embed_tokens.weight"):
+            a = rng.standard_normal(shape)
+        else:
+            a = std * rng.standard_normal(shape) / np.sqrt(shape[-1]) * 3.0
+        tensors.append(RawTensor(name, st_dt, shape, encode_array(st_dt, a)))
+    write_sharded(out_dir, tensors, shards)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg_dict, f, indent=2)
+    return cfg
+
+
+def write_sharded(out_dir, tensors, shards):
+    """Writes tensors as model.safetensors (shards == 1) or N shards + index."""
+    for fn in os.listdir(out_dir):
+        if fn.endswith(".safetensors") or fn == "model.safetensors.index.json":
+            os.remove(os.path.join(out_dir, fn))
+    if shards == 1:
+        write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt"})
+        return
+    groups = [tensors[i::shards] for i in range(shards)]
+    wm = {}
+    total = 0
+    for k, g in enumerate(groups):
+        fn = "model-%05d-of-%05d.safetensors" % (k + 1, shards)
+        write_safetensors(os.path.join(out_dir, fn), g, {"format": "pt"})
+        for t in g:
+            wm[t.name] = fn
+            total += len(t.data)
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=2)
