@@ -177,6 +177,7 @@ static int bench_decode(int argc, char **argv)
 int srv_cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "decode") == 0) return bench_decode(argc - 1, argv + 1);
-    fprintf(stderr, "usage: graphswap bench decode --model DIR [options]\n");
+    if (argc >= 2 && strcmp(argv[1], "serve") == 0) return srv_bench_serve(argc - 1, argv + 1);
+    fprintf(stderr, "usage: graphswap bench decode|serve [options] (graphswap bench decode --help)\n");
     return (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) ? 0 : 2;
 }

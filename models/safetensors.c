@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -980,6 +981,42 @@ static void cvt_f16_to_bf16(uint8_t *restrict d, const uint8_t *restrict s, size
     }
 }
 
+/* f32 -> f16, round to nearest even: subnormals, overflow to inf, NaN kept quiet. Used to write
+ * f16 checkpoints (mkmodel); loading never converts to f16. */
+static inline uint16_t f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (x < 0x38800000u) {                                    /* below 2^-14: f16 subnormal */
+        float a;
+        memcpy(&a, &x, 4);
+        return (uint16_t)(sign | (uint16_t)nearbyintf(a * 16777216.0f)); /* exact scale, RNE */
+    }
+    x += 0xfffu + ((x >> 13) & 1u);
+    return (uint16_t)(sign | ((x - 0x38000000u) >> 13));
+}
+
+static void cvt_to_f16(uint8_t *restrict d, const uint8_t *restrict s, mdl_dtype src_dt, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        if (src_dt == MDL_DT_F32) {
+            memcpy(&f, s + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            uint32_t u = src_dt == MDL_DT_BF16 ? (uint32_t)h << 16 : f16_bits_to_f32(h);
+            memcpy(&f, &u, 4);
+        }
+        uint16_t o = f32_to_f16(f);
+        memcpy(d + 2 * i, &o, 2);
+    }
+}
+
 int mdl_dtype_convertible(mdl_dtype src_dt)
 {
     return src_dt == MDL_DT_BF16 || src_dt == MDL_DT_F16 || src_dt == MDL_DT_F32;
@@ -987,7 +1024,7 @@ int mdl_dtype_convertible(mdl_dtype src_dt)
 
 int mdl_convert(void *dst, mdl_dtype dst_dt, const void *src, mdl_dtype src_dt, size_t n)
 {
-    if (!mdl_dtype_convertible(src_dt) || (dst_dt != MDL_DT_BF16 && dst_dt != MDL_DT_F32))
+    if (!mdl_dtype_convertible(src_dt) || !mdl_dtype_convertible(dst_dt))
         return -1;
     if (n == 0)
         return 0;
@@ -999,7 +1036,9 @@ int mdl_convert(void *dst, mdl_dtype dst_dt, const void *src, mdl_dtype src_dt, 
     }
     uint8_t *d = dst;
     const uint8_t *s = src;
-    if (dst_dt == MDL_DT_F32) {
+    if (dst_dt == MDL_DT_F16) {
+        cvt_to_f16(d, s, src_dt, n);
+    } else if (dst_dt == MDL_DT_F32) {
         if (src_dt == MDL_DT_BF16)
             cvt_bf16_to_f32(d, s, n);
         else

@@ -79,9 +79,9 @@ int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *co
                  char *err, size_t errlen);
 
 /* ---- dtype conversion -------------------------------------------------------------------------
- * Converts n elements from src (BF16, F16 or F32) to dst (BF16 or F32). bf16 rounding is
- * round-to-nearest-even; F16 -> F32 is exact (subnormals, inf, NaN included). Returns 0, or -1 for
- * an unsupported pair. dst and src must not overlap. */
+ * Converts n elements between BF16, F16 and F32. Narrowing rounds to nearest even (f16
+ * subnormals, overflow to inf, NaN kept); F16 -> F32 is exact. Returns 0, or -1 for an unsupported
+ * pair. dst and src must not overlap. */
 int mdl_convert(void *dst, mdl_dtype dst_dt, const void *src, mdl_dtype src_dt, size_t n);
 int mdl_dtype_convertible(mdl_dtype src_dt); /* 1 for BF16, F16, F32 */
 

@@ -1145,10 +1145,33 @@ static void test_convert_round_trips(void **state)
     assert_non_null(b3);
     assert_int_equal(mdl_convert(b3, MDL_DT_BF16, h, MDL_DT_F16, 65536), 0);
     assert_memory_equal(b2, b3, 65536 * 2);
+    /* f16 -> f32 -> f16 is the identity for every non-NaN f16 (NaN stays NaN) */
+    for (uint32_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    assert_int_equal(mdl_convert(f, MDL_DT_F32, h, MDL_DT_F16, 65536), 0);
+    assert_int_equal(mdl_convert(b3, MDL_DT_F16, f, MDL_DT_F32, 65536), 0);
+    for (uint32_t i = 0; i < 65536; i++) {
+        int nan = (i & 0x7c00u) == 0x7c00u && (i & 0x3ffu);
+        if (nan)
+            assert_true((b3[i] & 0x7c00u) == 0x7c00u && (b3[i] & 0x3ffu));
+        else
+            assert_int_equal(b3[i], i);
+    }
+    /* f32 -> f16 rounding: ties to even, overflow to inf, subnormal ties, underflow to zero */
+    {
+        const float in[] = {1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 65519.0f, 65520.0f, 1e9f,
+                            5.9604644775390625e-08f /* 2^-24 */, 2.98023223876953125e-08f /* 2^-25 */,
+                            8.940696716308594e-08f /* 1.5 * 2^-24 */, -0.0f};
+        const uint16_t want[] = {0x3c00, 0x3c02, 0x7bff, 0x7c00, 0x7c00, 0x0001, 0x0000, 0x0002, 0x8000};
+        uint16_t got[9];
+        assert_int_equal(mdl_convert(got, MDL_DT_F16, in, MDL_DT_F32, 9), 0);
+        for (int i = 0; i < 9; i++)
+            assert_int_equal(got[i], want[i]);
+    }
     /* unsupported pairs and n == 0 */
     for (int d = 0; d < MDL_DT_COUNT; d++) {
         for (int s = 0; s < MDL_DT_COUNT; s++) {
-            int want = (d == MDL_DT_BF16 || d == MDL_DT_F32) &&
+            int want = (d == MDL_DT_BF16 || d == MDL_DT_F16 || d == MDL_DT_F32) &&
                        (s == (int)MDL_DT_BF16 || s == (int)MDL_DT_F16 || s == (int)MDL_DT_F32);
             assert_int_equal(mdl_convert(f2, (mdl_dtype)d, f, (mdl_dtype)s, 4), want ? 0 : -1);
         }
