@@ -1,5 +1,6 @@
 /* engine/engine.c — scheduler, KV block management, plan cache and the step loop (see engine.h). */
 #include "engine/engine.h"
+#include "engine/kvpool.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -12,6 +13,8 @@ typedef struct {
     eng_request *req; /* NULL: free slot */
     int32_t *tokens;  /* [max_model_len]: prompt then generated */
     int n_tokens, n_computed, n_blocks;
+    int n_hashed;   /* leading blocks registered in (or taken from) the prefix cache */
+    uint64_t chain; /* chain hash after those blocks */
 } eng_seq;
 
 struct eng_engine {
@@ -33,8 +36,7 @@ struct eng_engine {
     /* sequences and KV blocks */
     eng_seq *seqs;
     int32_t *token_store;
-    int32_t *free_blocks;
-    int n_free_blocks;
+    eng_kvpool kv;
     int n_running;
     /* waiting FIFO */
     eng_request **queue;
@@ -54,6 +56,7 @@ void eng_config_defaults(eng_config *c)
     c->kv_bytes = 512u << 20;
     c->use_plans = 1;
     c->queue_cap = 4096;
+    c->prefix_caching = 1;
 }
 
 const char *eng_finish_name(eng_finish f)
@@ -143,16 +146,13 @@ eng_engine *eng_create(const eng_config *cfg_in, mdl_model *m, eng_backend *be, 
     e->h_logits = malloc((size_t)S * (size_t)mc->vocab * sizeof(float));
     e->seqs = calloc((size_t)S, sizeof *e->seqs);
     e->token_store = malloc((size_t)S * (size_t)c->max_model_len * i32);
-    e->free_blocks = malloc(nb * i32);
     e->queue = calloc((size_t)c->queue_cap, sizeof *e->queue);
     if (!e->h_tok || !e->h_pos || !e->h_slot || !e->h_kv_len || !e->h_logit_idx || !e->logit_seq ||
-        !e->h_bt || !e->h_logits || !e->seqs || !e->token_store || !e->free_blocks || !e->queue)
+        !e->h_bt || !e->h_logits || !e->seqs || !e->token_store || !e->queue ||
+        eng_kvpool_init(&e->kv, (int)nb, c->block_size) != 0)
         goto oom;
     if (eng_sampler_scratch_init(&e->ss, mc->vocab) != 0) goto oom;
     for (int s = 0; s < S; s++) e->seqs[s].tokens = e->token_store + (size_t)s * (size_t)c->max_model_len;
-    /* a LIFO of free blocks, lowest ids handed out first */
-    for (size_t b = 0; b < nb; b++) e->free_blocks[b] = (int32_t)(nb - 1 - b);
-    e->n_free_blocks = (int)nb;
     e->bt_dirty = 1;
 
     if (eng_tape_init(&e->tape, mdl_forward_ops(m)) != 0) goto oom;
@@ -205,7 +205,7 @@ void eng_destroy(eng_engine *e)
     free(e->h_logits);
     free(e->seqs);
     free(e->token_store);
-    free(e->free_blocks);
+    eng_kvpool_free(&e->kv);
     free(e->queue);
     free(e);
 }
@@ -274,11 +274,11 @@ static void finish_seq(eng_engine *e, int slot, eng_finish why)
     eng_seq *s = &e->seqs[slot];
     eng_request *r = s->req;
     int32_t *bt = e->h_bt + (size_t)slot * (size_t)e->io.max_blocks;
-    for (int b = 0; b < s->n_blocks; b++) e->free_blocks[e->n_free_blocks++] = bt[b];
+    for (int b = 0; b < s->n_blocks; b++) eng_kvpool_release(&e->kv, bt[b]);
     memset(bt, 0, (size_t)s->n_blocks * sizeof *bt);
     e->bt_dirty = 1;
     s->req = NULL;
-    s->n_blocks = s->n_tokens = s->n_computed = 0;
+    s->n_blocks = s->n_tokens = s->n_computed = s->n_hashed = 0;
     e->n_running--;
     e->stats.finished++;
     r->finish = why;
@@ -297,22 +297,44 @@ static void admit(eng_engine *e)
             if (r->on_finish) r->on_finish(r, r->user);
             continue;
         }
-        int need = blocks_for(e, r);
-        if (e->n_running == e->cfg.max_seqs || need > e->n_free_blocks) return;
+        if (e->n_running == e->cfg.max_seqs) return;
         int slot = 0;
         while (e->seqs[slot].req) slot++;
         eng_seq *s = &e->seqs[slot];
+        int32_t *bt = e->h_bt + (size_t)slot * (size_t)e->io.max_blocks;
+        /* prefix cache: reuse the longest run of cached full blocks, always leaving at least one
+         * prompt token to compute (its logits start the generation) */
+        const int bs = e->cfg.block_size;
+        int matched = 0, cached_idle = 0;
+        uint64_t chain = ENG_KV_ROOT_HASH;
+        if (e->cfg.prefix_caching) {
+            for (int i = 0; i < (r->n_prompt - 1) / bs; i++) {
+                int32_t b = eng_kvpool_lookup(&e->kv, chain, r->prompt + (size_t)i * (size_t)bs);
+                if (b < 0) break;
+                bt[matched++] = b;
+                cached_idle += e->kv.ref[b] == 0;
+                chain = eng_kvpool_hash(chain, r->prompt + (size_t)i * (size_t)bs, bs);
+            }
+        }
+        int need = blocks_for(e, r) - matched;
+        if (need > eng_kvpool_available(&e->kv) - cached_idle) return; /* wait for blocks */
+        for (int b = 0; b < matched; b++) eng_kvpool_acquire(&e->kv, bt[b]);
+        for (int b = 0; b < need; b++) bt[matched + b] = eng_kvpool_alloc(&e->kv);
         e->q_head = (e->q_head + 1) % e->cfg.queue_cap;
         e->q_len--;
         s->req = r;
         r->slot = slot;
         memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
         s->n_tokens = r->n_prompt;
-        s->n_computed = 0;
-        s->n_blocks = need;
-        int32_t *bt = e->h_bt + (size_t)slot * (size_t)e->io.max_blocks;
-        for (int b = 0; b < need; b++) bt[b] = e->free_blocks[--e->n_free_blocks];
+        s->n_computed = matched * bs;
+        s->n_hashed = matched;
+        s->chain = chain;
+        s->n_blocks = matched + need;
         e->bt_dirty = 1;
+        if (e->cfg.prefix_caching) {
+            e->stats.prefix_cache_queries += (uint64_t)r->n_prompt;
+            e->stats.prefix_cache_hits += (uint64_t)(matched * bs);
+        }
         e->n_running++;
         e->stats.prompt_tokens += (uint64_t)r->n_prompt;
     }
@@ -427,8 +449,21 @@ int eng_step(eng_engine *e)
     e->stats.steps++;
     e->stats.rows += (uint64_t)rows;
 
-    /* advance computed counts for every scheduled row */
+    /* advance computed counts for every scheduled row; register newly completed full blocks */
     for (int r = 0; r < rows; r++) e->seqs[e->h_slot[r]].n_computed++;
+    if (c->prefix_caching) {
+        const int bs = c->block_size;
+        for (int s = 0; s < c->max_seqs; s++) {
+            eng_seq *q = &e->seqs[s];
+            if (!q->req) continue;
+            const int32_t *bt = e->h_bt + (size_t)s * (size_t)e->io.max_blocks;
+            while ((q->n_hashed + 1) * bs <= q->n_computed) {
+                const int32_t *toks = q->tokens + (size_t)q->n_hashed * (size_t)bs;
+                q->chain = eng_kvpool_register(&e->kv, bt[q->n_hashed], q->chain, toks);
+                q->n_hashed++;
+            }
+        }
+    }
     for (int j = 0; j < nl; j++) {
         int s = e->logit_seq[j];
         eng_seq *q = &e->seqs[s];
@@ -473,7 +508,9 @@ void eng_abort_all(eng_engine *e)
 int eng_num_running(const eng_engine *e) { return e->n_running; }
 int eng_num_waiting(const eng_engine *e) { return e->q_len; }
 int eng_kv_blocks_total(const eng_engine *e) { return e->io.num_blocks; }
-int eng_kv_blocks_free(const eng_engine *e) { return e->n_free_blocks; }
+int eng_kv_blocks_free(const eng_engine *e) { return eng_kvpool_available(&e->kv); }
+int eng_kv_blocks_in_use(const eng_engine *e) { return eng_kvpool_in_use(&e->kv); }
+void eng_reset_prefix_cache(eng_engine *e) { eng_kvpool_reset_cache(&e->kv); }
 const eng_stats *eng_get_stats(const eng_engine *e) { return &e->stats; }
 const eng_config *eng_get_config(const eng_engine *e) { return &e->cfg; }
 const mdl_model *eng_model(const eng_engine *e) { return e->m; }

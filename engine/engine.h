@@ -6,7 +6,8 @@
  * allocated (max_tokens entries), so the step loop allocates nothing.
  *
  * Step: (1) retire cancelled requests, (2) admit waiting requests while a sequence slot and KV blocks
- * for prompt + max_tokens are free (reserved up front: no preemption is ever needed), (3) build the
+ * for prompt + max_tokens are free (reserved up front: no preemption is ever needed; leading full
+ * prompt blocks found in the prefix cache are shared instead of recomputed), (3) build the
  * rows: every sequence with one token left (decode) first, then prefill chunks of at most
  * prefill_chunk tokens within max_step_tokens, (4) upload step parameters, launch the plan of the
  * smallest bucket >= rows (or run the tape eagerly), (5) download the logits of rows that end a
@@ -31,6 +32,7 @@ typedef struct {
     size_t kv_bytes;     /* KV cache budget */
     int use_plans;       /* 1: replay captured plans; 0: emit and run the tape each step */
     int queue_cap;       /* waiting requests */
+    int prefix_caching;  /* share KV blocks of identical token prefixes (engine/kvpool.h) */
 } eng_config;
 
 void eng_config_defaults(eng_config *c);
@@ -66,6 +68,7 @@ struct eng_request {
 
 typedef struct {
     uint64_t steps, rows, prompt_tokens, generated_tokens, finished, plan_launches, eager_runs;
+    uint64_t prefix_cache_queries, prefix_cache_hits; /* in tokens, as vLLM counts them */
 } eng_stats;
 
 typedef struct eng_engine eng_engine;
@@ -88,7 +91,10 @@ void eng_abort_all(eng_engine *e);
 int eng_num_running(const eng_engine *e);
 int eng_num_waiting(const eng_engine *e);
 int eng_kv_blocks_total(const eng_engine *e);
-int eng_kv_blocks_free(const eng_engine *e);
+int eng_kv_blocks_free(const eng_engine *e);    /* free + cached (evictable) */
+int eng_kv_blocks_in_use(const eng_engine *e);  /* referenced by running sequences */
+/* Forgets every cached prefix block (after a weight update: no KV of old weights is reused). */
+void eng_reset_prefix_cache(eng_engine *e);
 const eng_stats *eng_get_stats(const eng_engine *e);
 const eng_config *eng_get_config(const eng_engine *e);
 const mdl_model *eng_model(const eng_engine *e);

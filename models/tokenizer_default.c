@@ -101,7 +101,22 @@ static const char SAMPLE_TEXT[] =
     "thing at a time, and they say clearly what went wrong when they fail.\n\n"
     "The quick brown fox jumps over the lazy dog. The five boxing wizards jump quickly. How vexingly "
     "quick daft zebras jump! Pack my box with five dozen liquor jugs. Sphinx of black quartz, judge my "
-    "vow. We're sure it's fine; they've said so, and I'll check again if you'd like. I'm done.\n";
+    "vow. We're sure it's fine; they've said so, and I'll check again if you'd like. I'm done.\n\n"
+    "Speculative decoding makes generation faster without changing the answer. A small drafter model "
+    "guesses the next few tokens, and the large target model checks all of the guesses in one step. "
+    "Every guess that the target agrees with is accepted, and the first guess that it rejects is "
+    "replaced by the target's own choice. The acceptance length tells how many tokens were accepted per "
+    "step on average; a longer acceptance length means fewer steps and a faster answer. Because the "
+    "target always checks the draft, the output is exactly the same as without the drafter.\n\n"
+    "A captured graph replays the same kernels with the same pointers every step. Anything that changes "
+    "from step to step, such as token ids, positions, and sequence lengths, is written into parameter "
+    "buffers before each launch. The buffers themselves never move, so the graph stays valid for as long "
+    "as the server runs. Weight updates write into the same buffers in place, which is why the server "
+    "can take new weights without capturing the graphs again.\n\n"
+    "Configuration lives in a small file next to the weights: the number of layers, the hidden size, "
+    "the number of attention heads, the vocabulary size, and the rope settings. The server reads the "
+    "file, checks every value, and refuses to start when something is missing or out of range. Clear "
+    "error messages save time: they name the file, the field, and the value that was wrong.\n";
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || errlen == 0) return;

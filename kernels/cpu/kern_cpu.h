@@ -10,9 +10,9 @@
  *                   simd_body.inc, the one source of every reduction (dot products, GEMV tiles).
  *
  * Determinism: every reduction (matmul sums, attention and norm dot products) uses one scheme,
- * "16 lanes": lane i accumulates terms k = i, i+16, i+32, ... with an unfused multiply then add,
- * the 16 lanes are summed by a fixed tree (i + i+8, then + i+4, + i+2, + i+1), then the k % 16
- * tail is added in order. The scalar, AVX2 (two 8-wide halves) and AVX-512 instantiations all
+ * "16 lanes": lane i accumulates terms k = i, i+16, i+32, ... with a fused multiply-add (one
+ * rounding, as C's fmaf), the 16 lanes are summed by a fixed tree (i + i+8, then + i+4, + i+2,
+ * + i+1), then the k % 16 tail is added in order (s = s + a*b, unfused). The scalar, AVX2 (two 8-wide halves) and AVX-512 instantiations all
  * perform exactly these IEEE operations, so results are bitwise identical on every x86-64 machine,
  * for every row count, tile shape and thread split. Tests check this by forcing each ISA.
  */

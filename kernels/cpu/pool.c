@@ -62,22 +62,28 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Waits for gen != seen and returns the new value: spin first, then sleep. */
+/* Waits for gen != seen and returns the new value: spin with pause for KERN_SPIN_PURE_NS, then
+ * spin with sched_yield (so that, with more runnable threads than cores, a spinning worker hands
+ * its core to the thread everyone is waiting for instead of burning its time slice) until spin_ns,
+ * then sleep on the condition variable. */
+#define KERN_SPIN_PURE_NS 20000
 static unsigned wait_generation(kern_pool *p, unsigned seen)
 {
     unsigned g;
-    long spin = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
-    int64_t t0 = 0;
+    const long spin = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
+    int64_t t0 = 0, elapsed = 0;
     for (unsigned i = 0;; i++) {
         g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen) return g;
-        cpu_relax();
-        if ((i & 63) == 63) { /* the clock is read rarely: it costs more than a pause */
+        if (elapsed < KERN_SPIN_PURE_NS)
+            cpu_relax();
+        else
+            sched_yield();
+        if ((i & 31) == 31) { /* the clock is read rarely: it costs more than a pause */
             int64_t t = now_ns();
-            if (t0 == 0)
-                t0 = t;
-            else if (t - t0 >= spin)
-                break;
+            if (t0 == 0) t0 = t;
+            elapsed = t - t0;
+            if (elapsed >= spin) break;
         }
     }
     pthread_mutex_lock(&p->mu);
@@ -200,7 +206,7 @@ void kern_pool_run(kern_pool *p, kern_task_fn fn, void *ctx)
     /* Shares are balanced, so the wait is short; yield after a while in case a worker was
      * preempted (more runnable threads than cores). */
     for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) != want; i++) {
-        if (i < 4096)
+        if (i < 512)
             cpu_relax();
         else
             sched_yield();

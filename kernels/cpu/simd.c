@@ -14,9 +14,10 @@ static int cpu_has(kern_isa isa)
     __builtin_cpu_init();
     switch (isa) {
     case KERN_ISA_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2");
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma");
     case KERN_ISA_AVX2:
-        return __builtin_cpu_supports("avx2") != 0;
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case KERN_ISA_SCALAR:
         return 1;
     }

@@ -34,6 +34,7 @@ AI2 void V_STORE(float *p, V v)
 AI2 V V_SET1(float f) { return (V){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
 AI2 V V_ADD(V a, V b) { return (V){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 AI2 V V_MUL(V a, V b) { return (V){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+AI2 V V_FMA(V a, V b, V c) { return (V){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 AI2 float V_HSUM(V v)
 {
     __m256 s8 = _mm256_add_ps(v.lo, v.hi);                                             /* i + i+8 */

@@ -25,6 +25,7 @@ static inline __attribute__((always_inline)) SIMD_TARGET void V_STORE(float *p, 
 static inline __attribute__((always_inline)) SIMD_TARGET V V_SET1(float f) { return _mm512_set1_ps(f); }
 static inline __attribute__((always_inline)) SIMD_TARGET V V_ADD(V a, V b) { return _mm512_add_ps(a, b); }
 static inline __attribute__((always_inline)) SIMD_TARGET V V_MUL(V a, V b) { return _mm512_mul_ps(a, b); }
+static inline __attribute__((always_inline)) SIMD_TARGET V V_FMA(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 static inline __attribute__((always_inline)) SIMD_TARGET float V_HSUM(V v)
 {
     __m256 lo = _mm512_castps512_ps256(v);

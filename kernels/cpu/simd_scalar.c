@@ -1,7 +1,10 @@
 /* kernels/cpu/simd_scalar.c — portable instantiation of simd_body.inc: the 16 lanes are a float
- * array, so it runs anywhere and gives the same bits as the vector builds (the compiler may
- * vectorize the lane loops; that cannot change per-lane results: no fusion, no reassociation). */
+ * array, so it runs anywhere and gives the same bits as the vector builds: fmaf is the correctly
+ * rounded fused multiply-add that vfmadd computes (a library call where the CPU lacks FMA: slow,
+ * but this path is only the fallback), and the lane loops are never reassociated. */
 #include "kernels/cpu/kern_cpu.h"
+
+#include <math.h>
 
 #define SIMD_TARGET
 #define SIMD_SFX(name) name##_scalar
@@ -47,6 +50,11 @@ AIS V V_MUL(V a, V b)
 {
     for (int i = 0; i < 16; i++) a.l[i] = a.l[i] * b.l[i];
     return a;
+}
+AIS V V_FMA(V a, V b, V c)
+{
+    for (int i = 0; i < 16; i++) c.l[i] = fmaf(a.l[i], b.l[i], c.l[i]);
+    return c;
 }
 AIS float V_HSUM(V v)
 {

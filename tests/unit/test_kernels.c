@@ -74,7 +74,7 @@ static int isa_list(kern_isa *out)
     int n = 0;
     out[n++] = KERN_ISA_SCALAR;
 #ifdef KERN_HAVE_X86
-    if (__builtin_cpu_supports("avx2")) out[n++] = KERN_ISA_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out[n++] = KERN_ISA_AVX2;
     if (__builtin_cpu_supports("avx512f")) out[n++] = KERN_ISA_AVX512;
 #endif
     return n;
