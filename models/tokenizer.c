@@ -398,7 +398,7 @@ static cJSON *parse_json_file(const char *path, char *err, size_t errlen) {
     char *buf = read_file(path, &len, err, errlen);
     if (!buf) return NULL;
     const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(buf, len, &end, 1);
+    cJSON *j = cJSON_ParseWithLengthOpts(buf, len + 1, &end, 1); /* +1: the NUL after the data */
     if (!j) {
         size_t off = (end && end >= buf && end <= buf + len) ? (size_t)(end - buf) : 0;
         seterr(err, errlen, "%s: invalid JSON near byte %zu", path, off);

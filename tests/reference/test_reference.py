@@ -102,8 +102,10 @@ def check_layout(name, d, arch, g, shards):
         exp = ["model-%05d-of-%05d.safetensors" % (i + 1, shards) for i in range(shards)]
         C.check(st == exp, "%s: shard files %s, expected %s" % (name, st, exp))
         C.check("model.safetensors.index.json" in files, "%s: no model.safetensors.index.json" % name)
+    # mkmodel writes its byte-level BPE tokenizer when the vocabulary can hold it (>= 512 ids)
     for tf in ("tokenizer.json", "tokenizer_config.json"):
-        C.check(tf in files, "%s: mkmodel wrote no %s" % (name, tf))
+        C.check((tf in files) == (cfg["vocab_size"] >= 512),
+                "%s: tokenizer file %s present=%s with vocab %d" % (name, tf, tf in files, cfg["vocab_size"]))
     return True
 
 

@@ -983,21 +983,27 @@ static void bench_mm(kern_pool *pool, int K, int N, int M, int bf16, int copies,
         op.buf[1] = B(w + wbytes * i, wbytes);
         kern_cpu_exec(pool, &op);
     }
-    double t0 = now_s();
-    for (int it = 0; it < iters; it++) {
-        op.buf[1] = B(w + wbytes * (it % copies), wbytes);
-        kern_cpu_exec(pool, &op);
-    }
-    double t = (now_s() - t0) / iters;
-    /* memcpy of the same bytes, same rotation */
+    /* best of 5 trials: the machine is shared, and noise only ever adds time */
+    double t = 1e30, tc = 1e30;
     char *dst = malloc(wbytes);
     memset(dst, 0, wbytes);
-    double c0 = now_s();
-    for (int it = 0; it < iters; it++) memcpy(dst, w + wbytes * (it % copies), wbytes);
-    double tc = (now_s() - c0) / iters;
-    printf("  %-4s K=%-5d N=%-6d M=%-3d threads=%d: %8.1f us  weights %6.1f GB/s   memcpy(1 thread) %6.1f GB/s  (%.0f%%)\n",
-           bf16 ? "bf16" : "f32", K, N, M, kern_pool_threads(pool), t * 1e6, wbytes / t / 1e9,
-           wbytes / tc / 1e9, 100.0 * tc / t);
+    for (int trial = 0; trial < 5; trial++) {
+        double t0 = now_s();
+        for (int it = 0; it < iters; it++) {
+            op.buf[1] = B(w + wbytes * (it % copies), wbytes);
+            kern_cpu_exec(pool, &op);
+        }
+        double dt = (now_s() - t0) / iters;
+        t = dt < t ? dt : t;
+        /* memcpy of the same bytes, same rotation, one thread */
+        double c0 = now_s();
+        for (int it = 0; it < iters; it++) memcpy(dst, w + wbytes * (it % copies), wbytes);
+        dt = (now_s() - c0) / iters;
+        tc = dt < tc ? dt : tc;
+    }
+    printf("  %-4s K=%-5d N=%-6d M=%-3d threads=%d %-6s: %8.1f us  weights %6.1f GB/s   memcpy(1 thread) %6.1f GB/s\n",
+           bf16 ? "bf16" : "f32", K, N, M, kern_pool_threads(pool), copies > 1 || wbytes > (64u << 20) ? "cold" : "in-L3",
+           t * 1e6, wbytes / t / 1e9, wbytes / tc / 1e9);
     free(dst), free(w), free(x), free(out);
 }
 
@@ -1020,12 +1026,16 @@ static void bench_memcpy_pool(kern_pool *pool, size_t bytes, int copies, int ite
     memset(dst, 0, bytes);
     cp_ctx c = {dst, src, bytes};
     kern_pool_run(pool, cp_run, &c);
-    double t0 = now_s();
-    for (int it = 0; it < iters; it++) {
-        c.src = src + bytes * (it % copies);
-        kern_pool_run(pool, cp_run, &c);
+    double t = 1e30;
+    for (int trial = 0; trial < 5; trial++) {
+        double t0 = now_s();
+        for (int it = 0; it < iters; it++) {
+            c.src = src + bytes * (it % copies);
+            kern_pool_run(pool, cp_run, &c);
+        }
+        double dt = (now_s() - t0) / iters;
+        t = dt < t ? dt : t;
     }
-    double t = (now_s() - t0) / iters;
     printf("  memcpy %zu MB x%d on %d threads: %.1f GB/s (bytes copied per second)\n", bytes >> 20, copies,
            kern_pool_threads(pool), bytes / t / 1e9);
     free(src), free(dst);
@@ -1044,18 +1054,23 @@ static void test_bench(void **state)
     const int runs = 200000;
     for (int i = 0; i < runs; i++) kern_pool_run(pool, noop_fn, NULL);
     printf("  pool dispatch (empty task, workers spinning): %.2f us\n", (now_s() - t0) / runs * 1e6);
+    kern_pool_set_spin_us(pool, 0);
+    t0 = now_s();
+    for (int i = 0; i < 2000; i++) kern_pool_run(pool, noop_fn, NULL);
+    printf("  pool dispatch (empty task, workers asleep):   %.2f us\n", (now_s() - t0) / 2000 * 1e6);
+    kern_pool_set_spin_us(pool, 1000);
     bench_memcpy_pool(pool, (size_t)6 << 20, 48, 200);
     bench_memcpy_pool(pool, (size_t)300 << 20, 1, 10);
     static const int Ms[] = {1, 4, 16};
     for (int mi = 0; mi < 3; mi++) {
-        bench_mm(pool, 1024, 3072, Ms[mi], 1, 48, 480); /* 288 MB of distinct weights: from DRAM */
-        bench_mm(pool, 1024, 3072, Ms[mi], 1, 1, 480);  /* 6 MB, stays in L3 */
-        bench_mm(pool, 1024, 151936, Ms[mi], 1, 1, 10); /* lm_head, 311 MB */
-        bench_mm(pool, 1024, 3072, Ms[mi], 0, 24, 240);
+        bench_mm(pool, 1024, 3072, Ms[mi], 1, 48, 96); /* 288 MB of distinct weights: from DRAM */
+        bench_mm(pool, 1024, 3072, Ms[mi], 1, 1, 96);  /* 6 MB, stays in L3 */
+        bench_mm(pool, 1024, 151936, Ms[mi], 1, 1, 2); /* lm_head, 311 MB */
+        bench_mm(pool, 1024, 3072, Ms[mi], 0, 24, 48);
     }
     kern_pool *p1 = kern_pool_create(1);
-    bench_mm(p1, 1024, 3072, 1, 1, 48, 480);
-    bench_mm(p1, 1024, 151936, 1, 1, 1, 10);
+    bench_mm(p1, 1024, 3072, 1, 1, 48, 96);
+    bench_mm(p1, 1024, 151936, 1, 1, 1, 2);
     kern_pool_destroy(p1);
     kern_pool_destroy(pool);
 }
