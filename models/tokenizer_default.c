@@ -31,39 +31,40 @@ static const char CHATML_TEMPLATE[] =
     "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% endif %}";
 
-/* Training text: written for graphswap (English prose and a little code). */
-static const char SAMPLE_TEXT[] =
+/* Training text: written for graphswap (English prose and a little code), concatenated in order.
+ * Split into parts so no string literal exceeds the 4095 characters every C compiler accepts. */
+static const char *const SAMPLE_PARTS[] = {
     "graphswap is a small inference server. It loads a model, reads a prompt, and writes the answer "
     "one token at a time. The server keeps every request in a queue, and the scheduler picks the next "
     "batch of sequences to run. When a sequence is finished, its memory is given back to the pool, and "
     "the next request in the queue can start. The model is the same for every request, but the weights "
     "can change while the server is running: a trainer sends new weights, the server checks them, and "
-    "the next step uses them.\n\n"
+    "the next step uses them.\n\n",
     "A tokenizer turns text into numbers. The text is first split into small pieces: words, numbers, "
     "spaces, and punctuation. Each piece is then written as bytes, and the bytes are merged into larger "
     "tokens by a list of merge rules. The rules were learned from sample text like this one, so common "
     "words such as the, and, is, of, to, in, and that become single tokens, while rare words stay split "
     "into smaller parts. When we decode, we simply join the bytes of every token and read them back as "
-    "text.\n\n"
+    "text.\n\n",
     "Why does this matter? Because the model only sees token ids. If the tokenizer on the server does not "
     "match the tokenizer that was used in training, the model reads the wrong numbers and the answer is "
-    "wrong. That is why we test the tokenizer against a reference, line by line, and token by token.\n\n"
+    "wrong. That is why we test the tokenizer against a reference, line by line, and token by token.\n\n",
     "Here is a short story. The cat sat on the mat, and the dog sat on the log. They were both happy, "
     "and they were both tired. The sun was warm, the wind was soft, and the day was long. In the evening "
     "the cat walked home, and the dog walked with it. They did not talk, because cats and dogs do not "
     "talk, but they were good friends all the same. The next morning they met again at the same place, "
-    "and the story started over.\n\n"
+    "and the story started over.\n\n",
     "Numbers are split into single digits: 2024, 3.14159, 42, 1000000, and 7 are all read one digit at "
     "a time. Dates such as 2024-05-17 and times such as 10:30 are split the same way. Prices like $19.99 "
-    "or 5% are common in text, and so are versions like v1.2.3.\n\n"
+    "or 5% are common in text, and so are versions like v1.2.3.\n\n",
     "Some words have accents: caf\xc3\xa9, na\xc3\xafve, r\xc3\xa9sum\xc3\xa9, and fa\xc3\xa7" "ade. "
-    "Some text uses other scripts, but this sample is mostly English so the merges stay easy to read.\n\n"
-    "The server is written in C. Here is a small piece of code:\n\n"
+    "Some text uses other scripts, but this sample is mostly English so the merges stay easy to read.\n\n",
+    "The server is written in C. Here is a small piece of code:\n\n",
     "#include <stdio.h>\n"
-    "#include <stdlib.h>\n\n"
+    "#include <stdlib.h>\n\n",
     "static int add(int a, int b) {\n"
     "    return a + b;\n"
-    "}\n\n"
+    "}\n\n",
     "int main(int argc, char **argv) {\n"
     "    int total = 0;\n"
     "    for (int i = 1; i < argc; i++) {\n"
@@ -71,52 +72,53 @@ static const char SAMPLE_TEXT[] =
     "    }\n"
     "    printf(\"total = %d\\n\", total);\n"
     "    return 0;\n"
-    "}\n\n"
-    "And here is the same idea in Python:\n\n"
+    "}\n\n",
+    "And here is the same idea in Python:\n\n",
     "def add(a, b):\n"
-    "    return a + b\n\n"
+    "    return a + b\n\n",
     "def main(args):\n"
     "    total = 0\n"
     "    for value in args:\n"
     "        total = add(total, int(value))\n"
     "    print(f\"total = {total}\")\n"
-    "    return total\n\n"
+    "    return total\n\n",
     "if __name__ == \"__main__\":\n"
     "    import sys\n"
-    "    main(sys.argv[1:])\n\n"
+    "    main(sys.argv[1:])\n\n",
     "A request to the server is a small JSON object: {\"model\": \"default\", \"prompt\": \"Hello, world\", "
     "\"max_tokens\": 16, \"temperature\": 0.0}. The response has the text, the token ids, and the "
     "weight version that produced them. A chat request has a list of messages instead of a prompt, and "
     "each message has a role and some content: the system message sets the rules, the user message asks "
-    "the question, and the assistant message is the answer.\n\n"
+    "the question, and the assistant message is the answer.\n\n",
     "When the trainer sends new weights, the server opens a load session. Each bucket of weights is "
     "written in place, and the server keeps track of which parts have arrived. When the session is "
     "finished, the server checks that every part is there, updates the derived buffers, and bumps the "
     "weight version. If anything is missing, the session fails and the server refuses to generate until "
     "a complete update arrives. This is the rule: never run on partial weights, never read freed memory, "
-    "and never reuse a cache that was built from old weights.\n\n"
+    "and never reuse a cache that was built from old weights.\n\n",
     "Tests are part of the code. Every module has unit tests, the server has integration tests, and the "
     "tokenizer has reference tests that compare every token id with the reference library. If a test "
     "fails, the change does not land. Good tests are short, fast, and easy to read; they check one "
-    "thing at a time, and they say clearly what went wrong when they fail.\n\n"
+    "thing at a time, and they say clearly what went wrong when they fail.\n\n",
     "The quick brown fox jumps over the lazy dog. The five boxing wizards jump quickly. How vexingly "
     "quick daft zebras jump! Pack my box with five dozen liquor jugs. Sphinx of black quartz, judge my "
-    "vow. We're sure it's fine; they've said so, and I'll check again if you'd like. I'm done.\n\n"
+    "vow. We're sure it's fine; they've said so, and I'll check again if you'd like. I'm done.\n\n",
     "Speculative decoding makes generation faster without changing the answer. A small drafter model "
     "guesses the next few tokens, and the large target model checks all of the guesses in one step. "
     "Every guess that the target agrees with is accepted, and the first guess that it rejects is "
     "replaced by the target's own choice. The acceptance length tells how many tokens were accepted per "
     "step on average; a longer acceptance length means fewer steps and a faster answer. Because the "
-    "target always checks the draft, the output is exactly the same as without the drafter.\n\n"
+    "target always checks the draft, the output is exactly the same as without the drafter.\n\n",
     "A captured graph replays the same kernels with the same pointers every step. Anything that changes "
     "from step to step, such as token ids, positions, and sequence lengths, is written into parameter "
     "buffers before each launch. The buffers themselves never move, so the graph stays valid for as long "
     "as the server runs. Weight updates write into the same buffers in place, which is why the server "
-    "can take new weights without capturing the graphs again.\n\n"
+    "can take new weights without capturing the graphs again.\n\n",
     "Configuration lives in a small file next to the weights: the number of layers, the hidden size, "
     "the number of attention heads, the vocabulary size, and the rope settings. The server reads the "
     "file, checks every value, and refuses to start when something is missing or out of range. Clear "
-    "error messages save time: they name the file, the field, and the value that was wrong.\n";
+    "error messages save time: they name the file, the field, and the value that was wrong.\n",
+};
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || errlen == 0) return;
@@ -133,7 +135,7 @@ typedef struct {
 } tstr;
 
 typedef struct {
-    const char *p; /* raw bytes in SAMPLE_TEXT */
+    const char *p; /* raw bytes in the sample text */
     size_t len;
 } piece;
 
@@ -200,6 +202,7 @@ static int train(size_t max_merges, trained *tr, char *err, size_t errlen) {
     word *words = NULL;
     size_t npieces = 0, nwords = 0;
     pair_ent *pairs = NULL;
+    char *text = NULL;
     pcre2_match_data *md = NULL;
     int ec;
     PCRE2_SIZE eo;
@@ -211,7 +214,17 @@ static int train(size_t max_merges, trained *tr, char *err, size_t errlen) {
         return -1;
     }
     md = pcre2_match_data_create(1, NULL);
-    size_t text_len = sizeof SAMPLE_TEXT - 1, cap = text_len + 1;
+    size_t text_len = 0, nparts = sizeof SAMPLE_PARTS / sizeof SAMPLE_PARTS[0];
+    for (size_t i = 0; i < nparts; i++) text_len += strlen(SAMPLE_PARTS[i]);
+    text = malloc(text_len + 1);
+    if (!text) goto oom;
+    text[0] = 0;
+    for (size_t i = 0, o = 0; i < nparts; i++) {
+        size_t l = strlen(SAMPLE_PARTS[i]);
+        memcpy(text + o, SAMPLE_PARTS[i], l + 1);
+        o += l;
+    }
+    size_t cap = text_len + 1;
     pieces = malloc(cap * sizeof *pieces);
     tr->tok = calloc(256 + max_merges, sizeof *tr->tok);
     tr->merges = malloc((max_merges ? max_merges : 1) * sizeof *tr->merges);
@@ -219,11 +232,11 @@ static int train(size_t max_merges, trained *tr, char *err, size_t errlen) {
     /* pre-tokenize the sample text */
     size_t from = 0;
     while (from < text_len) {
-        int r = pcre2_match(re, (PCRE2_SPTR)SAMPLE_TEXT, text_len, from, 0, md, NULL);
+        int r = pcre2_match(re, (PCRE2_SPTR)text, text_len, from, 0, md, NULL);
         if (r < 0) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         if (ov[1] <= ov[0]) break; /* the pattern never matches empty */
-        pieces[npieces++] = (piece){SAMPLE_TEXT + ov[0], ov[1] - ov[0]};
+        pieces[npieces++] = (piece){text + ov[0], ov[1] - ov[0]};
         from = ov[1];
     }
     qsort(pieces, npieces, sizeof *pieces, piece_cmp);
@@ -331,6 +344,7 @@ done:
     free(words);
     free(pieces);
     free(pairs);
+    free(text);
     pcre2_match_data_free(md);
     pcre2_code_free(re);
     if (rc) trained_free(tr);

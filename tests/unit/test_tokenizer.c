@@ -254,7 +254,9 @@ static int check_ref(const mdl_tokenizer *t, const ref_set *r, int has_normalize
                 bad++;
                 if (verbose) fprintf(stderr, "DECODE MISMATCH case %zu: \"%s\" vs \"%s\"\n", i, d ? d : "(null)", c->decoded);
             }
-            if (!has_normalizer && !same_bytes(d, dl, c->text)) {
+            /* exact round trip without a normalizer; with special parsing on, lstrip / rstrip
+             * tokens legitimately swallow whitespace, so only the reference decode is compared */
+            if (!has_normalizer && ps == 0 && !same_bytes(d, dl, c->text)) {
                 bad++;
                 if (verbose) fprintf(stderr, "ROUNDTRIP MISMATCH case %zu: \"%s\"\n", i, c->text);
             }
@@ -476,9 +478,9 @@ typedef void (*mutator)(cJSON *root);
 static const char *GOOD_CONFIG = "{\"eos_token\": \"<|im_end|>\", \"bos_token\": null, "
                                  "\"chat_template\": \"{{ '<|im_start|>' }}\"}";
 
-static const char *write_case(const char *name, mutator m, const char *config) {
+static const char *write_case_from(const char *from, const char *name, mutator m, const char *config) {
     char src[4200];
-    snprintf(src, sizeof src, "%s/default/tokenizer.json", g_data);
+    snprintf(src, sizeof src, "%s/%s/tokenizer.json", g_data, from);
     char *txt = slurp(src, NULL);
     assert_non_null(txt);
     cJSON *root = cJSON_Parse(txt);
@@ -499,6 +501,12 @@ static const char *write_case(const char *name, mutator m, const char *config) {
         remove(path);
     return dir;
 }
+
+static const char *write_case(const char *name, mutator m, const char *config) {
+    return write_case_from("default", name, m, config);
+}
+
+static const char *write_gpt2_case(const char *name, mutator m) { return write_case_from("gpt2", name, m, "{}"); }
 
 static void expect_load_error(const char *dir, const char *needle) {
     char err[512] = "";
@@ -724,8 +732,21 @@ static int contains(const int32_t *ids, size_t n, int32_t id) {
     return 0;
 }
 
+static void m_single_word_zq(cJSON *r) {
+    cJSON *tok = cJSON_CreateObject();
+    cJSON_AddNumberToObject(tok, "id", 905);
+    cJSON_AddStringToObject(tok, "content", "zq");
+    cJSON_AddBoolToObject(tok, "single_word", 1);
+    cJSON_AddBoolToObject(tok, "lstrip", 0);
+    cJSON_AddBoolToObject(tok, "rstrip", 0);
+    cJSON_AddBoolToObject(tok, "normalized", 0);
+    cJSON_AddBoolToObject(tok, "special", 0);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), tok);
+}
+
 static void test_special_parsing(void **state) {
     (void)state;
+    char err[256] = "";
     mdl_tokenizer *t = load_data("default");
     int32_t im_end = mdl_tok_token_id(t, "<|im_end|>"), im_start = mdl_tok_token_id(t, "<|im_start|>");
     const char *s = "hi<|im_end|>there<|im_start|>";
@@ -774,9 +795,28 @@ static void test_special_parsing(void **state) {
     ids = enc(t, "say hello there", 15, 1, &m);
     assert_true(contains(ids, m, hello));
     free(ids);
-    ids = enc(t, "sayhello there", 14, 1, &m);
-    assert_false(contains(ids, m, hello));
-    free(ids);
+    mdl_tok_free(t);
+
+    /* single_word with a content that BPE never produces: matched only between non-word chars */
+    t = mdl_tok_load(write_gpt2_case("single_word", m_single_word_zq), err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    int32_t zq = mdl_tok_token_id(t, "zq");
+    assert_true(zq >= 900);
+    const char *yes[] = {"zq", "a zq b", "(zq)", "zq.", "\xc3\xa9 zq"};
+    const char *no[] = {"azq", "zqa", "a_zq", "\xc3\xa9zq", "zq9", "9zq"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        ids = enc(t, yes[i], strlen(yes[i]), 1, &m);
+        if (!contains(ids, m, zq)) fail_msg("single_word zq not matched in \"%s\"", yes[i]);
+        free(ids);
+    }
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        ids = enc(t, no[i], strlen(no[i]), 1, &m);
+        if (contains(ids, m, zq)) fail_msg("single_word zq matched inside \"%s\"", no[i]);
+        d = dec(t, ids, m, 0, &dl);
+        assert_string_equal(d, no[i]);
+        free(d);
+        free(ids);
+    }
     mdl_tok_free(t);
 }
 
