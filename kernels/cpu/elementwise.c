@@ -46,7 +46,8 @@ void kern_cpu_embed(kern_pool *pool, const kern_op *op)
         .n = kern_cpu_count(op, 3, op->p[2]),
         .bf16 = op->p[3] == KERN_DT_BF16,
     };
-    kern_cpu_parallel(pool, embed_run, &t, (size_t)t.n * (size_t)t.H);
+    /* rows are the unit of work: a single row is never worth a dispatch */
+    kern_cpu_parallel(pool, embed_run, &t, t.n < 2 ? 0 : (size_t)t.n * (size_t)t.H);
 }
 
 /* ---- KOP_SILU_MUL and KOP_ADD: the live rows are one flat range of elements --------------------- */
@@ -63,11 +64,12 @@ static void silu_run(void *ctx, int tid, int nt)
     const silu_task *t = ctx;
     int64_t b, e;
     kern_split(t->total, tid, nt, 16, &b, &e);
+    int64_t r = b / t->I, i = b % t->I; /* walk (row, column) without a division per element */
     for (int64_t k = b; k < e; k++) {
-        const int64_t r = k / t->I, i = k % t->I;
         const float *g = t->gu + r * 2 * t->I;
         const float a = g[i];
         t->out[k] = a / (1.0f + expf(-a)) * g[t->I + i];
+        if (++i == t->I) i = 0, r++;
     }
 }
 

@@ -42,7 +42,8 @@ void kern_cpu_rmsnorm(kern_pool *pool, const kern_op *op)
         .n = kern_cpu_count(op, 3, op->p[1]),
         .eps = op->f[0],
     };
-    kern_cpu_parallel(pool, rms_run, &t, (size_t)t.n * (size_t)t.H * 4);
+    /* rows are the unit of work: a single row is never worth a dispatch */
+    kern_cpu_parallel(pool, rms_run, &t, t.n < 2 ? 0 : (size_t)t.n * (size_t)t.H * 4);
 }
 
 /* ---- KOP_QK_NORM_ROPE ------------------------------------------------------------------------- */
@@ -111,5 +112,5 @@ void kern_cpu_qk_norm_rope(kern_pool *pool, const kern_op *op)
     };
     /* ~10 operations per element plus a cos and sin per rotary frequency */
     size_t per_row = (size_t)(t.nh + t.nkv) * (size_t)t.hd * 10 + (size_t)t.hd * 20;
-    kern_cpu_parallel(pool, qkr_run, &t, (size_t)t.n * per_row);
+    kern_cpu_parallel(pool, qkr_run, &t, t.n < 2 ? 0 : (size_t)t.n * per_row);
 }

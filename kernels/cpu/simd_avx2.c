@@ -12,11 +12,13 @@ typedef struct {
     __m256 lo, hi;
 } v16x2;
 #define V v16x2
-/* 16 ymm registers and two per accumulator: tiles of at most 8 accumulators. */
-#define MM_MR_MAX 2
-#define MM_NR_ONE 4
-#define MM_NR_MULTI 2
-#define MM_NR_MAX 4
+/* 16 ymm registers and two per accumulator. M == 1: 6 columns (12 accumulators). M > 1: 4 rows x
+ * 1 column, so a converted weight vector serves 4 rows; x vectors come straight from L1 as memory
+ * operands. Measured best of 2x2, 2x3, 3x2, 4x1 and 4x2 for M = 1 and 4. */
+#define MM_MR_MAX 4
+#define MM_NR_ONE 6
+#define MM_NR_MULTI 1
+#define MM_NR_MAX 6
 
 #define AI2 static inline __attribute__((always_inline)) SIMD_TARGET
 AI2 V V_ZERO(void) { return (V){_mm256_setzero_ps(), _mm256_setzero_ps()}; }

@@ -957,6 +957,18 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t bytes;
+} cp_ctx;
+static void cp_run(void *ctx, int tid, int nt)
+{
+    const cp_ctx *c = ctx;
+    int64_t b, e;
+    kern_split((int64_t)c->bytes, tid, nt, 4096, &b, &e);
+    memcpy(c->dst + b, c->src + b, (size_t)(e - b));
+}
 /* Streams through `copies` distinct weight matrices so that (when copies * bytes >> L3) every call
  * reads its weights from memory, as a real model's layers do. */
 static void bench_mm(kern_pool *pool, int K, int N, int M, int bf16, int copies, int iters)
@@ -995,30 +1007,22 @@ static void bench_mm(kern_pool *pool, int K, int N, int M, int bf16, int copies,
         }
         double dt = (now_s() - t0) / iters;
         t = dt < t ? dt : t;
-        /* memcpy of the same bytes, same rotation, one thread */
+        /* memcpy of the same bytes, same rotation, split over the same threads */
+        cp_ctx cc = {dst, w, wbytes};
         double c0 = now_s();
-        for (int it = 0; it < iters; it++) memcpy(dst, w + wbytes * (it % copies), wbytes);
+        for (int it = 0; it < iters; it++) {
+            cc.src = w + wbytes * (it % copies);
+            kern_pool_run(pool, cp_run, &cc);
+        }
         dt = (now_s() - c0) / iters;
         tc = dt < tc ? dt : tc;
     }
-    printf("  %-4s K=%-5d N=%-6d M=%-3d threads=%d %-6s: %8.1f us  weights %6.1f GB/s   memcpy(1 thread) %6.1f GB/s\n",
+    printf("  %-4s K=%-5d N=%-6d M=%-3d threads=%d %-5s: %8.1f us  weights %6.1f GB/s  memcpy %6.1f GB/s  (%3.0f%%)\n",
            bf16 ? "bf16" : "f32", K, N, M, kern_pool_threads(pool), copies > 1 || wbytes > (64u << 20) ? "cold" : "in-L3",
-           t * 1e6, wbytes / t / 1e9, wbytes / tc / 1e9);
+           t * 1e6, wbytes / t / 1e9, wbytes / tc / 1e9, 100.0 * tc / t);
     free(dst), free(w), free(x), free(out);
 }
 
-typedef struct {
-    char *dst;
-    const char *src;
-    size_t bytes;
-} cp_ctx;
-static void cp_run(void *ctx, int tid, int nt)
-{
-    const cp_ctx *c = ctx;
-    int64_t b, e;
-    kern_split((int64_t)c->bytes, tid, nt, 4096, &b, &e);
-    memcpy(c->dst + b, c->src + b, (size_t)(e - b));
-}
 static void bench_memcpy_pool(kern_pool *pool, size_t bytes, int copies, int iters)
 {
     char *src = malloc(bytes * copies), *dst = malloc(bytes);
@@ -1054,10 +1058,16 @@ static void test_bench(void **state)
     const int runs = 200000;
     for (int i = 0; i < runs; i++) kern_pool_run(pool, noop_fn, NULL);
     printf("  pool dispatch (empty task, workers spinning): %.2f us\n", (now_s() - t0) / runs * 1e6);
-    kern_pool_set_spin_us(pool, 0);
-    t0 = now_s();
-    for (int i = 0; i < 2000; i++) kern_pool_run(pool, noop_fn, NULL);
-    printf("  pool dispatch (empty task, workers asleep):   %.2f us\n", (now_s() - t0) / 2000 * 1e6);
+    kern_pool_set_spin_us(pool, 50);
+    double wake = 0;
+    for (int i = 0; i < 50; i++) {
+        struct timespec ts = {0, 2 * 1000 * 1000}; /* past the spin window: workers sleep */
+        nanosleep(&ts, NULL);
+        t0 = now_s();
+        kern_pool_run(pool, noop_fn, NULL);
+        wake += now_s() - t0;
+    }
+    printf("  pool dispatch (empty task, workers asleep):   %.2f us\n", wake / 50 * 1e6);
     kern_pool_set_spin_us(pool, 1000);
     bench_memcpy_pool(pool, (size_t)6 << 20, 48, 200);
     bench_memcpy_pool(pool, (size_t)300 << 20, 1, 10);
