@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const arch_names[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"};
+static const char *const arch_names[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                         "DFlashDraftModel", "Qwen3DSparkModel"};
 
 const char *mdl_arch_name(mdl_arch a) { return arch_names[a]; }
 
@@ -105,6 +106,123 @@ static int get_bool(const cJSON *root, const char *key, int dflt, int *out, char
     return 0;
 }
 
+/* A drafter field: DFlash keeps some under "dflash_config" (read first), DSpark at the top level. */
+static const cJSON *drafter_field(const cJSON *root, const char *key)
+{
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
+    const cJSON *v = cJSON_IsObject(dc) ? cJSON_GetObjectItemCaseSensitive(dc, key) : NULL;
+    return v && !cJSON_IsNull(v) ? v : cJSON_GetObjectItemCaseSensitive(root, key);
+}
+
+static int drafter_int(const cJSON *root, const char *key, int has_default, int dflt, long lo, long hi,
+                       int *out, char *err, size_t errlen)
+{
+    const cJSON *v = drafter_field(root, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (has_default) {
+            *out = dflt;
+            return 0;
+        }
+        snprintf(err, errlen, "config.json: missing field %s", key);
+        return -1;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi) {
+        snprintf(err, errlen, "config.json: field %s must be an integer in [%ld, %ld]", key, lo, hi);
+        return -1;
+    }
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int parse_drafter(const cJSON *root, mdl_config *c, char *err, size_t errlen)
+{
+    const int dspark = c->arch == MDL_ARCH_DSPARK;
+    if (drafter_int(root, "block_size", !dspark, 16, 2, 64, &c->block_size, err, errlen) ||
+        drafter_int(root, "num_target_layers", 0, 0, 1, 1024, &c->n_target_layers, err, errlen) ||
+        drafter_int(root, "mask_token_id", 0, 0, 0, c->vocab - 1, &c->mask_token_id, err, errlen))
+        return -1;
+    if (dspark && c->block_size < 1) {
+        snprintf(err, errlen, "config.json: block_size must be >= 1");
+        return -1;
+    }
+    const cJSON *ids = drafter_field(root, "target_layer_ids");
+    if (ids && !cJSON_IsNull(ids)) {
+        int n = cJSON_GetArraySize(ids);
+        if (!cJSON_IsArray(ids) || n < 1 || n > MDL_MAX_TARGET_IDS) {
+            snprintf(err, errlen, "config.json: target_layer_ids must be a list of 1..%d layer ids", MDL_MAX_TARGET_IDS);
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            const cJSON *x = cJSON_GetArrayItem(ids, i);
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
+                x->valuedouble >= c->n_target_layers || (i > 0 && x->valuedouble <= c->target_ids[i - 1])) {
+                snprintf(err, errlen,
+                         "config.json: target_layer_ids[%d] must be a layer id in [0, %d), increasing", i,
+                         c->n_target_layers);
+                return -1;
+            }
+            c->target_ids[i] = (int)x->valuedouble;
+        }
+        c->n_target_ids = n;
+    } else if (dspark) {
+        snprintf(err, errlen, "config.json: missing field target_layer_ids");
+        return -1;
+    } else { /* the published DFlash default: one id per drafter layer */
+        int n = c->n_target_layers, m = c->layers;
+        if (m > MDL_MAX_TARGET_IDS) m = MDL_MAX_TARGET_IDS;
+        for (int i = 0; i < m; i++)
+            c->target_ids[i] = m == 1 ? n / 2 : (int)nearbyint(1.0 + (double)i * (n - 4) / (m - 1));
+        c->n_target_ids = m;
+    }
+    if (dspark) {
+        if (drafter_int(root, "markov_rank", 1, 0, 0, 1 << 16, &c->markov_rank, err, errlen)) return -1;
+        const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "markov_head_type");
+        if (c->markov_rank > 0 && mt && !(cJSON_IsString(mt) && strcmp(mt->valuestring, "vanilla") == 0)) {
+            snprintf(err, errlen, "config.json: markov_head_type must be \"vanilla\" (gated and rnn heads are not supported)");
+            return -1;
+        }
+        if (get_bool(root, "enable_confidence_head", 0, &c->conf_head, err, errlen) ||
+            get_bool(root, "confidence_head_with_markov", 0, &c->conf_with_markov, err, errlen))
+            return -1;
+        if (c->conf_with_markov && c->markov_rank == 0) {
+            snprintf(err, errlen, "config.json: confidence_head_with_markov needs markov_rank > 0");
+            return -1;
+        }
+        c->own_embed = 1;
+    }
+    return 0;
+}
+
+int mdl_config_check_drafter(const mdl_config *t, const mdl_config *d, char *err, size_t errlen)
+{
+    if (!d->is_drafter) {
+        snprintf(err, errlen, "drafter: %s is not a drafter architecture", mdl_arch_name(d->arch));
+        return -1;
+    }
+    if (d->hidden != t->hidden) {
+        snprintf(err, errlen, "drafter: hidden_size %d does not match the target's %d", d->hidden, t->hidden);
+        return -1;
+    }
+    if (d->vocab != t->vocab) {
+        snprintf(err, errlen, "drafter: vocab_size %d does not match the target's %d", d->vocab, t->vocab);
+        return -1;
+    }
+    if (d->n_target_layers != t->layers) {
+        snprintf(err, errlen, "drafter: num_target_layers %d does not match the target's %d layers",
+                 d->n_target_layers, t->layers);
+        return -1;
+    }
+    for (int i = 0; i < d->n_target_ids; i++)
+        if (d->target_ids[i] < 0 || d->target_ids[i] > t->layers - 2) {
+            snprintf(err, errlen,
+                     "drafter: target_layer_ids[%d] = %d must lie in [0, %d] (the last target layer's "
+                     "hidden state is final-normed in Hugging Face and is not supported)",
+                     i, d->target_ids[i], t->layers - 2);
+            return -1;
+        }
+    return 0;
+}
+
 int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
@@ -122,7 +240,7 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
     }
     const char *an = cJSON_GetArrayItem(archs, 0)->valuestring;
     int found = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 5; i++)
         if (strcmp(an, arch_names[i]) == 0) {
             c->arch = (mdl_arch)i;
             found = 1;
@@ -130,7 +248,7 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
     if (!found) {
         snprintf(err, errlen,
                  "config.json: unsupported architecture %s (supported: Qwen3ForCausalLM, "
-                 "LlamaForCausalLM, Qwen2ForCausalLM)",
+                 "LlamaForCausalLM, Qwen2ForCausalLM, DFlashDraftModel, Qwen3DSparkModel)",
                  an);
         goto out;
     }
@@ -213,9 +331,11 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
     }
     int attn_bias;
     if (get_bool(root, "attention_bias", 0, &attn_bias, err, errlen)) goto out;
-    c->qk_norm = c->arch == MDL_ARCH_QWEN3;
+    c->is_drafter = c->arch == MDL_ARCH_DFLASH || c->arch == MDL_ARCH_DSPARK;
+    c->qk_norm = c->arch != MDL_ARCH_LLAMA && c->arch != MDL_ARCH_QWEN2;
     c->qkv_bias = c->arch == MDL_ARCH_QWEN2 || attn_bias;
     c->o_bias = c->arch != MDL_ARCH_QWEN2 && attn_bias;
+    if (c->is_drafter && parse_drafter(root, c, err, errlen) != 0) goto out;
     rc = 0;
 out:
     cJSON_Delete(root);

@@ -8,7 +8,9 @@
 
 #include "models/safetensors.h"
 
-typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2 } mdl_arch;
+typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2, MDL_ARCH_DFLASH, MDL_ARCH_DSPARK } mdl_arch;
+
+#define MDL_MAX_TARGET_IDS 64
 
 #define MDL_MAX_EOS 8
 
@@ -25,9 +27,24 @@ typedef struct {
     int qk_norm;             /* qwen3 */
     int qkv_bias;            /* qwen2, llama attention_bias */
     int o_bias;              /* llama attention_bias */
+    /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
+    int is_drafter;
+    int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */
+    int n_target_layers;     /* layers of the target it was trained on */
+    int target_ids[MDL_MAX_TARGET_IDS]; /* target layers whose residual stream feeds the context */
+    int n_target_ids;
+    int mask_token_id;
+    int markov_rank;         /* DSpark vanilla Markov head rank (0: none) */
+    int conf_head;           /* DSpark confidence head */
+    int conf_with_markov;    /* its input is [h ; w1[prev]] rather than h */
+    int own_embed;           /* DSpark: own embed_tokens + lm_head (DFlash uses the target's) */
 } mdl_config;
 
 const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */
+
+/* A drafter must fit its target: same hidden size and vocabulary, target layer ids inside the
+ * target (and not its last layer, whose HF hidden state is final-normed), mask id in the vocab. */
+int mdl_config_check_drafter(const mdl_config *target, const mdl_config *draft, char *err, size_t errlen);
 
 /* Parses config.json text. Returns 0, or -1 with err naming the field and the reason. */
 int mdl_config_parse(const char *json, size_t len, mdl_config *out, char *err, size_t errlen);

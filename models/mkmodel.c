@@ -38,6 +38,9 @@ void mdl_mkmodel_defaults(mdl_mkmodel_opts *o)
     o->shards = 1;
     o->seed = 0;
     o->tokenizer = 1;
+    o->markov_rank = 16;
+    o->conf_head = 1;
+    o->mask_token_id = -1;
 }
 
 typedef struct {
@@ -135,7 +138,7 @@ static int write_json(const char *path, cJSON *j, char *err, size_t errlen)
 
 static const char *model_type(mdl_arch a)
 {
-    return a == MDL_ARCH_QWEN3 ? "qwen3" : a == MDL_ARCH_LLAMA ? "llama" : "qwen2";
+    return a == MDL_ARCH_LLAMA ? "llama" : a == MDL_ARCH_QWEN2 ? "qwen2" : "qwen3";
 }
 
 static const char *torch_dtype(mdl_dtype d)
@@ -143,8 +146,78 @@ static const char *torch_dtype(mdl_dtype d)
     return d == MDL_DT_BF16 ? "bfloat16" : d == MDL_DT_F16 ? "float16" : "float32";
 }
 
-int mdl_mkmodel(const mdl_mkmodel_opts *o, const char *dir, char *err, size_t errlen)
+/* Appends a copy of a tensor of the target checkpoint (DSpark's frozen embed_tokens / lm_head). */
+static int gen_copy(gen_set *g, const char *target_dir, const char *src_name, const char *out_name, char *err,
+                    size_t errlen)
 {
+    char path[4352];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", target_dir);
+    char file[512] = "model.safetensors";
+    size_t len;
+    char *txt = mdl_read_file(path, 64u << 20, &len, err, errlen);
+    if (txt) { /* sharded target: find the shard holding the tensor */
+        cJSON *idx = cJSON_ParseWithLength(txt, len);
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(idx, "weight_map"), src_name);
+        if (cJSON_IsString(f) && !strchr(f->valuestring, '/')) snprintf(file, sizeof file, "%s", f->valuestring);
+        cJSON_Delete(idx);
+        free(txt);
+    }
+    snprintf(path, sizeof path, "%s/%s", target_dir, file);
+    mdl_st_file st;
+    if (mdl_st_open(path, &st, err, errlen) != 0) return -1;
+    const mdl_st_tensor *t = mdl_st_find(&st, src_name);
+    int rc = -1;
+    if (!t || t->ndim != 2) {
+        snprintf(err, errlen, "%s: no 2-D tensor %s", path, src_name);
+    } else {
+        gen(g, out_name, t->shape[0], t->shape[1], 0); /* allocates; contents replaced below */
+        if (!g->failed && mdl_convert(g->t[g->n - 1].data, g->dt, t->data, t->dtype, t->numel) == 0) rc = 0;
+        else snprintf(err, errlen, "%s: cannot convert %s", path, src_name);
+    }
+    mdl_st_close(&st);
+    return rc;
+}
+
+int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t errlen)
+{
+    mdl_mkmodel_opts dopt = *o_in;
+    const mdl_mkmodel_opts *o = &dopt;
+    const int drafter = o->arch == MDL_ARCH_DFLASH || o->arch == MDL_ARCH_DSPARK;
+    mdl_config tcfg;
+    if (drafter) { /* geometry of the target */
+        if (!o->target_dir) {
+            snprintf(err, errlen, "a drafter needs --target DIR");
+            return -1;
+        }
+        if (mdl_config_load(o->target_dir, &tcfg, err, errlen) != 0) return -1;
+        if (tcfg.is_drafter) {
+            snprintf(err, errlen, "--target must be a target model, not a drafter");
+            return -1;
+        }
+        dopt.hidden = tcfg.hidden;
+        dopt.vocab = tcfg.vocab;
+        dopt.heads = tcfg.heads;
+        dopt.kv_heads = tcfg.kv_heads;
+        dopt.head_dim = tcfg.head_dim;
+        dopt.intermediate = tcfg.intermediate;
+        dopt.max_pos = tcfg.max_pos;
+        dopt.dtype = tcfg.dtype;
+        dopt.tie = 0;
+        dopt.shards = 1;
+        dopt.tokenizer = 0;
+        if (!dopt.block_size) dopt.block_size = o->arch == MDL_ARCH_DFLASH ? 8 : 7;
+        if (dopt.mask_token_id < 0) dopt.mask_token_id = tcfg.vocab >= 8 ? tcfg.vocab - 4 : 0;
+        if (!dopt.n_target_ids) { /* one per drafter layer, spread over [0, L-2] */
+            int L = tcfg.layers, k = o->layers < L - 1 ? o->layers : L - 1;
+            if (k < 1) {
+                snprintf(err, errlen, "the target needs at least 2 layers for a drafter");
+                return -1;
+            }
+            for (int i = 0; i < k; i++) dopt.target_ids[i] = k == 1 ? (L - 2) / 2 : i * (L - 2) / (k - 1);
+            dopt.n_target_ids = k;
+        }
+        if (o->arch == MDL_ARCH_DFLASH) dopt.markov_rank = 0, dopt.conf_head = 0;
+    }
     if (o->hidden < 1 || o->layers < 1 || o->heads < 1 || o->kv_heads < 1 || o->head_dim < 2 ||
         o->head_dim % 2 || o->heads % o->kv_heads || o->intermediate < 1 || o->vocab < 2 || o->shards < 1) {
         snprintf(err, errlen, "invalid model shape (need heads %% kv_heads == 0, even head_dim, sizes >= 1)");
@@ -155,6 +228,10 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o, const char *dir, char *err, size_t er
         return -1;
     }
     int bos = o->vocab - 2 >= 0 ? o->vocab - 2 : 0, eos = o->vocab - 1;
+    if (drafter) {
+        bos = tcfg.bos;
+        eos = tcfg.n_eos ? tcfg.eos[0] : -1;
+    }
     if (o->tokenizer && o->vocab >= 512) {
         if (mdl_tok_write_default(dir, o->vocab, err, errlen) != 0) return -1;
         mdl_tokenizer *tk = mdl_tok_load(dir, err, errlen);
@@ -167,10 +244,21 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o, const char *dir, char *err, size_t er
     gen_set g = {.rng = {.s = o->seed * 0x2545F4914F6CDD1Dull + 1}, .dt = o->dtype};
     const int64_t H = o->hidden, I = o->intermediate, hd = o->head_dim;
     char nm[160];
-    gen(&g, "model.embed_tokens.weight", o->vocab, H, 3);
+    const char *pre = drafter ? "" : "model.";
+    int rc = -1;
+    cJSON *cfg = NULL, *idx = NULL;
+    mdl_st_out *outs = NULL;
+    if (!drafter) gen(&g, "model.embed_tokens.weight", o->vocab, H, 3);
+    if (o->arch == MDL_ARCH_DSPARK &&
+        gen_copy(&g, o->target_dir, "model.embed_tokens.weight", "embed_tokens.weight", err, errlen) != 0)
+        goto out;
+    if (drafter) {
+        gen(&g, "fc.weight", H, (int64_t)o->n_target_ids * H, 0);
+        gen(&g, "hidden_norm.weight", H, 0, 1);
+    }
     for (int l = 0; l < o->layers; l++) {
 #define G(fmt, r, c, k)                                                                                \
-    snprintf(nm, sizeof nm, "model.layers.%d." fmt, l);                                                 \
+    snprintf(nm, sizeof nm, "%slayers.%d." fmt, pre, l);                                                \
     gen(&g, nm, r, c, k)
         G("input_layernorm.weight", H, 0, 1);
         G("self_attn.q_proj.weight", o->heads * hd, H, 0);
@@ -182,7 +270,7 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o, const char *dir, char *err, size_t er
             G("self_attn.v_proj.bias", o->kv_heads * hd, 0, 2);
         }
         G("self_attn.o_proj.weight", H, o->heads * hd, 0);
-        if (o->arch == MDL_ARCH_QWEN3) {
+        if (o->arch != MDL_ARCH_LLAMA && o->arch != MDL_ARCH_QWEN2) {
             G("self_attn.q_norm.weight", hd, 0, 1);
             G("self_attn.k_norm.weight", hd, 0, 1);
         }
@@ -192,11 +280,22 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o, const char *dir, char *err, size_t er
         G("mlp.down_proj.weight", H, I, 0);
 #undef G
     }
-    gen(&g, "model.norm.weight", H, 0, 1);
-    if (!o->tie) gen(&g, "lm_head.weight", o->vocab, H, 0);
-    int rc = -1;
-    cJSON *cfg = NULL, *idx = NULL;
-    mdl_st_out *outs = NULL;
+    snprintf(nm, sizeof nm, "%snorm.weight", pre);
+    gen(&g, nm, H, 0, 1);
+    if (!drafter && !o->tie) gen(&g, "lm_head.weight", o->vocab, H, 0);
+    if (o->arch == MDL_ARCH_DSPARK) {
+        if (gen_copy(&g, o->target_dir, tcfg.tie ? "model.embed_tokens.weight" : "lm_head.weight",
+                     "lm_head.weight", err, errlen) != 0)
+            goto out;
+        if (o->markov_rank > 0) { /* scaled so the Markov bias is O(1) next to the lm_head logits */
+            gen(&g, "markov_head.markov_w1.weight", o->vocab, o->markov_rank, 3);
+            gen(&g, "markov_head.markov_w2.weight", o->vocab, o->markov_rank, 0);
+        }
+        if (o->conf_head) {
+            gen(&g, "confidence_head.proj.weight", 1, H + o->markov_rank, 0);
+            gen(&g, "confidence_head.proj.bias", 1, 0, 2);
+        }
+    }
     if (g.failed) {
         snprintf(err, errlen, "out of memory generating weights");
         goto out;
@@ -244,6 +343,23 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o, const char *dir, char *err, size_t er
 
     cfg = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(cfg, "architectures");
+    if (drafter) {
+        cJSON_AddNumberToObject(cfg, "num_target_layers", tcfg.layers);
+        cJSON_AddNumberToObject(cfg, "block_size", o->block_size);
+        cJSON *ids = cJSON_CreateIntArray(o->target_ids, o->n_target_ids);
+        if (o->arch == MDL_ARCH_DFLASH) {
+            cJSON *dc = cJSON_AddObjectToObject(cfg, "dflash_config");
+            cJSON_AddNumberToObject(dc, "mask_token_id", o->mask_token_id);
+            cJSON_AddItemToObject(dc, "target_layer_ids", ids);
+        } else {
+            cJSON_AddNumberToObject(cfg, "mask_token_id", o->mask_token_id);
+            cJSON_AddItemToObject(cfg, "target_layer_ids", ids);
+            cJSON_AddNumberToObject(cfg, "markov_rank", o->markov_rank);
+            if (o->markov_rank > 0) cJSON_AddStringToObject(cfg, "markov_head_type", "vanilla");
+            cJSON_AddBoolToObject(cfg, "enable_confidence_head", o->conf_head);
+            if (o->conf_head) cJSON_AddBoolToObject(cfg, "confidence_head_with_markov", o->markov_rank > 0);
+        }
+    }
     cJSON_AddItemToArray(archs, cJSON_CreateString(mdl_arch_name(o->arch)));
     cJSON_AddStringToObject(cfg, "model_type", model_type(o->arch));
     cJSON_AddNumberToObject(cfg, "hidden_size", o->hidden);
@@ -266,7 +382,7 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o, const char *dir, char *err, size_t er
     cJSON_AddBoolToObject(cfg, "use_cache", 1);
     if (o->arch != MDL_ARCH_QWEN2) cJSON_AddBoolToObject(cfg, "attention_bias", 0);
     if (o->arch == MDL_ARCH_LLAMA) cJSON_AddBoolToObject(cfg, "mlp_bias", 0);
-    if (o->arch != MDL_ARCH_LLAMA) {
+    if (o->arch != MDL_ARCH_LLAMA && !drafter) {
         cJSON_AddBoolToObject(cfg, "use_sliding_window", 0);
         cJSON_AddNullToObject(cfg, "sliding_window");
         cJSON_AddNumberToObject(cfg, "max_window_layers", o->layers);

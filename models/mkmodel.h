@@ -15,6 +15,14 @@ typedef struct {
     int shards;
     uint64_t seed;
     int tokenizer; /* write tokenizer.json + tokenizer_config.json (needs vocab >= 512) */
+    /* drafters (arch DFLASH / DSPARK): geometry comes from the target's config.json */
+    const char *target_dir;
+    int block_size;       /* 0: 8 for DFlash, 7 for DSpark */
+    int markov_rank;      /* DSpark (default 16) */
+    int conf_head;        /* DSpark confidence head (default on, with Markov input) */
+    int n_target_ids;     /* 0: spread over the target's layers */
+    int target_ids[MDL_MAX_TARGET_IDS];
+    int mask_token_id;    /* -1: vocab - 4 (below mkmodel's tokenizer's special tokens) */
 } mdl_mkmodel_opts;
 
 void mdl_mkmodel_defaults(mdl_mkmodel_opts *o);

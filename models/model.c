@@ -87,18 +87,28 @@ static void build_table(builder *b)
 {
     mdl_model *m = b->m;
     const mdl_config *c = &m->cfg;
+    /* drafter checkpoints have no "model." prefix (z-lab and DeepSpec layouts) */
+    const char *pre = c->is_drafter ? "" : "model.";
     const mdl_dtype W = m->wdt == KERN_DT_BF16 ? MDL_DT_BF16 : MDL_DT_F32, F = MDL_DT_F32;
     const int64_t H = c->hidden, I = c->intermediate, hd = c->head_dim;
     const int64_t q_rows = (int64_t)c->heads * hd, kv_rows = (int64_t)c->kv_heads * hd;
     const int64_t qkv_rows = q_rows + 2 * kv_rows;
     char ck[160], rt[64];
 
-    m->embed = add_whole(b, "model.embed_tokens.weight", "embed_tokens", W, c->vocab, H);
+    m->embed = m->lm_head = m->fc = m->hidden_norm = m->markov_w1 = m->markov_w2 = m->conf_w = m->conf_b = -1;
+    if (!c->is_drafter || c->own_embed) {
+        snprintf(ck, sizeof ck, "%sembed_tokens.weight", pre);
+        m->embed = add_whole(b, ck, "embed_tokens", W, c->vocab, H);
+    }
+    if (c->is_drafter) {
+        m->fc = add_whole(b, "fc.weight", "fc", W, H, (int64_t)c->n_target_ids * H);
+        m->hidden_norm = add_whole(b, "hidden_norm.weight", "hidden_norm", F, H, 1);
+    }
     for (int l = 0; l < c->layers; l++) {
         mdl_layer_params *L = &m->layer[l];
         L->qkv_bias = L->q_norm = L->k_norm = L->o_bias = -1;
 #define NAMES(ckfmt, rtfmt)                                                                            \
-    snprintf(ck, sizeof ck, "model.layers.%d." ckfmt, l);                                                \
+    snprintf(ck, sizeof ck, "%slayers.%d." ckfmt, pre, l);                                              \
     snprintf(rt, sizeof rt, "layers.%d." rtfmt, l)
         NAMES("input_layernorm.weight", "input_norm");
         L->input_norm = add_whole(b, ck, rt, F, H, 1);
@@ -107,14 +117,14 @@ static void build_table(builder *b)
         const char *proj[3] = {"q_proj", "k_proj", "v_proj"};
         const int64_t r0[3] = {0, q_rows, q_rows + kv_rows}, nr[3] = {q_rows, kv_rows, kv_rows};
         for (int i = 0; i < 3; i++) {
-            snprintf(ck, sizeof ck, "model.layers.%d.self_attn.%s.weight", l, proj[i]);
+            snprintf(ck, sizeof ck, "%slayers.%d.self_attn.%s.weight", pre, l, proj[i]);
             add_dest(b, ck, L->qkv, r0[i], nr[i], 2, -1);
         }
         if (c->qkv_bias) {
             snprintf(rt, sizeof rt, "layers.%d.qkv_bias", l);
             L->qkv_bias = add_param(b, rt, F, qkv_rows, 1);
             for (int i = 0; i < 3; i++) {
-                snprintf(ck, sizeof ck, "model.layers.%d.self_attn.%s.bias", l, proj[i]);
+                snprintf(ck, sizeof ck, "%slayers.%d.self_attn.%s.bias", pre, l, proj[i]);
                 add_dest(b, ck, L->qkv_bias, r0[i], nr[i], 1, -1);
             }
         }
@@ -134,16 +144,28 @@ static void build_table(builder *b)
         L->post_norm = add_whole(b, ck, rt, F, H, 1);
         snprintf(rt, sizeof rt, "layers.%d.gate_up", l);
         L->gate_up = add_param(b, rt, W, 2 * I, H);
-        snprintf(ck, sizeof ck, "model.layers.%d.mlp.gate_proj.weight", l);
+        snprintf(ck, sizeof ck, "%slayers.%d.mlp.gate_proj.weight", pre, l);
         add_dest(b, ck, L->gate_up, 0, I, 2, -1);
-        snprintf(ck, sizeof ck, "model.layers.%d.mlp.up_proj.weight", l);
+        snprintf(ck, sizeof ck, "%slayers.%d.mlp.up_proj.weight", pre, l);
         add_dest(b, ck, L->gate_up, I, I, 2, -1);
         NAMES("mlp.down_proj.weight", "down_proj");
         L->down = add_whole(b, ck, rt, W, H, I);
 #undef NAMES
     }
-    m->final_norm = add_whole(b, "model.norm.weight", "final_norm", F, H, 1);
-    if (c->tie) {
+    snprintf(ck, sizeof ck, "%snorm.weight", pre);
+    m->final_norm = add_whole(b, ck, "final_norm", F, H, 1);
+    if (c->is_drafter) {
+        if (c->own_embed) m->lm_head = add_whole(b, "lm_head.weight", "lm_head", W, c->vocab, H);
+        if (c->markov_rank > 0) {
+            m->markov_w1 = add_whole(b, "markov_head.markov_w1.weight", "markov_w1", W, c->vocab, c->markov_rank);
+            m->markov_w2 = add_whole(b, "markov_head.markov_w2.weight", "markov_w2", W, c->vocab, c->markov_rank);
+        }
+        if (c->conf_head) {
+            int64_t in = H + (c->conf_with_markov ? c->markov_rank : 0);
+            m->conf_w = add_whole(b, "confidence_head.proj.weight", "conf_w", F, 1, in);
+            m->conf_b = add_whole(b, "confidence_head.proj.bias", "conf_b", F, 1, 1);
+        }
+    } else if (c->tie) {
         m->lm_head = m->embed;
         /* alias: lm_head.weight writes the shared matrix and covers embed_tokens' slot */
         add_dest(b, "lm_head.weight", m->embed, 0, c->vocab, 2, m->dests[0].cover);
@@ -158,6 +180,11 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
     if (!m) goto oom;
     m->cfg = *cfg;
     m->be = be;
+    if (cfg->is_drafter && cfg->qkv_bias) {
+        snprintf(err, errlen, "drafter: attention_bias=true is not supported");
+        free(m);
+        return NULL;
+    }
     m->wdt = cfg->dtype == MDL_DT_BF16 ? KERN_DT_BF16 : KERN_DT_F32;
     m->layer = calloc((size_t)cfg->layers, sizeof *m->layer);
     if (!m->layer) goto oom;
@@ -180,6 +207,30 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
     float inv[4096];
     for (int i = 0; i < half; i++)
         inv[i] = (float)(1.0 / pow(cfg->rope_theta, (double)(2 * i) / (double)cfg->head_dim));
+    if (cfg->is_drafter) { /* derived buffers: allocated once here, refilled in place by the hook */
+        const size_t kv_rows = (size_t)cfg->kv_heads * (size_t)cfg->head_dim;
+        mdl_param *d = &m->derived[0];
+        snprintf(d->name, sizeof d->name, "derived.ctx_kv_weight");
+        d->dt = m->wdt == KERN_DT_BF16 ? MDL_DT_BF16 : MDL_DT_F32;
+        d->rows = (int64_t)(2 * kv_rows * (size_t)cfg->layers);
+        d->cols = cfg->hidden;
+        d->bytes = (size_t)d->rows * (size_t)d->cols * mdl_dtype_size(d->dt);
+        d = &m->derived[1];
+        snprintf(d->name, sizeof d->name, "derived.ctx_k_norm");
+        d->dt = MDL_DT_F32;
+        d->rows = cfg->layers;
+        d->cols = cfg->head_dim;
+        d->bytes = (size_t)d->rows * (size_t)d->cols * sizeof(float);
+        m->n_derived = 2;
+        for (int i = 0; i < m->n_derived; i++) {
+            m->derived[i].ptr = be->ops->alloc(be, m->derived[i].bytes, m->derived[i].name);
+            if (!m->derived[i].ptr) {
+                snprintf(err, errlen, "out of device memory allocating %s", m->derived[i].name);
+                mdl_model_destroy(m);
+                return NULL;
+            }
+        }
+    }
     m->inv_freq = be->ops->alloc(be, (size_t)half * sizeof(float), "rope_inv_freq");
     if (!m->inv_freq) {
         snprintf(err, errlen, "out of device memory allocating rope_inv_freq");
@@ -241,7 +292,7 @@ int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const c
     for (size_t i = 0; i < n; i++) {
         const mdl_dest *d = mdl_model_find(m, t[i].name);
         if (!d) {
-            snprintf(err, errlen, "%s: unknown tensor %s (not a parameter of %s)", what, t[i].name,
+            snprintf(err, errlen, "%s: unknown tensor %s (not a parameter of this %s)", what, t[i].name,
                      mdl_arch_name(m->cfg.arch));
             return -1;
         }
@@ -284,10 +335,30 @@ int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const c
     return 0;
 }
 
-/* The target's post-load hook. A Qwen3/Llama/Qwen2 target keeps no weight-derived buffers on the
- * CPU backend (stacked qkv / gate_up are destinations, written directly), so the hook only records
- * that it ran; drafters and backends with repacked copies refill theirs here, in place. */
-static void target_post_load(mdl_model *m) { m->hook_runs++; }
+/* The post-load hook, run exactly once per finish of a session that wrote this model.
+ * A Qwen3/Llama/Qwen2 target keeps no weight-derived buffers (stacked qkv / gate_up are
+ * destinations, written directly). A drafter refills, in place, the stacked context K/V weight
+ * (rows K0, V0, K1, V1, ... copied from each layer's k_proj / v_proj rows of its qkv) and the
+ * stacked k_norm, so the context path is one GEMM for every layer. */
+static void model_post_load(mdl_model *m)
+{
+    m->hook_runs++;
+    if (!m->cfg.is_drafter) return;
+    const mdl_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    const size_t kv_rows = (size_t)c->kv_heads * (size_t)c->head_dim;
+    const size_t row_bytes = (size_t)c->hidden * mdl_dtype_size(m->derived[0].dt);
+    uint8_t *dst = m->derived[0].ptr;
+    for (int l = 0; l < c->layers; l++) {
+        const uint8_t *qkv = m->params[m->layer[l].qkv].ptr;
+        const size_t k0 = (size_t)c->heads * (size_t)c->head_dim;
+        be->ops->copy(be, dst + (size_t)(2 * l) * kv_rows * row_bytes, qkv + k0 * row_bytes, kv_rows * row_bytes);
+        be->ops->copy(be, dst + (size_t)(2 * l + 1) * kv_rows * row_bytes, qkv + (k0 + kv_rows) * row_bytes,
+                      kv_rows * row_bytes);
+        be->ops->copy(be, (float *)m->derived[1].ptr + (size_t)l * (size_t)c->head_dim,
+                      m->params[m->layer[l].k_norm].ptr, (size_t)c->head_dim * sizeof(float));
+    }
+}
 
 int mdl_session_finish(mdl_session *s, char *err, size_t errlen)
 {
@@ -305,7 +376,7 @@ int mdl_session_finish(mdl_session *s, char *err, size_t errlen)
         if (missing > 8 && n < errlen) snprintf(err + n, errlen - n, " (and %zu more)", missing - 8);
         if (missing) return -1;
     }
-    if (s->wrote) target_post_load(m); /* exactly once per finish, never for an untouched model */
+    if (s->wrote) model_post_load(m); /* exactly once per finish, never for an untouched model */
     return 0;
 }
 

@@ -61,14 +61,24 @@ typedef struct mdl_model {
     int n_dests;
     int n_cover;
     mdl_layer_params *layer;
-    int embed, final_norm, lm_head; /* lm_head == embed when tied */
+    int embed, final_norm, lm_head; /* lm_head == embed when tied; -1 in a DFlash drafter (it
+                                       uses its target's by reference) */
+    /* drafters only (-1 otherwise) */
+    int fc, hidden_norm, markov_w1, markov_w2, conf_w, conf_b;
+    /* Derived buffers (drafters): refilled in place by the post-load hook from the layers'
+     * checkpoint-layout parameters, never reallocated (I1, I4):
+     *   ctx_kv    [L * 2 * nkv * hd, H]  rows K0, V0, K1, V1, ... (k_proj / v_proj of each layer)
+     *   ctx_knorm [L, hd]                 k_norm of each layer */
+    mdl_param derived[2];
+    int n_derived;
     float *inv_freq;                /* RoPE inverse frequencies [hd/2], from config */
     kern_dtype wdt;                 /* storage dtype of matrices */
     uint64_t hook_runs;             /* post-load hook executions (tests, metrics) */
     uint64_t weight_bytes;          /* bytes of all parameters */
 } mdl_model;
 
-/* Builds the table and allocates every parameter from the backend arena (zeroed). */
+/* Builds the table and allocates every parameter from the backend arena (zeroed). Targets and
+ * drafters (cfg->is_drafter) alike. */
 mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, size_t errlen);
 void mdl_model_destroy(mdl_model *m);
 const mdl_dest *mdl_model_find(const mdl_model *m, const char *name);

@@ -1,5 +1,6 @@
 /* server/cmd_mkmodel.c — `graphswap mkmodel`: random-init checkpoints in Hugging Face layout. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "models/mkmodel.h"
@@ -12,7 +13,7 @@ static const char help[] =
     "byte-level BPE tokenizer (tokenizer.json, tokenizer_config.json; vocab >= 512) in the exact\n"
     "layout and naming of a Hugging Face checkpoint, with seeded random weights.\n"
     "\n"
-    "  --arch qwen3|llama|qwen2   (default qwen3)\n"
+    "  --arch qwen3|llama|qwen2|dflash|dspark   (default qwen3)\n"
     "  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --intermediate N  --vocab N\n"
     "                             (defaults 64, 2, 4, 2, 16, 128, 1024)\n"
     "  --max-pos N                max_position_embeddings (default 4096)\n"
@@ -20,14 +21,23 @@ static const char help[] =
     "  --dtype bf16|f16|f32       (default bf16)\n"
     "  --shards N                 number of safetensors files (default 1)\n"
     "  --seed S                   (default 0)\n"
-    "  --no-tokenizer             skip the tokenizer files\n";
+    "  --no-tokenizer             skip the tokenizer files\n"
+    "\n"
+    "Drafters (--arch dflash: z-lab DFlashDraftModel; --arch dspark: DeepSpec Qwen3DSparkModel) take\n"
+    "their geometry from the target; --layers sets the drafter depth:\n"
+    "  --target DIR               the target checkpoint (required)\n"
+    "  --block-size N             drafter block (default 8 for dflash, 7 for dspark)\n"
+    "  --target-layer-ids LIST    target layers feeding the context (default: spread over the target)\n"
+    "  --mask-token-id N          (default vocab - 4)\n"
+    "  --markov-rank N            DSpark Markov head rank (default 16; 0 = none)\n"
+    "  --no-confidence            DSpark without a confidence head\n";
 
 int srv_cmd_mkmodel(int argc, char **argv)
 {
     mdl_mkmodel_opts o;
     mdl_mkmodel_defaults(&o);
-    const char *out = NULL, *arch = NULL, *dtype = NULL;
-    int tie = 0, no_tie = 0, no_tok = 0;
+    const char *out = NULL, *arch = NULL, *dtype = NULL, *ids = NULL;
+    int tie = 0, no_tie = 0, no_tok = 0, no_conf = 0, layers_set = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -37,7 +47,7 @@ int srv_cmd_mkmodel(int argc, char **argv)
         if (srv_arg_str(argc, argv, &i, "--out", &out) || srv_arg_str(argc, argv, &i, "--arch", &arch) ||
             srv_arg_str(argc, argv, &i, "--dtype", &dtype) ||
             srv_arg_int(argc, argv, &i, "--hidden", 1, M, &o.hidden) ||
-            srv_arg_int(argc, argv, &i, "--layers", 1, 1024, &o.layers) ||
+            (srv_arg_int(argc, argv, &i, "--layers", 1, 1024, &o.layers) && (layers_set = 1)) ||
             srv_arg_int(argc, argv, &i, "--heads", 1, 4096, &o.heads) ||
             srv_arg_int(argc, argv, &i, "--kv-heads", 1, 4096, &o.kv_heads) ||
             srv_arg_int(argc, argv, &i, "--head-dim", 2, 4096, &o.head_dim) ||
@@ -47,7 +57,13 @@ int srv_cmd_mkmodel(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--shards", 1, 999, &o.shards) ||
             srv_arg_u64(argc, argv, &i, "--seed", &o.seed) || srv_arg_flag(argc, argv, &i, "--tie", &tie) ||
             srv_arg_flag(argc, argv, &i, "--no-tie", &no_tie) ||
-            srv_arg_flag(argc, argv, &i, "--no-tokenizer", &no_tok))
+            srv_arg_flag(argc, argv, &i, "--no-tokenizer", &no_tok) ||
+            srv_arg_str(argc, argv, &i, "--target", &o.target_dir) ||
+            srv_arg_int(argc, argv, &i, "--block-size", 2, 64, &o.block_size) ||
+            srv_arg_str(argc, argv, &i, "--target-layer-ids", &ids) ||
+            srv_arg_int(argc, argv, &i, "--mask-token-id", 0, 1 << 24, &o.mask_token_id) ||
+            srv_arg_int(argc, argv, &i, "--markov-rank", 0, 4096, &o.markov_rank) ||
+            srv_arg_flag(argc, argv, &i, "--no-confidence", &no_conf))
             continue;
         srv_die_usage("mkmodel", argv[i]);
     }
@@ -59,13 +75,30 @@ int srv_cmd_mkmodel(int argc, char **argv)
         if (strcmp(arch, "qwen3") == 0) o.arch = MDL_ARCH_QWEN3;
         else if (strcmp(arch, "llama") == 0) o.arch = MDL_ARCH_LLAMA;
         else if (strcmp(arch, "qwen2") == 0) o.arch = MDL_ARCH_QWEN2;
-        else srv_die("--arch must be qwen3, llama or qwen2 (dflash and dspark drafters are not built yet)");
+        else if (strcmp(arch, "dflash") == 0) o.arch = MDL_ARCH_DFLASH;
+        else if (strcmp(arch, "dspark") == 0) o.arch = MDL_ARCH_DSPARK;
+        else srv_die("--arch must be qwen3, llama, qwen2, dflash or dspark");
     }
     if (dtype) {
         if (strcmp(dtype, "bf16") == 0) o.dtype = MDL_DT_BF16;
         else if (strcmp(dtype, "f16") == 0) o.dtype = MDL_DT_F16;
         else if (strcmp(dtype, "f32") == 0) o.dtype = MDL_DT_F32;
         else srv_die("--dtype must be bf16, f16 or f32");
+    }
+    if (o.arch == MDL_ARCH_DFLASH || o.arch == MDL_ARCH_DSPARK) {
+        if (!layers_set) o.layers = 1;
+        o.conf_head = !no_conf;
+    }
+    if (ids) {
+        const char *p = ids;
+        while (*p) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || o.n_target_ids == MDL_MAX_TARGET_IDS) srv_die("--target-layer-ids: bad list");
+            o.target_ids[o.n_target_ids++] = (int)v;
+            p = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',') srv_die("--target-layer-ids: bad list");
+        }
     }
     char err[1024];
     if (mdl_mkmodel(&o, out, err, sizeof err) != 0) srv_die("%s", err);
