@@ -13,6 +13,9 @@ const char *kern_op_name(kern_op_kind kind)
     case KOP_SILU_MUL: return "silu_mul";
     case KOP_ADD: return "add";
     case KOP_GATHER_ROWS: return "gather_rows";
+    case KOP_COPY_COLS: return "copy_cols";
+    case KOP_DRAFT_SELECT: return "draft_select";
+    case KOP_CONFIDENCE: return "confidence";
     case KOP_COUNT: break;
     }
     return "unknown";

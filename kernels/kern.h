@@ -46,6 +46,7 @@ typedef enum {
      * q heads: RMSNorm over hd with q_norm (if not NULL), then RoPE; k heads likewise with k_norm.
      * RoPE: neox rotate-half, angle = (float)pos[r] * inv_freq[i] in f32, i < hd/2:
      *   a = x[i], b = x[i+hd/2];  x[i] = a*cos - b*sin;  x[i+hd/2] = b*cos + a*sin.
+     * nh may be 0 (keys only: the drafter's context path points buf 0 at one layer's K columns).
      * buf: 0 qkv f32[max_rows,stride], 1 q_norm f32[hd] or NULL, 2 k_norm f32[hd] or NULL,
      *      3 pos i32[max_rows], 4 inv_freq f32[hd/2], 5 n_rows
      * p: 0 nh, 1 nkv, 2 hd, 3 stride, 4 max_rows;  f: 0 eps                                     */
@@ -78,6 +79,25 @@ typedef enum {
      * buf: 0 x f32[x_rows,H], 1 idx i32[max_out], 2 out f32[max_out,H], 3 n i32[1]
      * p: 0 H, 1 x_rows, 2 max_out                                                              */
     KOP_GATHER_ROWS,
+    /* out[r, col0 + j] = x[r, j], j < H: the target saves its residual stream after a layer into
+     * the drafter's feature buffer (one column block per target layer id).
+     * buf: 0 x f32[max_rows,H], 1 out f32[max_rows,out_stride], 2 n_rows
+     * p: 0 H, 1 out_stride, 2 col0 (col0 + H <= out_stride), 3 max_rows                          */
+    KOP_COPY_COLS,
+    /* Draft token choice, sequence by sequence, left to right over W slots (row = s*W + k):
+     *   prev = anchor[s]
+     *   for k < W:  logits[row, :] += W2 . W1[prev, :]   (vanilla Markov head; skipped when W1 NULL)
+     *               drafts[row] = argmax logits[row, :] (lowest id on ties);  prev = drafts[row]
+     * buf: 0 logits f32[max_seqs*W, V] (updated in place), 1 W1 [V,r] (wdt) or NULL,
+     *      2 W2 [V,r] (wdt) or NULL, 3 anchor i32[max_seqs], 4 drafts i32[max_seqs*W], 5 n_seqs
+     * p: 0 W, 1 V, 2 r, 3 wdt, 4 max_seqs                                                       */
+    KOP_DRAFT_SELECT,
+    /* DSpark confidence: conf[row] = sigmoid(w[0:H] . h[row] + w[H:H+r] . W1[prev] + b[0]), prev =
+     * anchor[s] for k = 0 else drafts[row-1]; the W1 term only when W1 is not NULL.
+     * buf: 0 h f32[max_seqs*W, H], 1 W1 [V,r] (wdt) or NULL, 2 drafts i32[max_seqs*W],
+     *      3 anchor i32[max_seqs], 4 w f32[H+r], 5 b f32[1], 6 conf f32[max_seqs*W], 7 n_seqs
+     * p: 0 W, 1 H, 2 r, 3 wdt, 4 max_seqs, 5 V                                                  */
+    KOP_CONFIDENCE,
     KOP_COUNT
 } kern_op_kind;
 

@@ -111,14 +111,59 @@ int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen);
 typedef struct {
     float *x, *h, *qkv, *attn, *tmp, *gu, *act, *xs, *logits;
     int max_rows, max_logits;
+    /* Feature capture for a drafter (NULL when none): after each target layer in feat_ids[i] the
+     * residual stream x is copied into columns [i*H, (i+1)*H) of feat [max_rows, n_feat*H]. */
+    float *feat;
+    const int *feat_ids;
+    int n_feat;
 } mdl_workspace;
 
 int mdl_workspace_alloc(const mdl_model *m, eng_backend *be, int max_rows, int max_logits,
                         mdl_workspace *ws, char *err, size_t errlen);
+/* Allocates the feature buffer for a drafter reading target layers ids[0..n). */
+int mdl_workspace_add_features(const mdl_model *m, eng_backend *be, mdl_workspace *ws, const int *ids, int n,
+                               char *err, size_t errlen);
 /* Number of ops mdl_emit_forward pushes (to size tapes). */
 size_t mdl_forward_ops(const mdl_model *m);
 /* Emits one step for `rows` rows (the plan bucket) and `logit_rows` logits rows. */
 void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_step_io *io, int rows,
                       int logit_rows, eng_tape *t);
+
+/* ---- drafter (DFlash / DSpark) forward -------------------------------------------------------------
+ * Step parameters of the drafter's plans (plan-visible, engine-owned; R rows max, S sequences):
+ *   context step (one row per newly committed position):
+ *     c_idx i32[R]  row of the target step's feature buffer;  c_pos, c_slot i32[R];  c_n i32[1]
+ *   draft step (B rows per drafting sequence, row = s*B + j):
+ *     d_tok, d_pos, d_slot, d_kv_len i32[R];  d_n i32[1];
+ *     d_logit_idx i32[R], d_n_logits i32[1]   block rows whose logits are drafts
+ *     d_anchor i32[S], d_nseq i32[1]          per drafting sequence
+ * The drafter's KV cache uses the target's block tables (same slots, same positions). */
+typedef struct {
+    int32_t *c_idx, *c_pos, *c_slot, *c_n;
+    int32_t *d_tok, *d_pos, *d_slot, *d_kv_len, *d_n, *d_logit_idx, *d_n_logits, *d_anchor, *d_nseq;
+    float **kcache, **vcache; /* per drafter layer, same blocks as the target's cache */
+    size_t kv_layer_bytes;
+} mdl_draft_io;
+
+typedef struct {
+    float *cfeat, *c, *ckv;           /* context: [R, k*H], [R, H], [R + 1, L*2*nkv*hd] */
+    float *x, *h, *qkv, *attn, *gu, *act, *xs, *logits; /* draft block rows */
+    int32_t *drafts;                  /* [R]: row = s*W + k */
+    float *conf;                      /* [R] (DSpark confidence head) */
+    int max_rows;
+    int W;                            /* drafts per block: B-1 (DFlash) or B (DSpark) */
+} mdl_draft_ws;
+
+int mdl_draft_ws_alloc(const mdl_model *d, eng_backend *be, int max_rows, mdl_draft_ws *ws, char *err,
+                       size_t errlen);
+size_t mdl_draft_ops(const mdl_model *d);
+/* Context step for `rows` committed positions: features -> fc -> hidden_norm -> one GEMM against
+ * the stacked K/V weight -> per-layer k_norm + RoPE -> the drafter's KV cache. */
+void mdl_emit_draft_context(const mdl_model *d, const mdl_draft_ws *ws, const mdl_workspace *tws,
+                            const eng_step_io *io, const mdl_draft_io *dio, int rows, eng_tape *t);
+/* Draft step for `rows` block rows (= n_seqs * B): embed -> layers (non-causal over context + block)
+ * -> norm -> lm_head of the drafter (DSpark) or the target (DFlash) -> Markov choice -> confidence. */
+void mdl_emit_draft_block(const mdl_model *d, const mdl_model *target, const mdl_draft_ws *ws,
+                          const eng_step_io *io, const mdl_draft_io *dio, int rows, eng_tape *t);
 
 #endif

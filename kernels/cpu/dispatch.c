@@ -118,7 +118,7 @@ static void validate(const kern_op *op)
         break;
     }
     case KOP_QK_NORM_ROPE: {
-        KERN_CHECK(op, p[0] > 0 && p[1] > 0 && p[2] > 0 && p[2] % 2 == 0);
+        KERN_CHECK(op, p[0] >= 0 && p[1] > 0 && p[2] > 0 && p[2] % 2 == 0);
         KERN_CHECK(op, p[2] <= KERN_MAX_HEAD_DIM && p[4] >= 0);
         KERN_CHECK(op, (int64_t)p[3] >= ((int64_t)p[0] + p[1]) * p[2]);
         need_buf(op, 0, bytes3(op, p[4], p[3], 4), 4);
@@ -192,6 +192,45 @@ static void validate(const kern_op *op)
         KERN_CHECK(op, disjoint(&op->buf[0], xb, &op->buf[2], ob));
         break;
     }
+    case KOP_COPY_COLS: {
+        KERN_CHECK(op, p[0] > 0 && p[1] > 0 && p[2] >= 0 && (int64_t)p[2] + p[0] <= p[1] && p[3] >= 0);
+        size_t xb = bytes3(op, p[3], p[0], 4), ob = bytes3(op, p[3], p[1], 4);
+        need_buf(op, 0, xb, 4);
+        need_buf(op, 1, ob, 4);
+        need_buf(op, 2, 4, 4);
+        unused_from(op, 3);
+        KERN_CHECK(op, disjoint(&op->buf[0], xb, &op->buf[1], ob));
+        break;
+    }
+    case KOP_DRAFT_SELECT: {
+        KERN_CHECK(op, p[0] > 0 && p[1] > 0 && p[2] >= 0 && is_dtype(p[3]) && p[4] >= 0);
+        size_t rows = bytes3(op, p[4], p[0], 1);
+        need_buf(op, 0, bytes3(op, (int64_t)rows, p[1], 4), 4);
+        KERN_CHECK(op, (op->buf[1].ptr == NULL) == (op->buf[2].ptr == NULL));
+        KERN_CHECK(op, op->buf[1].ptr == NULL || p[2] > 0);
+        size_t wb = bytes3(op, p[1], p[2], kern_dtype_size((kern_dtype)p[3]));
+        opt_buf(op, 1, wb, 2);
+        opt_buf(op, 2, wb, 2);
+        need_buf(op, 3, bytes3(op, p[4], 1, 4), 4);
+        need_buf(op, 4, bytes3(op, (int64_t)rows, 1, 4), 4);
+        need_buf(op, 5, 4, 4);
+        unused_from(op, 6);
+        break;
+    }
+    case KOP_CONFIDENCE: {
+        KERN_CHECK(op, p[0] > 0 && p[1] > 0 && p[2] >= 0 && is_dtype(p[3]) && p[4] >= 0 && p[5] > 0);
+        size_t rows = bytes3(op, p[4], p[0], 1);
+        need_buf(op, 0, bytes3(op, (int64_t)rows, p[1], 4), 4);
+        KERN_CHECK(op, op->buf[1].ptr == NULL || p[2] > 0);
+        opt_buf(op, 1, bytes3(op, p[5], p[2], kern_dtype_size((kern_dtype)p[3])), 2);
+        need_buf(op, 2, bytes3(op, (int64_t)rows, 1, 4), 4);
+        need_buf(op, 3, bytes3(op, p[4], 1, 4), 4);
+        need_buf(op, 4, bytes3(op, (int64_t)p[1] + (op->buf[1].ptr ? p[2] : 0), 1, 4), 4);
+        need_buf(op, 5, 4, 4);
+        need_buf(op, 6, bytes3(op, (int64_t)rows, 1, 4), 4);
+        need_buf(op, 7, 4, 4);
+        break;
+    }
     default:
         kern_cpu_fail(op, "unknown op kind", __FILE__, __LINE__);
     }
@@ -211,6 +250,9 @@ void kern_cpu_exec(kern_pool *pool, const kern_op *op)
     case KOP_SILU_MUL: kern_cpu_silu_mul(pool, op); break;
     case KOP_ADD: kern_cpu_add(pool, op); break;
     case KOP_GATHER_ROWS: kern_cpu_gather_rows(pool, op); break;
+    case KOP_COPY_COLS: kern_cpu_copy_cols(pool, op); break;
+    case KOP_DRAFT_SELECT: kern_cpu_draft_select(pool, op); break;
+    case KOP_CONFIDENCE: kern_cpu_confidence(pool, op); break;
     default: kern_cpu_fail(op, "unknown op kind", __FILE__, __LINE__);
     }
 }

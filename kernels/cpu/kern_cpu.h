@@ -104,6 +104,9 @@ void kern_cpu_attention(kern_pool *pool, const kern_op *op);
 void kern_cpu_silu_mul(kern_pool *pool, const kern_op *op);
 void kern_cpu_add(kern_pool *pool, const kern_op *op);
 void kern_cpu_gather_rows(kern_pool *pool, const kern_op *op);
+void kern_cpu_copy_cols(kern_pool *pool, const kern_op *op);
+void kern_cpu_draft_select(kern_pool *pool, const kern_op *op);
+void kern_cpu_confidence(kern_pool *pool, const kern_op *op);
 
 /* Reads the int32 row count in buf[i], checking 0 <= n <= max. */
 int32_t kern_cpu_count(const kern_op *op, int i, int32_t max);
