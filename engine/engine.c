@@ -1,50 +1,12 @@
 /* engine/engine.c — scheduler, KV block management, plan cache and the step loop (see engine.h). */
 #include "engine/engine.h"
+#include "engine/engine_internal.h"
 #include "engine/kvpool.h"
 
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_BUCKETS 16
-
-typedef struct {
-    eng_request *req; /* NULL: free slot */
-    int32_t *tokens;  /* [max_model_len]: prompt then generated */
-    int n_tokens, n_computed, n_blocks;
-    int n_hashed;   /* leading blocks registered in (or taken from) the prefix cache */
-    uint64_t chain; /* chain hash after those blocks */
-} eng_seq;
-
-struct eng_engine {
-    eng_config cfg;
-    mdl_model *m;
-    eng_backend *be;
-    eng_step_io io;
-    mdl_workspace ws;
-    /* host mirrors of the step parameters */
-    int32_t *h_tok, *h_pos, *h_slot, *h_kv_len, *h_logit_idx, *h_bt;
-    int bt_dirty;
-    float *h_logits; /* [max_seqs, V] */
-    int32_t *logit_seq; /* slot of each logits row */
-    /* plans */
-    int n_buckets;
-    int bucket_rows[MAX_BUCKETS];
-    struct eng_plan *plans[MAX_BUCKETS];
-    eng_tape tape; /* eager mode scratch, and capture */
-    /* sequences and KV blocks */
-    eng_seq *seqs;
-    int32_t *token_store;
-    eng_kvpool kv;
-    int n_running;
-    /* waiting FIFO */
-    eng_request **queue;
-    int q_head, q_len;
-    eng_sampler_scratch ss;
-    int32_t banned[MDL_MAX_EOS + 64];
-    eng_stats stats;
-};
 
 void eng_config_defaults(eng_config *c)
 {
@@ -57,6 +19,8 @@ void eng_config_defaults(eng_config *c)
     c->use_plans = 1;
     c->queue_cap = 4096;
     c->prefix_caching = 1;
+    c->num_spec_tokens = 0;
+    c->spec_conf_threshold = 0;
 }
 
 const char *eng_finish_name(eng_finish f)
@@ -76,7 +40,13 @@ static void *xalloc(eng_backend *be, size_t bytes, const char *tag, char *err, s
     return p;
 }
 
-eng_engine *eng_create(const eng_config *cfg_in, mdl_model *m, eng_backend *be, char *err, size_t errlen)
+eng_engine *eng_create(const eng_config *cfg, mdl_model *m, eng_backend *be, char *err, size_t errlen)
+{
+    return eng_create_spec(cfg, m, NULL, be, err, errlen);
+}
+
+eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *draft, eng_backend *be, char *err,
+                            size_t errlen)
 {
     eng_engine *e = calloc(1, sizeof *e);
     if (!e) {
@@ -94,12 +64,30 @@ eng_engine *eng_create(const eng_config *cfg_in, mdl_model *m, eng_backend *be, 
         snprintf(err, errlen, "invalid engine configuration");
         goto fail;
     }
+    if (draft) {
+        if (mdl_config_check_drafter(mc, &draft->cfg, err, errlen) != 0) goto fail;
+        e->draft = draft;
+        e->spec_B = draft->cfg.block_size;
+        e->spec_W = draft->cfg.arch == MDL_ARCH_DSPARK ? e->spec_B : e->spec_B - 1;
+        /* a step writes up to B positions past the last token (drafter block, verify rows) */
+        e->lookahead = e->spec_B + 1;
+        /* every running sequence must fit its verify rows (W + 1) and draft rows (B) in one step */
+        int per_seq = (e->spec_W + 1 > e->spec_B ? e->spec_W + 1 : e->spec_B);
+        if (c->max_seqs * per_seq > c->max_step_tokens) c->max_seqs = c->max_step_tokens / per_seq;
+        if (c->max_seqs < 1) {
+            snprintf(err, errlen, "max_step_tokens %d is smaller than one speculative block (%d rows)",
+                     c->max_step_tokens, per_seq);
+            goto fail;
+        }
+    }
     if (c->max_seqs > c->max_step_tokens) c->max_seqs = c->max_step_tokens;
     const int R = c->max_step_tokens, S = c->max_seqs;
+    /* logits rows per step: one per sequence, or every verify row with a drafter */
+    const int LR = draft ? R : S;
     e->io.max_rows = R;
     e->io.max_seqs = S;
     e->io.block_size = c->block_size;
-    e->io.max_blocks = (c->max_model_len + c->block_size - 1) / c->block_size;
+    e->io.max_blocks = (c->max_model_len + e->lookahead + c->block_size - 1) / c->block_size;
     const size_t per_block = (size_t)c->block_size * (size_t)mc->kv_heads * (size_t)mc->head_dim * sizeof(float);
     size_t nb = c->kv_bytes / (2 * (size_t)mc->layers * per_block);
     size_t nb_max = (size_t)S * (size_t)e->io.max_blocks;
@@ -119,7 +107,7 @@ eng_engine *eng_create(const eng_config *cfg_in, mdl_model *m, eng_backend *be, 
         !(e->io.slot = xalloc(be, (size_t)R * i32, "step.slot", err, errlen)) ||
         !(e->io.kv_len = xalloc(be, (size_t)R * i32, "step.kv_len", err, errlen)) ||
         !(e->io.n_rows = xalloc(be, i32, "step.n_rows", err, errlen)) ||
-        !(e->io.logit_idx = xalloc(be, (size_t)S * i32, "step.logit_idx", err, errlen)) ||
+        !(e->io.logit_idx = xalloc(be, (size_t)LR * i32, "step.logit_idx", err, errlen)) ||
         !(e->io.n_logits = xalloc(be, i32, "step.n_logits", err, errlen)) ||
         !(e->io.block_tables = xalloc(be, (size_t)S * (size_t)e->io.max_blocks * i32, "step.block_tables", err, errlen)))
         goto fail;
@@ -133,17 +121,20 @@ eng_engine *eng_create(const eng_config *cfg_in, mdl_model *m, eng_backend *be, 
         snprintf(tag, sizeof tag, "kv.v.%d", l);
         if (!(e->io.vcache[l] = xalloc(be, e->io.kv_layer_bytes, tag, err, errlen))) goto fail;
     }
-    if (mdl_workspace_alloc(m, be, R, S, &e->ws, err, errlen) != 0) goto fail;
+    if (mdl_workspace_alloc(m, be, R, LR, &e->ws, err, errlen) != 0) goto fail;
+    if (draft && mdl_workspace_add_features(m, be, &e->ws, draft->cfg.target_ids, draft->cfg.n_target_ids, err,
+                                            errlen) != 0)
+        goto fail;
 
     /* host side */
     e->h_tok = calloc((size_t)R, i32);
     e->h_pos = calloc((size_t)R, i32);
     e->h_slot = calloc((size_t)R, i32);
     e->h_kv_len = calloc((size_t)R, i32);
-    e->h_logit_idx = calloc((size_t)S, i32);
-    e->logit_seq = calloc((size_t)S, i32);
+    e->h_logit_idx = calloc((size_t)LR, i32);
+    e->logit_seq = calloc((size_t)LR, i32);
     e->h_bt = calloc((size_t)S * (size_t)e->io.max_blocks, i32);
-    e->h_logits = malloc((size_t)S * (size_t)mc->vocab * sizeof(float));
+    e->h_logits = malloc((size_t)LR * (size_t)mc->vocab * sizeof(float));
     e->seqs = calloc((size_t)S, sizeof *e->seqs);
     e->token_store = malloc((size_t)S * (size_t)c->max_model_len * i32);
     e->queue = calloc((size_t)c->queue_cap, sizeof *e->queue);
@@ -166,11 +157,12 @@ eng_engine *eng_create(const eng_config *cfg_in, mdl_model *m, eng_backend *be, 
         snprintf(err, errlen, "max_step_tokens %d needs more than %d plan buckets", R, MAX_BUCKETS);
         goto fail;
     }
+    if (draft && spec_init(e, err, errlen) != 0) goto fail;
     if (c->use_plans) {
         for (int b = 0; b < e->n_buckets; b++) {
             int rows = e->bucket_rows[b];
             eng_tape_reset(&e->tape);
-            mdl_emit_forward(m, &e->ws, &e->io, rows, rows < S ? rows : S, &e->tape);
+            mdl_emit_forward(m, &e->ws, &e->io, rows, rows < LR ? rows : LR, &e->tape);
             e->plans[b] = be->ops->plan_create(be, &e->tape);
             if (!e->plans[b]) {
                 snprintf(err, errlen, "plan capture failed for %d rows", rows);
@@ -191,6 +183,7 @@ void eng_destroy(eng_engine *e)
     if (!e) return;
     for (int b = 0; b < e->n_buckets; b++)
         if (e->plans[b]) e->be->ops->plan_free(e->be, e->plans[b]);
+    spec_free(e);
     eng_tape_free(&e->tape);
     eng_sampler_scratch_free(&e->ss);
     free(e->io.kcache);
@@ -229,7 +222,7 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
         snprintf(err, errlen, "max_tokens must be at least 1");
         return -1;
     }
-    if ((long)r->n_prompt + r->max_tokens > e->cfg.max_model_len) {
+    if (r->n_prompt > e->cfg.max_model_len || r->max_tokens > e->cfg.max_model_len - r->n_prompt) {
         snprintf(err, errlen,
                  "this model's maximum context length is %d tokens; the request has %d prompt tokens "
                  "and max_tokens %d",
@@ -265,11 +258,11 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
 
 static int blocks_for(const eng_engine *e, const eng_request *r)
 {
-    int total = r->n_prompt + r->max_tokens;
+    int total = r->n_prompt + r->max_tokens + e->lookahead;
     return (total + e->cfg.block_size - 1) / e->cfg.block_size;
 }
 
-static void finish_seq(eng_engine *e, int slot, eng_finish why)
+void eng_finish_seq(eng_engine *e, int slot, eng_finish why)
 {
     eng_seq *s = &e->seqs[slot];
     eng_request *r = s->req;
@@ -340,7 +333,7 @@ static void admit(eng_engine *e)
     }
 }
 
-static void add_rows(eng_engine *e, int slot, int count, int *rows)
+void eng_add_rows(eng_engine *e, int slot, int count, int *rows)
 {
     eng_seq *s = &e->seqs[slot];
     for (int i = 0; i < count; i++) {
@@ -353,7 +346,7 @@ static void add_rows(eng_engine *e, int slot, int count, int *rows)
 }
 
 /* Appends a sampled token; returns the finish reason it triggers (NONE to go on). */
-static eng_finish append_token(eng_engine *e, int slot, int32_t tok)
+eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok)
 {
     eng_seq *s = &e->seqs[slot];
     eng_request *r = s->req;
@@ -380,7 +373,7 @@ static eng_finish append_token(eng_engine *e, int slot, int32_t tok)
     return ENG_FINISH_NONE;
 }
 
-static int bucket_index(const eng_engine *e, int rows)
+int eng_bucket_index(const eng_engine *e, int rows)
 {
     for (int b = 0; b < e->n_buckets; b++)
         if (e->bucket_rows[b] >= rows) return b;
@@ -390,38 +383,21 @@ static int bucket_index(const eng_engine *e, int rows)
 
 struct eng_plan *eng_plan_for_rows(eng_engine *e, int rows)
 {
-    return e->cfg.use_plans ? e->plans[bucket_index(e, rows)] : NULL;
+    return e->cfg.use_plans ? e->plans[eng_bucket_index(e, rows)] : NULL;
 }
 
-int eng_step(eng_engine *e)
+void eng_retire_and_admit(eng_engine *e)
+{
+    for (int s = 0; s < e->cfg.max_seqs; s++)
+        if (e->seqs[s].req && atomic_load(&e->seqs[s].req->cancel)) eng_finish_seq(e, s, ENG_FINISH_ABORT);
+    admit(e);
+}
+
+void eng_run_target(eng_engine *e, int rows, int nl)
 {
     const eng_config *c = &e->cfg;
     const int V = e->m->cfg.vocab;
     eng_backend *be = e->be;
-    for (int s = 0; s < c->max_seqs; s++)
-        if (e->seqs[s].req && atomic_load(&e->seqs[s].req->cancel)) finish_seq(e, s, ENG_FINISH_ABORT);
-    admit(e);
-    if (e->n_running == 0) return e->q_len;
-
-    /* rows: decode tokens first, then prefill chunks within the step budget */
-    int rows = 0, nl = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int s = 0; s < c->max_seqs; s++) {
-            eng_seq *q = &e->seqs[s];
-            if (!q->req) continue;
-            int left = q->n_tokens - q->n_computed;
-            if ((pass == 0) != (left == 1)) continue;
-            int take = left < c->prefill_chunk ? left : c->prefill_chunk;
-            if (take > c->max_step_tokens - rows) take = c->max_step_tokens - rows;
-            if (take <= 0) continue;
-            add_rows(e, s, take, &rows);
-            if (take == left) {
-                e->h_logit_idx[nl] = rows - 1;
-                e->logit_seq[nl++] = s;
-            }
-        }
-    }
-    assert(rows > 0);
     int32_t n_rows = rows, n_logits = nl;
     const size_t i32 = sizeof(int32_t);
     be->ops->upload(be, e->io.tok, e->h_tok, (size_t)rows * i32);
@@ -436,7 +412,7 @@ int eng_step(eng_engine *e)
         e->bt_dirty = 0;
     }
     if (c->use_plans) {
-        be->ops->plan_launch(be, e->plans[bucket_index(e, rows)]);
+        be->ops->plan_launch(be, e->plans[eng_bucket_index(e, rows)]);
         e->stats.plan_launches++;
     } else {
         eng_tape_reset(&e->tape);
@@ -448,40 +424,80 @@ int eng_step(eng_engine *e)
     be->ops->synchronize(be);
     e->stats.steps++;
     e->stats.rows += (uint64_t)rows;
+}
 
-    /* advance computed counts for every scheduled row; register newly completed full blocks */
-    for (int r = 0; r < rows; r++) e->seqs[e->h_slot[r]].n_computed++;
-    if (c->prefix_caching) {
-        const int bs = c->block_size;
+void eng_register_blocks(eng_engine *e)
+{
+    const eng_config *c = &e->cfg;
+    if (!c->prefix_caching) return;
+    const int bs = c->block_size;
+    for (int s = 0; s < c->max_seqs; s++) {
+        eng_seq *q = &e->seqs[s];
+        if (!q->req) continue;
+        const int32_t *bt = e->h_bt + (size_t)s * (size_t)e->io.max_blocks;
+        while ((q->n_hashed + 1) * bs <= q->n_computed) {
+            const int32_t *toks = q->tokens + (size_t)q->n_hashed * (size_t)bs;
+            q->chain = eng_kvpool_register(&e->kv, bt[q->n_hashed], q->chain, toks);
+            q->n_hashed++;
+        }
+    }
+}
+
+int eng_banned_ids(eng_engine *e, const eng_request *r, int n_out)
+{
+    int nb = 0;
+    if (n_out < r->min_tokens) { /* keep eos and stop ids out until min_tokens */
+        const mdl_config *mc = &e->m->cfg;
+        if (!r->ignore_eos)
+            for (int i = 0; i < mc->n_eos; i++) e->banned[nb++] = mc->eos[i];
+        for (int i = 0; i < r->n_stop_ids; i++) e->banned[nb++] = r->stop_ids[i];
+    }
+    return nb;
+}
+
+int eng_step(eng_engine *e)
+{
+    if (e->draft) return spec_step(e);
+    const eng_config *c = &e->cfg;
+    const int V = e->m->cfg.vocab;
+    eng_retire_and_admit(e);
+    if (e->n_running == 0) return e->q_len;
+
+    /* rows: decode tokens first, then prefill chunks within the step budget */
+    int rows = 0, nl = 0;
+    for (int pass = 0; pass < 2; pass++) {
         for (int s = 0; s < c->max_seqs; s++) {
             eng_seq *q = &e->seqs[s];
             if (!q->req) continue;
-            const int32_t *bt = e->h_bt + (size_t)s * (size_t)e->io.max_blocks;
-            while ((q->n_hashed + 1) * bs <= q->n_computed) {
-                const int32_t *toks = q->tokens + (size_t)q->n_hashed * (size_t)bs;
-                q->chain = eng_kvpool_register(&e->kv, bt[q->n_hashed], q->chain, toks);
-                q->n_hashed++;
+            int left = q->n_tokens - q->n_computed;
+            if ((pass == 0) != (left == 1)) continue;
+            int take = left < c->prefill_chunk ? left : c->prefill_chunk;
+            if (take > c->max_step_tokens - rows) take = c->max_step_tokens - rows;
+            if (take <= 0) continue;
+            eng_add_rows(e, s, take, &rows);
+            if (take == left) {
+                e->h_logit_idx[nl] = rows - 1;
+                e->logit_seq[nl++] = s;
             }
         }
     }
+    assert(rows > 0);
+    eng_run_target(e, rows, nl);
+
+    /* advance computed counts for every scheduled row; register newly completed full blocks */
+    for (int r = 0; r < rows; r++) e->seqs[e->h_slot[r]].n_computed++;
+    eng_register_blocks(e);
     for (int j = 0; j < nl; j++) {
         int s = e->logit_seq[j];
-        eng_seq *q = &e->seqs[s];
-        eng_request *r = q->req;
-        int nb = 0;
-        if (r->n_out < r->min_tokens) { /* keep eos and stop ids out until min_tokens */
-            const mdl_config *mc = &e->m->cfg;
-            if (!r->ignore_eos)
-                for (int i = 0; i < mc->n_eos; i++) e->banned[nb++] = mc->eos[i];
-            for (int i = 0; i < r->n_stop_ids; i++) e->banned[nb++] = r->stop_ids[i];
-        }
+        eng_request *r = e->seqs[s].req;
+        int nb = eng_banned_ids(e, r, r->n_out);
         float lp;
         eng_toplp *top = r->sp.logprobs > 0 ? r->out_top + (size_t)r->n_out * (size_t)r->sp.logprobs : NULL;
         int32_t tok = eng_sample(e->h_logits + (size_t)j * (size_t)V, &r->sp, (uint64_t)r->n_out,
                                  e->banned, nb, &e->ss, &lp, top);
         r->out_logprobs[r->n_out] = lp;
-        eng_finish f = append_token(e, s, tok);
-        if (f != ENG_FINISH_NONE) finish_seq(e, s, f);
+        eng_finish f = eng_append_token(e, s, tok);
+        if (f != ENG_FINISH_NONE) eng_finish_seq(e, s, f);
     }
     return e->n_running + e->q_len;
 }
@@ -495,7 +511,7 @@ void eng_run_until_idle(eng_engine *e)
 void eng_abort_all(eng_engine *e)
 {
     for (int s = 0; s < e->cfg.max_seqs; s++)
-        if (e->seqs[s].req) finish_seq(e, s, ENG_FINISH_ABORT);
+        if (e->seqs[s].req) eng_finish_seq(e, s, ENG_FINISH_ABORT);
     while (e->q_len > 0) {
         eng_request *r = e->queue[e->q_head];
         e->q_head = (e->q_head + 1) % e->cfg.queue_cap;

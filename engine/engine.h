@@ -33,6 +33,10 @@ typedef struct {
     int use_plans;       /* 1: replay captured plans; 0: emit and run the tape each step */
     int queue_cap;       /* waiting requests */
     int prefix_caching;  /* share KV blocks of identical token prefixes (engine/kvpool.h) */
+    /* speculative decoding (with a drafter) */
+    int num_spec_tokens;        /* drafts verified per step at most (0: the drafter's full width) */
+    float spec_conf_threshold;  /* DSpark: verify drafts only up to the first slot whose confidence
+                                   c_k < threshold (per slot, as DeepSpec serves; 0: never cut) */
 } eng_config;
 
 void eng_config_defaults(eng_config *c);
@@ -62,6 +66,13 @@ struct eng_request {
     void (*on_finish)(eng_request *r, void *user);
     void *user;
     atomic_int cancel; /* set from any thread: the request ends with "abort" at the next step */
+    /* speculative decoding: per-request counters, optional per-step acceptance lengths
+     * (caller-allocated, max_tokens entries), and a trace callback (engine thread) */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+    int32_t *out_accept_lens;
+    int n_accept;
+    void (*on_spec)(eng_request *r, int step, int start, int32_t anchor, const int32_t *drafts, int n_drafts,
+                    int accepted, int32_t bonus, void *user);
     /* engine-owned */
     int slot;
 };
@@ -69,11 +80,20 @@ struct eng_request {
 typedef struct {
     uint64_t steps, rows, prompt_tokens, generated_tokens, finished, plan_launches, eager_runs;
     uint64_t prefix_cache_queries, prefix_cache_hits; /* in tokens, as vLLM counts them */
+    /* speculative decoding (vLLM names): proposals, proposed tokens, accepted tokens, accepted
+     * tokens per draft position; time split of the speculative step */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+    uint64_t spec_accepted_per_pos[64];
+    double spec_ns_context, spec_ns_draft, spec_ns_verify;
 } eng_stats;
 
 typedef struct eng_engine eng_engine;
 
 eng_engine *eng_create(const eng_config *cfg, mdl_model *m, eng_backend *be, char *err, size_t errlen);
+/* With a drafter (DFlash / DSpark, loaded on the same backend): every step is draft -> verify ->
+ * context (spec_decode/spec_step.c). Greedy output is identical to eng_create's (I9). */
+eng_engine *eng_create_spec(const eng_config *cfg, mdl_model *m, mdl_model *draft, eng_backend *be, char *err,
+                            size_t errlen);
 void eng_destroy(eng_engine *e);
 
 /* Queues a request (validated: prompt ids < vocab, non-empty, prompt + max_tokens <= max_model_len,

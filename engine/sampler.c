@@ -78,87 +78,114 @@ static int is_banned(int32_t id, const int32_t *banned, int n)
     return 0;
 }
 
-int32_t eng_sample(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
-                   int n_banned, eng_sampler_scratch *s, float *logprob, eng_toplp *top)
+/* Candidates of the filtered distribution at sp's temperature: s->idx[0..n) sorted by logit
+ * (descending, ties by id), s->prob[0..n) unnormalised weights; *z their sum. */
+static int filtered(const float *logits, const eng_sampling *sp, const int32_t *banned, int n_banned,
+                    eng_sampler_scratch *s, double *z_out)
 {
     const int V = s->V;
-    /* raw log-softmax normaliser, in double */
+    int n = 0;
+    for (int i = 0; i < V; i++)
+        if (!is_banned(i, banned, n_banned)) s->idx[n++] = i;
+    sort_desc(s->idx, (size_t)n, logits);
+    if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
+    const double inv_t = 1.0 / sp->temperature;
+    const double lmax = logits[s->idx[0]];
+    double z = 0;
+    for (int j = 0; j < n; j++) {
+        double p = exp(((double)logits[s->idx[j]] - lmax) * inv_t);
+        s->prob[j] = (float)p;
+        z += p;
+    }
+    if (sp->top_p > 0 && sp->top_p < 1) { /* smallest prefix whose mass reaches top_p */
+        double c = 0;
+        int keep = n;
+        for (int j = 0; j < n; j++) {
+            c += s->prob[j] / z;
+            if (c >= sp->top_p) {
+                keep = j + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (sp->min_p > 0) { /* drop tokens below min_p times the most likely one */
+        double thr = sp->min_p * s->prob[0];
+        int keep = 1;
+        while (keep < n && s->prob[keep] >= thr) keep++;
+        n = keep;
+    }
+    double zz = 0;
+    for (int j = 0; j < n; j++) zz += s->prob[j];
+    *z_out = zz;
+    return n;
+}
+
+void eng_logprobs(const float *logits, int V, int32_t tok, int k, float *logprob, eng_toplp *top)
+{
     float mx = -INFINITY;
     for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
     double sum = 0;
     for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
     const double lse = (double)mx + log(sum);
+    *logprob = (float)((double)logits[tok] - lse);
+    if (k <= 0 || !top) return;
+    /* partial selection of the k best (k <= 20): insertion into a small sorted list */
+    if (k > ENG_MAX_LOGPROBS) k = ENG_MAX_LOGPROBS;
+    if (k > V) k = V;
+    int have = 0;
+    for (int i = 0; i < V; i++) {
+        float v = logits[i];
+        if (have == k && !(v > logits[top[k - 1].id])) continue;
+        int pos = have < k ? have++ : k - 1;
+        while (pos > 0 && v > logits[top[pos - 1].id]) {
+            top[pos] = top[pos - 1];
+            pos--;
+        }
+        top[pos].id = i;
+    }
+    for (int j = 0; j < k; j++) top[j].logprob = (float)((double)logits[top[j].id] - lse);
+}
 
-    int32_t tok = -1;
+int32_t eng_choose(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                   int n_banned, eng_sampler_scratch *s)
+{
+    const int V = s->V;
     if (sp->temperature <= 1e-5f) {
+        int32_t tok = -1;
         float best = -INFINITY;
         for (int i = 0; i < V; i++)
             if ((logits[i] > best || tok < 0) && !is_banned(i, banned, n_banned)) {
                 best = logits[i];
                 tok = i;
             }
-    } else {
-        /* candidates sorted by logit, filtered by top-k, then probabilities at temperature */
-        int n = 0;
-        for (int i = 0; i < V; i++)
-            if (!is_banned(i, banned, n_banned)) s->idx[n++] = i;
-        sort_desc(s->idx, (size_t)n, logits);
-        if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
-        const double inv_t = 1.0 / sp->temperature;
-        const double lmax = logits[s->idx[0]];
-        double z = 0;
-        for (int j = 0; j < n; j++) {
-            double p = exp(((double)logits[s->idx[j]] - lmax) * inv_t);
-            s->prob[j] = (float)p;
-            z += p;
-        }
-        if (sp->top_p > 0 && sp->top_p < 1) { /* smallest prefix whose mass reaches top_p */
-            double c = 0;
-            int keep = n;
-            for (int j = 0; j < n; j++) {
-                c += s->prob[j] / z;
-                if (c >= sp->top_p) {
-                    keep = j + 1;
-                    break;
-                }
-            }
-            n = keep;
-        }
-        if (sp->min_p > 0) { /* drop tokens below min_p times the most likely one */
-            double thr = sp->min_p * s->prob[0];
-            int keep = 1;
-            while (keep < n && s->prob[keep] >= thr) keep++;
-            n = keep;
-        }
-        double zz = 0;
-        for (int j = 0; j < n; j++) zz += s->prob[j];
-        double u = eng_uniform(sp->seed, counter) * zz, c = 0;
-        tok = s->idx[n - 1];
-        for (int j = 0; j < n; j++) {
-            c += s->prob[j];
-            if (u < c) {
-                tok = s->idx[j];
-                break;
-            }
-        }
+        return tok;
     }
-    *logprob = (float)((double)logits[tok] - lse);
-    if (sp->logprobs > 0 && top) {
-        /* partial selection of the k best (k <= 20): insertion into a small sorted list */
-        int k = sp->logprobs < ENG_MAX_LOGPROBS ? sp->logprobs : ENG_MAX_LOGPROBS;
-        if (k > V) k = V;
-        int have = 0;
-        for (int i = 0; i < V; i++) {
-            float v = logits[i];
-            if (have == k && !(v > logits[top[k - 1].id])) continue;
-            int pos = have < k ? have++ : k - 1;
-            while (pos > 0 && v > logits[top[pos - 1].id]) {
-                top[pos] = top[pos - 1];
-                pos--;
-            }
-            top[pos].id = i;
-        }
-        for (int j = 0; j < k; j++) top[j].logprob = (float)((double)logits[top[j].id] - lse);
+    double zz;
+    int n = filtered(logits, sp, banned, n_banned, s, &zz);
+    double u = eng_uniform(sp->seed, counter) * zz, c = 0;
+    for (int j = 0; j < n; j++) {
+        c += s->prob[j];
+        if (u < c) return s->idx[j];
     }
+    return s->idx[n - 1];
+}
+
+double eng_prob(const float *logits, const eng_sampling *sp, int32_t tok, const int32_t *banned, int n_banned,
+                eng_sampler_scratch *s)
+{
+    if (sp->temperature <= 1e-5f) return eng_choose(logits, sp, 0, banned, n_banned, s) == tok ? 1.0 : 0.0;
+    double zz;
+    int n = filtered(logits, sp, banned, n_banned, s, &zz);
+    for (int j = 0; j < n; j++)
+        if (s->idx[j] == tok) return s->prob[j] / zz;
+    return 0.0;
+}
+
+int32_t eng_sample(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                   int n_banned, eng_sampler_scratch *s, float *logprob, eng_toplp *top)
+{
+    int32_t tok = eng_choose(logits, sp, counter, banned, n_banned, s);
+    eng_logprobs(logits, s->V, tok, sp->logprobs, logprob, top);
     return tok;
 }

@@ -48,4 +48,14 @@ double eng_uniform(uint64_t seed, uint64_t counter);
 int32_t eng_sample(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
                    int n_banned, eng_sampler_scratch *s, float *logprob, eng_toplp *top);
 
+/* The token eng_sample would choose (no logprobs). */
+int32_t eng_choose(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                   int n_banned, eng_sampler_scratch *s);
+/* Probability of tok under the distribution eng_choose samples from (temperature, top-k, top-p,
+ * min-p, bans); greedy: 1 for the argmax, else 0. Speculative verification accepts a draft with it. */
+double eng_prob(const float *logits, const eng_sampling *sp, int32_t tok, const int32_t *banned, int n_banned,
+                eng_sampler_scratch *s);
+/* Raw logprob of tok and the k best raw logprobs (descending, ties by id). */
+void eng_logprobs(const float *logits, int V, int32_t tok, int k, float *logprob, eng_toplp *top);
+
 #endif

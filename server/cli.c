@@ -110,12 +110,25 @@ const char srv_runtime_help[] =
     "  --max-step-tokens N    rows of the largest plan bucket (default 256)\n"
     "  --prefill-chunk N      prompt tokens of one sequence per step (default 256)\n"
     "  --max-model-len N      prompt + generated tokens per sequence (default min(4096, model))\n"
-    "  --kv-cache-mb N        KV cache budget in MiB (default 512)\n";
+    "  --kv-cache-mb N        KV cache budget in MiB (default 512)\n"
+    "  --no-prefix-caching    do not share KV blocks of identical prompt prefixes\n"
+    "  --draft DIR            speculative decoding with a DFlash or DSpark drafter checkpoint\n"
+    "  --num-spec-tokens N    drafts verified per step at most (default: the drafter's width)\n"
+    "  --spec-confidence-threshold X\n"
+    "                         DSpark: verify drafts only up to the first slot whose confidence is\n"
+    "                         below X (per slot, as DeepSpec serves; default 0 = never cut)\n";
 
 int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
 {
-    int eager = 0, kv_mb = 0;
+    int eager = 0, kv_mb = 0, no_prefix = 0;
+    if (srv_arg_flag(argc, argv, i, "--no-prefix-caching", &no_prefix)) {
+        o->ecfg.prefix_caching = 0;
+        return 1;
+    }
     if (srv_arg_str(argc, argv, i, "--model", &o->model_dir) ||
+        srv_arg_str(argc, argv, i, "--draft", &o->draft_dir) ||
+        srv_arg_int(argc, argv, i, "--num-spec-tokens", 1, 64, &o->ecfg.num_spec_tokens) ||
+        srv_arg_float(argc, argv, i, "--spec-confidence-threshold", 0, 1, &o->ecfg.spec_conf_threshold) ||
         srv_arg_int(argc, argv, i, "--threads", 1, 256, &o->threads) ||
         srv_arg_flag(argc, argv, i, "--checked", &o->checked) ||
         srv_arg_int(argc, argv, i, "--max-seqs", 1, 4096, &o->ecfg.max_seqs) ||
@@ -146,9 +159,25 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     eng_backend_config bc = {.arena_bytes = (size_t)64 << 30, .threads = o->threads, .checked = o->checked};
     rt->be = eng_backend_cpu_create(&bc, err, errlen);
     if (!rt->be) return -1;
+    if (cfg.is_drafter) {
+        snprintf(err, errlen, "%s is a drafter (%s); serve a target with --model and give it as --draft",
+                 o->model_dir, mdl_arch_name(cfg.arch));
+        goto fail;
+    }
     rt->m = mdl_model_create(&cfg, rt->be, err, errlen);
     if (!rt->m || mdl_model_load_dir(rt->m, o->model_dir, err, errlen) != 0) goto fail;
-    rt->e = eng_create(&o->ecfg, rt->m, rt->be, err, errlen);
+    if (o->draft_dir) {
+        mdl_config dcfg;
+        char derr[1024];
+        if (mdl_config_load(o->draft_dir, &dcfg, derr, sizeof derr) != 0 ||
+            mdl_config_check_drafter(&cfg, &dcfg, derr, sizeof derr) != 0 ||
+            !(rt->draft = mdl_model_create(&dcfg, rt->be, derr, sizeof derr)) ||
+            mdl_model_load_dir(rt->draft, o->draft_dir, derr, sizeof derr) != 0) {
+            snprintf(err, errlen, "%s: %s", o->draft_dir, derr);
+            goto fail;
+        }
+    }
+    rt->e = eng_create_spec(&o->ecfg, rt->m, rt->draft, rt->be, err, errlen);
     if (!rt->e) goto fail;
     return 0;
 fail:
@@ -159,6 +188,7 @@ fail:
 void srv_runtime_close(srv_runtime *rt)
 {
     eng_destroy(rt->e);
+    mdl_model_destroy(rt->draft);
     mdl_model_destroy(rt->m);
     eng_backend_destroy(rt->be);
     memset(rt, 0, sizeof *rt);

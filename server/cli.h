@@ -20,6 +20,7 @@ void srv_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn
 
 typedef struct {
     const char *model_dir;
+    const char *draft_dir; /* DFlash / DSpark drafter (NULL: none) */
     int threads;
     int checked;
     eng_config ecfg;
@@ -28,6 +29,7 @@ typedef struct {
 typedef struct {
     eng_backend *be;
     mdl_model *m;
+    mdl_model *draft;
     eng_engine *e;
 } srv_runtime;
 

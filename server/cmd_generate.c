@@ -23,13 +23,32 @@ static const char help[] =
     "  --temperature T        0 = greedy (default 0)\n"
     "  --top-k K  --top-p P  --min-p P  --seed S\n"
     "  --logprobs K           report the K best logprobs per token (0..20)\n"
-    "  --ignore-eos           do not stop at the model's eos token\n";
+    "  --ignore-eos           do not stop at the model's eos token\n"
+    "  --trace FILE           with --draft: one JSON line per sequence per speculative step\n"
+    "                         {\"step\":k,\"start\":pos,\"anchor\":id,\"drafts\":[ids],\"accepted\":n,\"bonus\":id}\n"
+    "                         (with --batch-file, each line also has \"request\": its 0-based index)\n"
+    "\n"
+    "With --draft the output adds \"acceptance_lengths\" (tokens emitted per speculative step) and\n"
+    "\"spec\": {drafts, draft_tokens, accepted_tokens, mean_acceptance_length}.\n";
 
 typedef struct {
     eng_request r;
     int32_t *prompt;
-    int ok;
+    int index;
+    FILE *trace;
 } gen_item;
+
+static void on_spec(eng_request *r, int step, int start, int32_t anchor, const int32_t *drafts, int n_drafts,
+                    int accepted, int32_t bonus, void *user)
+{
+    gen_item *it = user;
+    if (!it->trace) return;
+    fprintf(it->trace, "{\"request\":%d,\"step\":%d,\"start\":%d,\"anchor\":%d,\"drafts\":[", it->index, step,
+            start, anchor);
+    for (int i = 0; i < n_drafts; i++) fprintf(it->trace, "%s%d", i ? "," : "", drafts[i]);
+    fprintf(it->trace, "],\"accepted\":%d,\"bonus\":%d}\n", accepted, bonus);
+    (void)r;
+}
 
 static int parse_ids(const char *s, int32_t **out, int *n)
 {
@@ -65,7 +84,10 @@ static int alloc_outputs(gen_item *it)
     r->out_tokens = calloc((size_t)r->max_tokens, sizeof *r->out_tokens);
     r->out_logprobs = calloc((size_t)r->max_tokens, sizeof *r->out_logprobs);
     r->out_top = r->sp.logprobs > 0 ? calloc((size_t)r->max_tokens * (size_t)r->sp.logprobs, sizeof *r->out_top) : NULL;
-    return r->out_tokens && r->out_logprobs && (r->sp.logprobs == 0 || r->out_top) ? 0 : -1;
+    r->out_accept_lens = calloc((size_t)r->max_tokens, sizeof *r->out_accept_lens);
+    r->on_spec = on_spec;
+    r->user = it;
+    return r->out_tokens && r->out_logprobs && r->out_accept_lens && (r->sp.logprobs == 0 || r->out_top) ? 0 : -1;
 }
 
 static void free_item(gen_item *it)
@@ -74,9 +96,10 @@ static void free_item(gen_item *it)
     free(it->r.out_tokens);
     free(it->r.out_logprobs);
     free(it->r.out_top);
+    free(it->r.out_accept_lens);
 }
 
-static void print_result(const eng_request *r)
+static void print_result(const eng_request *r, int spec)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *ids = cJSON_AddArrayToObject(o, "token_ids");
@@ -100,6 +123,16 @@ static void print_result(const eng_request *r)
         }
     }
     cJSON_AddStringToObject(o, "finish_reason", eng_finish_name(r->finish));
+    if (spec) {
+        cJSON *al = cJSON_AddArrayToObject(o, "acceptance_lengths");
+        for (int i = 0; i < r->n_accept; i++) cJSON_AddItemToArray(al, cJSON_CreateNumber(r->out_accept_lens[i]));
+        cJSON *sp = cJSON_AddObjectToObject(o, "spec");
+        cJSON_AddNumberToObject(sp, "drafts", (double)r->spec_drafts);
+        cJSON_AddNumberToObject(sp, "draft_tokens", (double)r->spec_draft_tokens);
+        cJSON_AddNumberToObject(sp, "accepted_tokens", (double)r->spec_accepted);
+        cJSON_AddNumberToObject(sp, "mean_acceptance_length",
+                                r->spec_drafts ? 1.0 + (double)r->spec_accepted / (double)r->spec_drafts : 0.0);
+    }
     char *txt = cJSON_PrintUnformatted(o);
     puts(txt);
     free(txt);
@@ -164,7 +197,7 @@ int srv_cmd_generate(int argc, char **argv)
 {
     srv_runtime_opts ro;
     srv_runtime_defaults(&ro);
-    const char *ids = NULL, *batch = NULL;
+    const char *ids = NULL, *batch = NULL, *trace_path = NULL;
     gen_item dflt;
     memset(&dflt, 0, sizeof dflt);
     dflt.r.max_tokens = 16;
@@ -179,6 +212,7 @@ int srv_cmd_generate(int argc, char **argv)
         uint64_t seed;
         if (srv_runtime_arg(argc, argv, &i, &ro) || srv_arg_str(argc, argv, &i, "--prompt-ids", &ids) ||
             srv_arg_str(argc, argv, &i, "--batch-file", &batch) ||
+            srv_arg_str(argc, argv, &i, "--trace", &trace_path) ||
             srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 24, &dflt.r.max_tokens) ||
             srv_arg_int(argc, argv, &i, "--min-tokens", 0, 1 << 24, &dflt.r.min_tokens) ||
             srv_arg_float(argc, argv, &i, "--temperature", 0, 100, &dflt.r.sp.temperature) ||
@@ -233,7 +267,14 @@ int srv_cmd_generate(int argc, char **argv)
 
     srv_runtime rt;
     if (srv_runtime_open(&rt, &ro, err, sizeof err) != 0) srv_die("%s", err);
+    FILE *trace = NULL;
+    if (trace_path) {
+        if (!ro.draft_dir) srv_die("--trace needs --draft");
+        if (!(trace = fopen(trace_path, "w"))) srv_die("%s: cannot write", trace_path);
+    }
     for (int i = 0; i < n_items; i++) {
+        items[i].index = i;
+        items[i].trace = trace;
         if (alloc_outputs(&items[i]) != 0) srv_die("out of memory");
         int busy;
         if (eng_submit(rt.e, &items[i].r, &busy, err, sizeof err) != 0)
@@ -243,10 +284,11 @@ int srv_cmd_generate(int argc, char **argv)
     }
     eng_run_until_idle(rt.e);
     for (int i = 0; i < n_items; i++) {
-        print_result(&items[i].r);
+        print_result(&items[i].r, ro.draft_dir != NULL);
         free_item(&items[i]);
     }
     free(items);
+    if (trace && fclose(trace) != 0) srv_die("%s: write error", trace_path);
     srv_runtime_close(&rt);
     return 0;
 }

@@ -1,0 +1,85 @@
+/* engine/engine_internal.h — the engine's state, shared by engine/engine.c (scheduler, plain
+ * decoding) and spec_decode/ (the speculative step). Not an API: nothing outside those includes it. */
+#ifndef GS_ENG_ENGINE_INTERNAL_H
+#define GS_ENG_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+#include "engine/kvpool.h"
+
+#define MAX_BUCKETS 16
+
+typedef struct {
+    eng_request *req; /* NULL: free slot */
+    int32_t *tokens;  /* [max_model_len]: prompt then generated */
+    int n_tokens, n_computed, n_blocks;
+    int n_hashed;   /* leading blocks registered in (or taken from) the prefix cache */
+    uint64_t chain; /* chain hash after those blocks */
+} eng_seq;
+
+struct eng_engine {
+    eng_config cfg;
+    mdl_model *m;
+    eng_backend *be;
+    eng_step_io io;
+    mdl_workspace ws;
+    /* host mirrors of the step parameters */
+    int32_t *h_tok, *h_pos, *h_slot, *h_kv_len, *h_logit_idx, *h_bt;
+    int bt_dirty;
+    float *h_logits; /* [max_seqs, V] */
+    int32_t *logit_seq; /* slot of each logits row */
+    /* plans */
+    int n_buckets;
+    int bucket_rows[MAX_BUCKETS];
+    struct eng_plan *plans[MAX_BUCKETS];
+    eng_tape tape; /* eager mode scratch, and capture */
+    /* sequences and KV blocks */
+    eng_seq *seqs;
+    int32_t *token_store;
+    eng_kvpool kv;
+    int n_running;
+    /* waiting FIFO */
+    eng_request **queue;
+    int q_head, q_len;
+    eng_sampler_scratch ss;
+    int32_t banned[MDL_MAX_EOS + 64 + 1];
+    eng_stats stats;
+    /* speculative decoding (draft == NULL: off); see spec_decode/spec_step.c */
+    mdl_model *draft;
+    mdl_draft_io dio;
+    mdl_draft_ws dws;
+    int spec_B, spec_W;     /* drafter block rows, drafts per block */
+    int lookahead;          /* positions past the last token a step may write (KV reservation) */
+    int32_t *h_c_idx, *h_c_pos, *h_c_slot;                              /* [R] */
+    int32_t *h_d_tok, *h_d_pos, *h_d_slot, *h_d_kv_len, *h_d_logit_idx; /* [R] */
+    int32_t *h_d_anchor;                                                /* [S] */
+    int32_t *h_drafts;                                                  /* [R] */
+    float *h_conf;                                                      /* [R] */
+    int32_t *sp_slot, *sp_nd, *sp_row0;                                 /* [S] per decoding sequence */
+    int n_draft_buckets;
+    int draft_bucket_seqs[MAX_BUCKETS];
+    struct eng_plan *draft_plans[MAX_BUCKETS], *ctx_plans[MAX_BUCKETS];
+    eng_tape dtape;
+};
+
+
+/* engine.c helpers the speculative step reuses */
+void eng_retire_and_admit(eng_engine *e);
+void eng_add_rows(eng_engine *e, int slot, int count, int *rows);
+eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok);
+void eng_finish_seq(eng_engine *e, int slot, eng_finish why);
+int eng_bucket_index(const eng_engine *e, int rows);
+/* Uploads the target step parameters for `rows` rows and `nl` logits rows, runs the target (plan
+ * or eager) and downloads the logits into h_logits. */
+void eng_run_target(eng_engine *e, int rows, int nl);
+/* Registers newly completed full blocks in the prefix cache (after n_computed is final). */
+void eng_register_blocks(eng_engine *e);
+/* min_tokens: writes the ids banned for the token at output index n_out of r into e->banned and
+ * returns their count. */
+int eng_banned_ids(eng_engine *e, const eng_request *r, int n_out);
+
+/* spec_decode/spec_step.c */
+int spec_init(eng_engine *e, char *err, size_t errlen);
+void spec_free(eng_engine *e);
+int spec_step(eng_engine *e);
+
+#endif
