@@ -147,15 +147,32 @@ void eng_logprobs(const float *logits, int V, int32_t tok, int k, float *logprob
     for (int j = 0; j < k; j++) top[j].logprob = (float)((double)logits[top[j].id] - lse);
 }
 
-int32_t eng_choose(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
-                   int n_banned, eng_sampler_scratch *s)
+/* Draws from the first n filtered candidates (weights s->prob, total zz), skipping `exclude`. */
+static int32_t draw(const eng_sampler_scratch *s, int n, double zz, int32_t exclude, double u01)
+{
+    if (exclude >= 0)
+        for (int j = 0; j < n; j++)
+            if (s->idx[j] == exclude) zz -= s->prob[j];
+    double u = u01 * zz, c = 0;
+    int32_t last = -1;
+    for (int j = 0; j < n; j++) {
+        if (s->idx[j] == exclude) continue;
+        last = s->idx[j];
+        c += s->prob[j];
+        if (u < c) return last;
+    }
+    return last;
+}
+
+int32_t eng_choose_excluding(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                             int n_banned, int32_t exclude, eng_sampler_scratch *s)
 {
     const int V = s->V;
     if (sp->temperature <= 1e-5f) {
         int32_t tok = -1;
         float best = -INFINITY;
         for (int i = 0; i < V; i++)
-            if ((logits[i] > best || tok < 0) && !is_banned(i, banned, n_banned)) {
+            if ((logits[i] > best || tok < 0) && i != exclude && !is_banned(i, banned, n_banned)) {
                 best = logits[i];
                 tok = i;
             }
@@ -163,12 +180,15 @@ int32_t eng_choose(const float *logits, const eng_sampling *sp, uint64_t counter
     }
     double zz;
     int n = filtered(logits, sp, banned, n_banned, s, &zz);
-    double u = eng_uniform(sp->seed, counter) * zz, c = 0;
-    for (int j = 0; j < n; j++) {
-        c += s->prob[j];
-        if (u < c) return s->idx[j];
-    }
-    return s->idx[n - 1];
+    int32_t tok = draw(s, n, zz, exclude, eng_uniform(sp->seed, counter));
+    /* p without `exclude` is empty only when p was a point mass on it; fall back to it */
+    return tok >= 0 ? tok : exclude;
+}
+
+int32_t eng_choose(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                   int n_banned, eng_sampler_scratch *s)
+{
+    return eng_choose_excluding(logits, sp, counter, banned, n_banned, -1, s);
 }
 
 double eng_prob(const float *logits, const eng_sampling *sp, int32_t tok, const int32_t *banned, int n_banned,

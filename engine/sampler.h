@@ -51,6 +51,11 @@ int32_t eng_sample(const float *logits, const eng_sampling *sp, uint64_t counter
 /* The token eng_sample would choose (no logprobs). */
 int32_t eng_choose(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
                    int n_banned, eng_sampler_scratch *s);
+/* The same draw from the filtered distribution with `exclude` removed afterwards and the rest
+ * renormalised (speculative resampling after a rejected draft). Bans apply before the filters
+ * (min_tokens), `exclude` after them. */
+int32_t eng_choose_excluding(const float *logits, const eng_sampling *sp, uint64_t counter, const int32_t *banned,
+                             int n_banned, int32_t exclude, eng_sampler_scratch *s);
 /* Probability of tok under the distribution eng_choose samples from (temperature, top-k, top-p,
  * min-p, bans); greedy: 1 for the argmax, else 0. Speculative verification accepts a draft with it. */
 double eng_prob(const float *logits, const eng_sampling *sp, int32_t tok, const int32_t *banned, int n_banned,

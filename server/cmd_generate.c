@@ -17,7 +17,8 @@ static const char help[] =
     "\n"
     "  --prompt-ids LIST      comma-separated token ids\n"
     "  --batch-file FILE      JSONL: {\"prompt_ids\":[..],\"max_tokens\":N,\"temperature\":T,\"top_k\":K,\n"
-    "                         \"top_p\":P,\"min_p\":P,\"seed\":S,\"logprobs\":K,\"ignore_eos\":B,\"min_tokens\":N}\n"
+    "                         \"top_p\":P,\"min_p\":P,\"seed\":S,\"logprobs\":K,\"ignore_eos\":B,\"min_tokens\":N,\n"
+    "                         \"stop_token_ids\":[..]}\n"
     "  --max-tokens N         tokens to generate (default 16)\n"
     "  --min-tokens N         no eos / stop ids before N tokens\n"
     "  --temperature T        0 = greedy (default 0)\n"
@@ -34,6 +35,7 @@ static const char help[] =
 typedef struct {
     eng_request r;
     int32_t *prompt;
+    int32_t stop[64];
     int index;
     FILE *trace;
 } gen_item;
@@ -187,6 +189,22 @@ static int parse_line(const char *line, const gen_item *dflt, gen_item *it, char
     NUM("logprobs", 0, ENG_MAX_LOGPROBS, it->r.sp.logprobs);
 #undef NUM
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos")) != NULL) it->r.ignore_eos = cJSON_IsTrue(v);
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids")) != NULL) {
+        int ns = cJSON_GetArraySize(v);
+        if (!cJSON_IsArray(v) || ns > 64) {
+            snprintf(err, errlen, "stop_token_ids must be a list of at most 64 token ids");
+            goto out;
+        }
+        for (int i = 0; i < ns; i++) {
+            const cJSON *x = cJSON_GetArrayItem(v, i);
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 2147483647.0) {
+                snprintf(err, errlen, "stop_token_ids[%d] is not a token id", i);
+                goto out;
+            }
+            it->stop[i] = (int32_t)x->valuedouble;
+        }
+        it->r.n_stop_ids = ns; /* r.stop_ids is pointed at it->stop once the array stops moving */
+    }
     rc = 0;
 out:
     cJSON_Delete(j);
@@ -275,6 +293,7 @@ int srv_cmd_generate(int argc, char **argv)
     for (int i = 0; i < n_items; i++) {
         items[i].index = i;
         items[i].trace = trace;
+        items[i].r.stop_ids = items[i].stop;
         if (alloc_outputs(&items[i]) != 0) srv_die("out of memory");
         int busy;
         if (eng_submit(rt.e, &items[i].r, &busy, err, sizeof err) != 0)

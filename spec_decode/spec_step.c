@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "engine/engine_internal.h"
+#include "spec_decode/verify.h"
 
 static void *xalloc(eng_backend *be, size_t bytes, const char *tag, char *err, size_t errlen)
 {
@@ -233,9 +234,6 @@ static eng_finish emit(eng_engine *e, int s, int logit_row, int32_t tok)
     return eng_append_token(e, s, tok);
 }
 
-/* Counter space of the acceptance test for output token t (disjoint from the sampling counters t). */
-#define ACCEPT_COUNTER(t) ((1ull << 40) + (uint64_t)(t))
-
 int spec_step(eng_engine *e)
 {
     const eng_config *c = &e->cfg;
@@ -341,7 +339,6 @@ int spec_step(eng_engine *e)
         const int start = q->n_computed;
         const int32_t anchor = q->tokens[start];
         const int32_t *d = e->h_drafts + j * W;
-        const int greedy = r->sp.temperature <= 1e-5f;
         int acc = 0;
         int32_t bonus = -1;
         eng_finish f = ENG_FINISH_NONE;
@@ -351,22 +348,13 @@ int spec_step(eng_engine *e)
             const int t = r->n_out; /* output index of the token chosen at this slot */
             int nb = eng_banned_ids(e, r, t);
             int32_t tok;
-            if (i == nd) { /* every draft accepted (or none proposed): bonus from the target */
+            int accepted = 0;
+            if (i == nd) /* every draft accepted (or none proposed): bonus from the target */
                 tok = eng_choose(lg, &r->sp, (uint64_t)t, e->banned, nb, &e->ss);
-            } else if (greedy) {
-                tok = eng_choose(lg, &r->sp, (uint64_t)t, e->banned, nb, &e->ss);
-                if (tok == d[i]) acc++;
-            } else { /* q is a point mass on d[i]: accept with probability p(d[i]) */
-                double p = eng_prob(lg, &r->sp, d[i], e->banned, nb, &e->ss);
-                if (eng_uniform(r->sp.seed, ACCEPT_COUNTER(t)) < p) {
-                    tok = d[i];
-                    acc++;
-                } else { /* residual normalize(max(0, p - q)) = p without d[i] */
-                    e->banned[nb] = d[i];
-                    tok = eng_choose(lg, &r->sp, (uint64_t)t, e->banned, nb + 1, &e->ss);
-                }
-            }
-            const int accepted_here = i < nd && tok == d[i] && acc == i + 1;
+            else
+                tok = spec_verify_slot(lg, &r->sp, d[i], (uint64_t)t, e->banned, nb, &e->ss, &accepted);
+            acc += accepted;
+            const int accepted_here = accepted;
             if (!accepted_here) bonus = tok;
             f = emit(e, s, row0 + i, tok);
             if (!accepted_here) break;
