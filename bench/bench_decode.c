@@ -71,13 +71,14 @@ static double bandwidth(kern_pool *pool, int mode)
 
 typedef struct {
     double tok_s, step_ms;
+    eng_stats delta; /* engine counters over the timed part */
 } decode_result;
 
 static decode_result run_decode(srv_runtime_opts *ro, int batch, int tokens)
 {
     char err[1024];
     srv_runtime rt;
-    ro->ecfg.max_seqs = batch > 16 ? batch : 16;
+    ro->ecfg.max_seqs = batch;
     if (srv_runtime_open(&rt, ro, err, sizeof err) != 0) srv_die("%s", err);
     const int V = rt.m->cfg.vocab, P = 16;
     eng_request *reqs = calloc((size_t)batch, sizeof *reqs);
@@ -100,12 +101,22 @@ static decode_result run_decode(srv_runtime_opts *ro, int batch, int tokens)
     eng_step(rt.e); /* prefill every prompt (batch * 16 rows fit one step) */
     eng_step(rt.e); /* first decode step: warm caches */
     const eng_stats *st = eng_get_stats(rt.e);
-    uint64_t steps0 = st->steps, rows0 = st->rows;
+    eng_stats s0 = *st;
     double t0 = now_s();
     eng_run_until_idle(rt.e);
     double dt = now_s() - t0;
-    decode_result res = {.tok_s = (double)(st->rows - rows0) / dt,
-                         .step_ms = 1e3 * dt / (double)(st->steps - steps0)};
+    decode_result res = {.tok_s = (double)(st->generated_tokens - s0.generated_tokens) / dt,
+                         .step_ms = 1e3 * dt / (double)(st->steps - s0.steps)};
+    res.delta = *st;
+    res.delta.steps -= s0.steps;
+    res.delta.generated_tokens -= s0.generated_tokens;
+    res.delta.spec_drafts -= s0.spec_drafts;
+    res.delta.spec_draft_tokens -= s0.spec_draft_tokens;
+    res.delta.spec_accepted -= s0.spec_accepted;
+    for (int k = 0; k < 64; k++) res.delta.spec_accepted_per_pos[k] -= s0.spec_accepted_per_pos[k];
+    res.delta.spec_ns_context -= s0.spec_ns_context;
+    res.delta.spec_ns_draft -= s0.spec_ns_draft;
+    res.delta.spec_ns_verify -= s0.spec_ns_verify;
     free(reqs);
     free(prompts);
     free(out);
@@ -174,10 +185,60 @@ static int bench_decode(int argc, char **argv)
     return 0;
 }
 
+static const char spec_help[] =
+    "usage: graphswap bench spec --model T --draft D [--tokens N] [--threads N]\n"
+    "\n"
+    "Speculative decoding against plain decoding in the same run, at batch 1 and 8: tokens/s, mean\n"
+    "acceptance length, acceptance per draft position, and the speculative step's time split into\n"
+    "draft / verify / context, with its cost relative to one plain decode step.\n";
+
+static int bench_spec(int argc, char **argv)
+{
+    srv_runtime_opts ro;
+    srv_runtime_defaults(&ro);
+    int tokens = 64;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(spec_help, stdout);
+            fputs(srv_runtime_help, stdout);
+            return 0;
+        }
+        if (srv_runtime_arg(argc, argv, &i, &ro) || srv_arg_int(argc, argv, &i, "--tokens", 4, 1 << 16, &tokens))
+            continue;
+        srv_die_usage("bench spec", argv[i]);
+    }
+    if (!ro.draft_dir) srv_die("--draft DIR is required");
+    const char *draft = ro.draft_dir;
+    printf("target: %s  drafter: %s\n", ro.model_dir, draft);
+    printf("%-6s %-6s %9s %9s %8s %8s %8s %8s %9s  %s\n", "batch", "mode", "tok/s", "step ms", "draft%", "verify%",
+           "ctx%", "mean AL", "step/dec", "accepted per position");
+    const int batches[] = {1, 8};
+    for (int bi = 0; bi < 2; bi++) {
+        ro.draft_dir = NULL;
+        decode_result p = run_decode(&ro, batches[bi], tokens);
+        printf("%-6d %-6s %9.2f %9.2f %8s %8s %8s %8s %9s\n", batches[bi], "plain", p.tok_s, p.step_ms, "-", "-", "-",
+               "1.00", "1.00");
+        ro.draft_dir = draft;
+        decode_result r = run_decode(&ro, batches[bi], tokens);
+        const eng_stats *d = &r.delta;
+        double tot = d->spec_ns_draft + d->spec_ns_verify + d->spec_ns_context;
+        double al = d->spec_drafts ? 1.0 + (double)d->spec_accepted / (double)d->spec_drafts : 1.0;
+        printf("%-6d %-6s %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %8.2f %9.2f ", batches[bi], "spec", r.tok_s, r.step_ms,
+               100 * d->spec_ns_draft / tot, 100 * d->spec_ns_verify / tot, 100 * d->spec_ns_context / tot, al,
+               r.step_ms / p.step_ms);
+        for (int k = 0; k < 16 && d->spec_drafts; k++)
+            printf("%s%.2f", k ? " " : "", (double)d->spec_accepted_per_pos[k] / (double)d->spec_drafts);
+        printf("\n");
+        fflush(stdout);
+    }
+    return 0;
+}
+
 int srv_cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "decode") == 0) return bench_decode(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "spec") == 0) return bench_spec(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) return srv_bench_serve(argc - 1, argv + 1);
-    fprintf(stderr, "usage: graphswap bench decode|serve [options] (graphswap bench decode --help)\n");
+    fprintf(stderr, "usage: graphswap bench decode|spec|serve [options] (graphswap bench decode --help)\n");
     return (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) ? 0 : 2;
 }
