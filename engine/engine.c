@@ -170,6 +170,8 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
             }
         }
     }
+    snprintf(e->winfo.version, sizeof e->winfo.version, "0");
+    if (eng_guard_record(e) != 0) goto oom;
     return e;
 oom:
     snprintf(err, errlen, "out of host memory creating the engine");
@@ -184,6 +186,9 @@ void eng_destroy(eng_engine *e)
     for (int b = 0; b < e->n_buckets; b++)
         if (e->plans[b]) e->be->ops->plan_free(e->be, e->plans[b]);
     spec_free(e);
+    free(e->guard);
+    if (e->ws_has_target) mdl_session_end(&e->ws_target);
+    if (e->ws_has_draft) mdl_session_end(&e->ws_draft);
     eng_tape_free(&e->tape);
     eng_sampler_scratch_free(&e->ss);
     free(e->io.kcache);
@@ -242,12 +247,20 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
         snprintf(err, errlen, "at most 64 stop_token_ids");
         return -1;
     }
+    if (e->winfo.state == ENG_W_INCONSISTENT || e->winfo.state == ENG_W_UNDEFINED) {
+        snprintf(err, errlen, "weights are %s: %s", eng_wstate_name(e->winfo.state), e->winfo.reason);
+        if (busy) *busy = 2;
+        return -1;
+    }
     if (e->q_len == e->cfg.queue_cap) {
         snprintf(err, errlen, "the request queue is full (%d waiting)", e->q_len);
         if (busy) *busy = 1;
         return -1;
     }
     r->n_out = 0;
+    r->n_versions = 0;
+    r->n_accept = 0;
+    r->spec_drafts = r->spec_draft_tokens = r->spec_accepted = 0;
     r->finish = ENG_FINISH_NONE;
     r->stop_token = -1;
     r->slot = -1;
@@ -281,6 +294,7 @@ void eng_finish_seq(eng_engine *e, int slot, eng_finish why)
 
 static void admit(eng_engine *e)
 {
+    if (e->admission_off || e->winfo.state != ENG_W_READY) return; /* draining or updating */
     while (e->q_len > 0) {
         eng_request *r = e->queue[e->q_head];
         if (atomic_load(&r->cancel)) { /* cancelled while waiting */
@@ -351,6 +365,9 @@ eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok)
     eng_seq *s = &e->seqs[slot];
     eng_request *r = s->req;
     s->tokens[s->n_tokens++] = tok;
+    if (r->n_versions == 0 || r->versions[r->n_versions - 1] != e->winfo.version_num) {
+        if (r->n_versions < 8) r->versions[r->n_versions++] = e->winfo.version_num;
+    }
     r->out_tokens[r->n_out] = tok;
     r->n_out++;
     e->stats.generated_tokens++;
@@ -457,6 +474,7 @@ int eng_banned_ids(eng_engine *e, const eng_request *r, int n_out)
 
 int eng_step(eng_engine *e)
 {
+    if (e->winfo.state == ENG_W_UPDATING) return e->n_running + e->q_len; /* no step in a session (I7) */
     if (e->draft) return spec_step(e);
     const eng_config *c = &e->cfg;
     const int V = e->m->cfg.vocab;
@@ -504,7 +522,7 @@ int eng_step(eng_engine *e)
 
 void eng_run_until_idle(eng_engine *e)
 {
-    while (eng_step(e) > 0) {
+    while (e->winfo.state != ENG_W_UPDATING && eng_step(e) > 0) {
     }
 }
 

@@ -69,6 +69,10 @@ struct eng_request {
     /* speculative decoding: per-request counters, optional per-step acceptance lengths
      * (caller-allocated, max_tokens entries), and a trace callback (engine thread) */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+    /* weight versions its tokens were generated with, in order (a "keep" update mid-request adds
+     * one); versions[0] is the version of its first token */
+    uint64_t versions[8];
+    int n_versions;
     int32_t *out_accept_lens;
     int n_accept;
     void (*on_spec)(eng_request *r, int step, int start, int32_t anchor, const int32_t *drafts, int n_drafts,
@@ -97,7 +101,8 @@ eng_engine *eng_create_spec(const eng_config *cfg, mdl_model *m, mdl_model *draf
 void eng_destroy(eng_engine *e);
 
 /* Queues a request (validated: prompt ids < vocab, non-empty, prompt + max_tokens <= max_model_len,
- * logprobs <= 20). Returns 0, or -1 with err (queue full: err says so and *busy is set). */
+ * logprobs <= 20). Returns 0, or -1 with err and *busy: 0 a bad request (400), 1 the queue is full
+ * (429/503), 2 the weights are unusable (inconsistent or undefined: 503 with the reason). */
 int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errlen);
 
 /* Runs one step. Returns the number of requests still running or waiting. */

@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "engine/kvpool.h"
+#include "engine/weights.h"
 
 #define MAX_BUCKETS 16
 
@@ -59,6 +60,17 @@ struct eng_engine {
     int draft_bucket_seqs[MAX_BUCKETS];
     struct eng_plan *draft_plans[MAX_BUCKETS], *ctx_plans[MAX_BUCKETS];
     eng_tape dtape;
+    /* weight updates (engine/weights.c) */
+    eng_weights_info winfo;
+    mdl_session ws_target, ws_draft;
+    int ws_has_target, ws_has_draft;
+    eng_wmodel ws_which;
+    eng_pause ws_pause;
+    int ws_full;
+    double ws_t0;
+    int admission_off;
+    struct eng_guard_entry *guard;
+    int n_guard;
 };
 
 

@@ -38,6 +38,9 @@ typedef struct {
     int conf_head;           /* DSpark confidence head */
     int conf_with_markov;    /* its input is [h ; w1[prev]] rather than h */
     int own_embed;           /* DSpark: own embed_tokens + lm_head (DFlash uses the target's) */
+    int test_hook_reallocates; /* TEST ONLY ("graphswap_test_hook_reallocates": true): the drafter's
+                                  post-load hook reallocates a derived buffer, the bug class the
+                                  update guard (I5) must catch */
 } mdl_config;
 
 const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */

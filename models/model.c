@@ -284,11 +284,10 @@ static void shape_str(const mdl_st_tensor *t, char *out, size_t cap)
     if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
-int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
-                       size_t errlen)
+int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                         size_t errlen)
 {
-    mdl_model *m = s->m;
-    /* pass 1: validate everything; nothing is written unless the whole bucket is good */
+    const mdl_model *m = s->m;
     for (size_t i = 0; i < n; i++) {
         const mdl_dest *d = mdl_model_find(m, t[i].name);
         if (!d) {
@@ -314,7 +313,13 @@ int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const c
             return -1;
         }
     }
-    /* pass 2: direct, dtype-converting writes into the destinations (I2) */
+    return 0;
+}
+
+void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n)
+{
+    mdl_model *m = s->m;
+    /* direct, dtype-converting writes into the destinations (I2) */
     for (size_t i = 0; i < n; i++) {
         const mdl_dest *d = mdl_model_find(m, t[i].name);
         const mdl_param *p = &m->params[d->param];
@@ -332,6 +337,14 @@ int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const c
         s->wrote = 1;
     }
     s->buckets++;
+}
+
+int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                       size_t errlen)
+{
+    /* nothing is written unless the whole bucket is good */
+    if (mdl_session_validate(s, t, n, what, err, errlen) != 0) return -1;
+    mdl_session_write(s, t, n);
     return 0;
 }
 
@@ -348,6 +361,15 @@ static void model_post_load(mdl_model *m)
     eng_backend *be = m->be;
     const size_t kv_rows = (size_t)c->kv_heads * (size_t)c->head_dim;
     const size_t row_bytes = (size_t)c->hidden * mdl_dtype_size(m->derived[0].dt);
+    if (c->test_hook_reallocates && m->hook_runs > 1) {
+        /* TEST ONLY: the classic reload bug (a derived buffer rebuilt as a new allocation), which
+         * leaves captured plans pointing at retired memory; the update guard must catch it */
+        void *fresh = be->ops->alloc(be, m->derived[0].bytes, "derived.ctx_kv_weight.realloc");
+        if (fresh) {
+            be->ops->free(be, m->derived[0].ptr);
+            m->derived[0].ptr = fresh;
+        }
+    }
     uint8_t *dst = m->derived[0].ptr;
     for (int l = 0; l < c->layers; l++) {
         const uint8_t *qkv = m->params[m->layer[l].qkv].ptr;
@@ -360,23 +382,31 @@ static void model_post_load(mdl_model *m)
     }
 }
 
+int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen)
+{
+    const mdl_model *m = s->m;
+    size_t n = 0, missing = 0;
+    for (int i = 0; i < m->n_dests; i++) {
+        const mdl_dest *d = &m->dests[i];
+        if (s->covered[d->cover]) continue;
+        /* an alias (tied lm_head) is satisfied by its partner; report the primary name */
+        if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
+        if (missing++ == 0) n += (size_t)snprintf(err, errlen, "missing tensor %s", d->name);
+        else if (missing <= 8 && n < errlen) n += (size_t)snprintf(err + n, errlen - n, ", %s", d->name);
+    }
+    if (missing > 8 && n < errlen) snprintf(err + n, errlen - n, " (and %zu more)", missing - 8);
+    return missing ? -1 : 0;
+}
+
+void mdl_session_run_hook(mdl_session *s)
+{
+    if (s->wrote) model_post_load(s->m); /* exactly once per finish, never for an untouched model */
+}
+
 int mdl_session_finish(mdl_session *s, char *err, size_t errlen)
 {
-    mdl_model *m = s->m;
-    if (s->mode == MDL_LOAD_FULL) {
-        size_t n = 0, missing = 0;
-        for (int i = 0; i < m->n_dests; i++) {
-            const mdl_dest *d = &m->dests[i];
-            if (s->covered[d->cover]) continue;
-            /* an alias (tied lm_head) is satisfied by its partner; report the primary name */
-            if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
-            if (missing++ == 0) n += (size_t)snprintf(err, errlen, "missing tensor %s", d->name);
-            else if (missing <= 8 && n < errlen) n += (size_t)snprintf(err + n, errlen - n, ", %s", d->name);
-        }
-        if (missing > 8 && n < errlen) snprintf(err + n, errlen - n, " (and %zu more)", missing - 8);
-        if (missing) return -1;
-    }
-    if (s->wrote) model_post_load(m); /* exactly once per finish, never for an untouched model */
+    if (s->mode == MDL_LOAD_FULL && mdl_session_check_coverage(s, err, errlen) != 0) return -1;
+    mdl_session_run_hook(s);
     return 0;
 }
 

@@ -99,6 +99,14 @@ int mdl_session_begin(mdl_session *s, mdl_model *m, mdl_load_mode mode, char *er
  * byte; a bad bucket changes nothing. `what` names the source in messages. */
 int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
                        size_t errlen);
+/* The two halves of mdl_session_bucket (a bucket spanning two models validates both first). */
+int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                         size_t errlen);
+void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n);
+/* Full mode coverage only (no hook): 0, or -1 with "missing tensor ..." in err. */
+int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen);
+/* Runs the post-load hook if the session wrote anything (exactly once per finish). */
+void mdl_session_run_hook(mdl_session *s);
 /* Full mode: every coverage slot must be set ("missing tensor NAME"). Then the post-load hook runs
  * once if anything was written. Returns 0 or -1 with err (the session stays open for an abort). */
 int mdl_session_finish(mdl_session *s, char *err, size_t errlen);

@@ -1,0 +1,409 @@
+/* engine/weights.c — weight-update sessions, the plan guard and checksums (see weights.h). */
+#include "engine/weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine_internal.h"
+#include "engine/sha256.h"
+
+/* One plan-visible buffer as recorded at capture. */
+typedef struct eng_guard_entry {
+    const void *ptr;
+    size_t bytes;
+    int dtype;        /* mdl_dtype of a parameter / derived buffer, -1 for other allocations */
+    const void *owner; /* the mdl_param it was recorded from (NULL for other allocations) */
+    char tag[48];
+} eng_guard_entry;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+const char *eng_wstate_name(eng_wstate s)
+{
+    static const char *const n[] = {"ready", "updating", "inconsistent", "undefined"};
+    return n[s];
+}
+
+int eng_pause_parse(const char *s, eng_pause *out)
+{
+    static const char *const n[] = {"wait", "abort", "keep", "recompute"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, n[i]) == 0) {
+            *out = (eng_pause)i;
+            return 0;
+        }
+    return -1;
+}
+
+int eng_wmodel_parse(const char *s, eng_wmodel *out)
+{
+    static const char *const n[] = {"target", "draft", "all"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, n[i]) == 0) {
+            *out = (eng_wmodel)i;
+            return 0;
+        }
+    return -1;
+}
+
+void eng_set_admission(eng_engine *e, int on) { e->admission_off = !on; }
+
+/* ---- guard (I5) ------------------------------------------------------------------------------- */
+
+static int guard_add(eng_engine *e, int *cap, const void *ptr, size_t bytes, int dtype, const void *owner,
+                     const char *tag)
+{
+    for (int i = 0; i < e->n_guard; i++)
+        if (e->guard[i].ptr == ptr && e->guard[i].owner == owner) return 0;
+    if (e->n_guard == *cap) {
+        *cap = *cap ? *cap * 2 : 256;
+        eng_guard_entry *g = realloc(e->guard, (size_t)*cap * sizeof *g);
+        if (!g) return -1;
+        e->guard = g;
+    }
+    eng_guard_entry *g = &e->guard[e->n_guard++];
+    g->ptr = ptr;
+    g->bytes = bytes;
+    g->dtype = dtype;
+    g->owner = owner;
+    snprintf(g->tag, sizeof g->tag, "%s", tag);
+    return 0;
+}
+
+static int guard_tape(eng_engine *e, int *cap, const eng_tape *t)
+{
+    for (size_t i = 0; i < t->n; i++)
+        for (int b = 0; b < KERN_MAX_BUFS; b++) {
+            const void *p = t->ops[i].buf[b].ptr;
+            eng_alloc_info info;
+            if (!p || e->be->ops->alloc_info(e->be, p, &info) != 0) continue;
+            if (guard_add(e, cap, info.ptr, info.bytes, -1, NULL, info.tag) != 0) return -1;
+        }
+    return 0;
+}
+
+static int guard_model(eng_engine *e, int *cap, const mdl_model *m)
+{
+    for (int i = 0; i < m->n_params; i++)
+        if (guard_add(e, cap, m->params[i].ptr, m->params[i].bytes, m->params[i].dt, &m->params[i],
+                      m->params[i].name) != 0)
+            return -1;
+    for (int i = 0; i < m->n_derived; i++)
+        if (guard_add(e, cap, m->derived[i].ptr, m->derived[i].bytes, m->derived[i].dt, &m->derived[i],
+                      m->derived[i].name) != 0)
+            return -1;
+    return 0;
+}
+
+int eng_guard_record(eng_engine *e)
+{
+    int cap = 0;
+    e->n_guard = 0;
+    /* every allocation any plan bakes: re-emit the captured tapes (emission is deterministic) */
+    for (int b = 0; b < e->n_buckets; b++) {
+        int rows = e->bucket_rows[b], lr = e->draft ? rows : (rows < e->cfg.max_seqs ? rows : e->cfg.max_seqs);
+        eng_tape_reset(&e->tape);
+        mdl_emit_forward(e->m, &e->ws, &e->io, rows, lr, &e->tape);
+        if (guard_tape(e, &cap, &e->tape) != 0) return -1;
+        if (e->draft) {
+            eng_tape_reset(&e->dtape);
+            mdl_emit_draft_context(e->draft, &e->dws, &e->ws, &e->io, &e->dio, rows, &e->dtape);
+            if (guard_tape(e, &cap, &e->dtape) != 0) return -1;
+        }
+    }
+    for (int b = 0; b < e->n_draft_buckets; b++) {
+        eng_tape_reset(&e->dtape);
+        mdl_emit_draft_block(e->draft, e->m, &e->dws, &e->io, &e->dio, e->draft_bucket_seqs[b] * e->spec_B,
+                             &e->dtape);
+        if (guard_tape(e, &cap, &e->dtape) != 0) return -1;
+    }
+    /* and the parameter / derived tables themselves (address, size, dtype) */
+    if (guard_model(e, &cap, e->m) != 0) return -1;
+    if (e->draft && guard_model(e, &cap, e->draft) != 0) return -1;
+    return 0;
+}
+
+int eng_guard_check(eng_engine *e, char *reason, size_t cap)
+{
+    for (int i = 0; i < e->n_guard; i++) {
+        const eng_guard_entry *g = &e->guard[i];
+        eng_alloc_info info;
+        if (e->be->ops->alloc_info(e->be, g->ptr, &info) != 0 || !info.live || info.ptr != g->ptr ||
+            info.bytes != g->bytes) {
+            snprintf(reason, cap, "plan-visible buffer %s at %p (%zu bytes) was freed or resized after capture",
+                     g->tag, g->ptr, g->bytes);
+            return -1;
+        }
+        if (g->owner) {
+            const mdl_param *p = g->owner;
+            if (p->ptr != g->ptr || p->bytes != g->bytes || (int)p->dt != g->dtype) {
+                snprintf(reason, cap,
+                         "plan-visible buffer %s moved from %p (%zu bytes, %s) to %p (%zu bytes, %s) after capture",
+                         g->tag, g->ptr, g->bytes, mdl_dtype_name((mdl_dtype)g->dtype), p->ptr, p->bytes,
+                         mdl_dtype_name(p->dt));
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- sessions ---------------------------------------------------------------------------------- */
+
+static void end_sessions(eng_engine *e)
+{
+    if (e->ws_has_target) mdl_session_end(&e->ws_target);
+    if (e->ws_has_draft) mdl_session_end(&e->ws_draft);
+    e->ws_has_target = e->ws_has_draft = 0;
+    e->winfo.session_open = 0;
+}
+
+static int wrote_any(const eng_engine *e)
+{
+    return (e->ws_has_target && e->ws_target.wrote) || (e->ws_has_draft && e->ws_draft.wrote);
+}
+
+int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause, const char *version,
+                      uint64_t *session_id, char *err, size_t errlen, int *status)
+{
+    eng_weights_info *w = &e->winfo;
+    if (w->state == ENG_W_UNDEFINED) {
+        snprintf(err, errlen, "weights are undefined (%s); restart the server", w->reason);
+        *status = 503;
+        return -1;
+    }
+    if (w->session_open) {
+        snprintf(err, errlen, "a weight update session is already open (state %s)", eng_wstate_name(w->state));
+        *status = 409;
+        return -1;
+    }
+    if (which != ENG_WMODEL_TARGET && !e->draft) {
+        snprintf(err, errlen, "model \"%s\": this server has no drafter", which == ENG_WMODEL_DRAFT ? "draft" : "all");
+        *status = 400;
+        return -1;
+    }
+    mdl_load_mode mode = full ? MDL_LOAD_FULL : MDL_LOAD_PARTIAL;
+    if (which != ENG_WMODEL_DRAFT) {
+        if (mdl_session_begin(&e->ws_target, e->m, mode, err, errlen) != 0) goto oom;
+        e->ws_has_target = 1;
+    }
+    if (which != ENG_WMODEL_TARGET) {
+        if (mdl_session_begin(&e->ws_draft, e->draft, mode, err, errlen) != 0) goto oom;
+        e->ws_has_draft = 1;
+    }
+    if (pause == ENG_PAUSE_ABORT) /* running requests end now; waiting ones stay queued */
+        for (int s = 0; s < e->cfg.max_seqs; s++)
+            if (e->seqs[s].req) eng_finish_seq(e, s, ENG_FINISH_ABORT);
+    e->ws_which = which;
+    e->ws_pause = pause;
+    e->ws_full = full;
+    e->ws_t0 = now_ms();
+    w->prev_state_ok = w->state == ENG_W_READY;
+    w->state = ENG_W_UPDATING;
+    w->session_open = 1;
+    w->session_id++;
+    if (version && *version) snprintf(w->pending_version, sizeof w->pending_version, "%s", version);
+    else w->pending_version[0] = 0;
+    if (session_id) *session_id = w->session_id;
+    return 0;
+oom:
+    end_sessions(e);
+    *status = 500;
+    return -1;
+}
+
+static int out_of_order(eng_engine *e, const char *what, char *err, size_t errlen, int *status)
+{
+    snprintf(err, errlen, "%s without an open weight update session (state %s)", what,
+             eng_wstate_name(e->winfo.state));
+    *status = 409;
+    return -1;
+}
+
+int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                       size_t errlen, int *status)
+{
+    if (!e->winfo.session_open) return out_of_order(e, "bucket", err, errlen, status);
+    *status = 400;
+    /* model "all": drafter tensors carry the prefix "draft."; split the bucket by model */
+    mdl_st_tensor *tt = NULL, *dt = NULL;
+    size_t nt = 0, nd = 0;
+    int rc = -1;
+    const mdl_st_tensor *ta = NULL, *da = NULL;
+    size_t na = 0, ndd = 0;
+    if (e->ws_which == ENG_WMODEL_TARGET) {
+        ta = t;
+        na = n;
+    } else if (e->ws_which == ENG_WMODEL_DRAFT) {
+        da = t;
+        ndd = n;
+    } else {
+        tt = calloc(n ? n : 1, sizeof *tt);
+        dt = calloc(n ? n : 1, sizeof *dt);
+        if (!tt || !dt) {
+            snprintf(err, errlen, "out of memory");
+            *status = 500;
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (strncmp(t[i].name, "draft.", 6) == 0) {
+                dt[nd] = t[i];
+                dt[nd++].name = t[i].name + 6;
+            } else {
+                tt[nt++] = t[i];
+            }
+        }
+        ta = tt;
+        na = nt;
+        da = dt;
+        ndd = nd;
+    }
+    /* validate every tensor of both models before the first byte is written */
+    if (ta && mdl_session_validate(&e->ws_target, ta, na, what, err, errlen) != 0) goto out;
+    if (da && mdl_session_validate(&e->ws_draft, da, ndd, what, err, errlen) != 0) goto out;
+    if (ta) mdl_session_write(&e->ws_target, ta, na);
+    if (da) mdl_session_write(&e->ws_draft, da, ndd);
+    rc = 0;
+out:
+    free(tt);
+    free(dt);
+    return rc;
+}
+
+static void fail_inconsistent(eng_engine *e, const char *why)
+{
+    eng_weights_info *w = &e->winfo;
+    w->state = ENG_W_INCONSISTENT;
+    snprintf(w->reason, sizeof w->reason, "%s", why);
+    w->updates_failed++;
+    end_sessions(e);
+}
+
+int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t errlen, int *status)
+{
+    eng_weights_info *w = &e->winfo;
+    if (!w->session_open) return out_of_order(e, "finish", err, errlen, status);
+    /* coverage of every model in the session (full mode) */
+    if (e->ws_full) {
+        char miss[400];
+        const char *who = NULL;
+        if (e->ws_has_target && mdl_session_check_coverage(&e->ws_target, miss, sizeof miss) != 0) who = "";
+        else if (e->ws_has_draft && mdl_session_check_coverage(&e->ws_draft, miss, sizeof miss) != 0) who = "drafter: ";
+        if (who) {
+            snprintf(err, errlen, "incomplete full update: %s%s", who, miss);
+            fail_inconsistent(e, err);
+            *status = 422;
+            return -1;
+        }
+    }
+    /* one hook per touched model (I4); untouched models are not re-processed */
+    double th = now_ms();
+    uint64_t t0 = e->m->hook_runs, d0 = e->draft ? e->draft->hook_runs : 0;
+    if (e->ws_has_target) mdl_session_run_hook(&e->ws_target);
+    if (e->ws_has_draft) mdl_session_run_hook(&e->ws_draft);
+    e->be->ops->synchronize(e->be);
+    double tg = now_ms();
+    w->hook_runs_target += e->m->hook_runs - t0;
+    if (e->draft) w->hook_runs_draft += e->draft->hook_runs - d0;
+    /* the guard (I5): nothing a plan reads may have moved */
+    char why[400];
+    if (eng_guard_check(e, why, sizeof why) != 0) {
+        w->state = ENG_W_UNDEFINED;
+        snprintf(w->reason, sizeof w->reason, "%s", why);
+        w->updates_failed++;
+        end_sessions(e);
+        snprintf(err, errlen, "update refused by the plan guard: %s; the server is now undefined", why);
+        *status = 503;
+        return -1;
+    }
+    double tend = now_ms();
+    /* stats of this update */
+    w->tensors = (e->ws_has_target ? e->ws_target.tensors : 0) + (e->ws_has_draft ? e->ws_draft.tensors : 0);
+    w->bytes = (e->ws_has_target ? e->ws_target.bytes : 0) + (e->ws_has_draft ? e->ws_draft.bytes : 0);
+    w->buckets = e->ws_has_target ? e->ws_target.buckets : e->ws_draft.buckets;
+    w->hook_ms = tg - th;
+    w->guard_ms = tend - tg;
+    w->ms = tend - e->ws_t0;
+    int wrote = wrote_any(e);
+    end_sessions(e);
+    if (wrote) { /* a new version: KV computed under older weights is never reused (I6) */
+        w->version_num++;
+        const char *v = version && *version ? version : w->pending_version;
+        if (*v) snprintf(w->version, sizeof w->version, "%s", v);
+        else snprintf(w->version, sizeof w->version, "%llu", (unsigned long long)w->version_num);
+        eng_kvpool_reset_cache(&e->kv);
+        if (e->ws_pause == ENG_PAUSE_RECOMPUTE)
+            for (int s = 0; s < e->cfg.max_seqs; s++) {
+                eng_seq *q = &e->seqs[s];
+                if (!q->req) continue;
+                q->n_computed = 0; /* every known token is prefilled again under the new weights */
+                q->n_hashed = 0;
+                q->chain = ENG_KV_ROOT_HASH;
+            }
+    } else if (version && *version) {
+        snprintf(w->version, sizeof w->version, "%s", version);
+    }
+    /* a complete full update repairs an inconsistent model; a partial one does not */
+    if (w->prev_state_ok || e->ws_full) {
+        w->state = ENG_W_READY;
+        w->reason[0] = 0;
+    } else {
+        w->state = ENG_W_INCONSISTENT;
+    }
+    w->updates_ok++;
+    return 0;
+}
+
+int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status)
+{
+    eng_weights_info *w = &e->winfo;
+    if (!w->session_open) return out_of_order(e, "abort", err, errlen, status);
+    if (wrote_any(e)) {
+        char why[256];
+        uint64_t n = (e->ws_has_target ? e->ws_target.tensors : 0) + (e->ws_has_draft ? e->ws_draft.tensors : 0);
+        snprintf(why, sizeof why, "an update was aborted after %llu tensors were written; a complete full update is needed",
+                 (unsigned long long)n);
+        fail_inconsistent(e, why);
+    } else {
+        end_sessions(e);
+        w->state = w->prev_state_ok ? ENG_W_READY : ENG_W_INCONSISTENT;
+    }
+    return 0;
+}
+
+void eng_weights_get_info(const eng_engine *e, eng_weights_info *out) { *out = e->winfo; }
+
+int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u), void *u)
+{
+    const mdl_model *m = draft ? e->draft : e->m;
+    if (!m) return -1;
+    eng_backend *be = e->be;
+    size_t cap = 0;
+    uint8_t *buf = NULL;
+    for (int k = 0; k < m->n_params + m->n_derived; k++) {
+        const mdl_param *p = k < m->n_params ? &m->params[k] : &m->derived[k - m->n_params];
+        if (p->bytes > cap) {
+            uint8_t *nb = realloc(buf, p->bytes);
+            if (!nb) {
+                free(buf);
+                return -1;
+            }
+            buf = nb;
+            cap = p->bytes;
+        }
+        be->ops->download(be, buf, p->ptr, p->bytes); /* its stored layout and dtype */
+        be->ops->synchronize(be);
+        char hex[65];
+        eng_sha256_hex(buf, p->bytes, hex);
+        fn(p->name, hex, u);
+    }
+    free(buf);
+    return 0;
+}

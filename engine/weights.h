@@ -1,0 +1,78 @@
+/* engine/weights.h — weight-update sessions of a live engine (cold load, reload, trainer updates).
+ *
+ * One mechanism for every transport: a transport only produces (name, dtype, shape, bytes) tensors
+ * and calls begin -> bucket* -> finish | abort on the engine thread.
+ *
+ * States (I6-I8):
+ *   READY         serving; begin opens a session -> UPDATING
+ *   UPDATING      a session is open; no step runs (I7); requests queue
+ *   INCONSISTENT  a session wrote some weights and then failed or was aborted; generation is refused
+ *                 (503 with the reason) until a complete full update succeeds (I8)
+ *   UNDEFINED     the guard found a plan-visible buffer moved, resized or retyped: plans would replay
+ *                 onto freed memory, so generation and updates are refused for good (I5)
+ * finish: coverage (full mode) -> each touched model's post-load hook exactly once (I4) -> guard
+ * (address, size, dtype of every plan-visible buffer vs capture) -> version bump -> prefix cache
+ * dropped (I6) -> frozen sequences resume ("keep") or recompute their KV ("recompute").
+ * Pause modes are applied at begin: "abort" ends running requests; "wait" is a drain the caller
+ * performs first (eng_set_admission(0) and step until nothing runs, bounded); "keep" and
+ * "recompute" leave sequences frozen in their slots.
+ */
+#ifndef GS_ENG_WEIGHTS_H
+#define GS_ENG_WEIGHTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "models/safetensors.h"
+
+typedef struct eng_engine eng_engine;
+
+typedef enum { ENG_W_READY = 0, ENG_W_UPDATING, ENG_W_INCONSISTENT, ENG_W_UNDEFINED } eng_wstate;
+typedef enum { ENG_PAUSE_WAIT = 0, ENG_PAUSE_ABORT, ENG_PAUSE_KEEP, ENG_PAUSE_RECOMPUTE } eng_pause;
+typedef enum { ENG_WMODEL_TARGET = 0, ENG_WMODEL_DRAFT, ENG_WMODEL_ALL } eng_wmodel;
+
+const char *eng_wstate_name(eng_wstate s);
+int eng_pause_parse(const char *s, eng_pause *out);
+int eng_wmodel_parse(const char *s, eng_wmodel *out);
+
+typedef struct {
+    eng_wstate state;
+    char reason[512];
+    uint64_t version_num;      /* bumped by every successful finish (0: the cold load) */
+    char version[128];         /* the string given at begin/finish, or the number */
+    int session_open;
+    uint64_t session_id;
+    /* the last finished update */
+    uint64_t tensors, bytes, buckets;
+    double ms, hook_ms, guard_ms;
+    uint64_t hook_runs_target, hook_runs_draft;
+    uint64_t updates_ok, updates_failed;
+    /* session bookkeeping */
+    int prev_state_ok;          /* state was READY at begin */
+    char pending_version[128];  /* version given at begin */
+} eng_weights_info;
+
+/* Each returns 0, or -1 with err and the HTTP status that fits (400 bad bucket, 409 out of order,
+ * 422 incomplete, 503 unavailable). */
+int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause, const char *version,
+                      uint64_t *session_id, char *err, size_t errlen, int *status);
+int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                       size_t errlen, int *status);
+int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t errlen, int *status);
+int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status);
+void eng_weights_get_info(const eng_engine *e, eng_weights_info *out);
+
+/* 0: stop admitting new sequences (a "wait" drain); 1: admit again. */
+void eng_set_admission(eng_engine *e, int on);
+
+/* Records the guard's reference (every plan-visible allocation and every parameter / derived
+ * buffer's address, size and dtype). Called by the engine after capture. */
+int eng_guard_record(eng_engine *e);
+/* 0 when everything still matches; else -1 and a reason naming the buffer. */
+int eng_guard_check(eng_engine *e, char *reason, size_t cap);
+
+/* Calls fn(name, sha256-hex) for every parameter (stored layout) and derived buffer of the target
+ * (draft = 0) or the drafter (draft = 1). Returns -1 when there is no drafter. */
+int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u), void *u);
+
+#endif
