@@ -1,0 +1,402 @@
+/* tests/unit/test_weights.c — weight-update sessions on a live engine (I2-I8).
+ * The independent check is a cold start: after any update W0 -> W1, every parameter and every
+ * derived buffer of the hot-updated engine must be byte-identical (SHA-256) to an engine cold-loaded
+ * from W1, and greedy outputs (with a drafter, the speculative traces too) must be equal. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "engine/engine_internal.h" /* white-box: the guard test forces a replay */
+#include "engine/weights.h"
+#include "models/mkmodel.h"
+#include "test_util.h"
+
+static char g_dir[1024];
+static char T0[1100], T1[1100], D0[1100], D1[1100], DBAD[1100];
+
+typedef struct {
+    eng_backend *be;
+    mdl_model *m, *d;
+    eng_engine *e;
+} rt;
+
+static void mk(const char *out, mdl_arch arch, uint64_t seed, const char *target, int bad_hook)
+{
+    mdl_mkmodel_opts o;
+    mdl_mkmodel_defaults(&o);
+    o.tokenizer = 0;
+    o.vocab = 200;
+    o.layers = 3;
+    o.seed = seed;
+    o.arch = arch;
+    o.target_dir = target;
+    if (arch == MDL_ARCH_DSPARK) {
+        o.layers = 2;
+        o.block_size = 4;
+        o.markov_rank = 8;
+    }
+    char err[512];
+    assert_int_equal(mdl_mkmodel(&o, out, err, sizeof err), 0);
+    if (bad_hook) { /* the test-only variant whose hook reallocates a derived buffer */
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd,
+                 "sed -i 's/\"architectures\"/\"graphswap_test_hook_reallocates\": true, \"architectures\"/' '%s/config.json'",
+                 out);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
+static void open_rt(rt *x, const char *target, const char *draft)
+{
+    char err[512];
+    mdl_config tc, dc;
+    assert_int_equal(mdl_config_load(target, &tc, err, sizeof err), 0);
+    eng_backend_config bc = {.arena_bytes = (size_t)1 << 30, .threads = 1, .checked = 1};
+    x->be = eng_backend_cpu_create(&bc, err, sizeof err);
+    x->m = mdl_model_create(&tc, x->be, err, sizeof err);
+    assert_int_equal(mdl_model_load_dir(x->m, target, err, sizeof err), 0);
+    x->d = NULL;
+    if (draft) {
+        assert_int_equal(mdl_config_load(draft, &dc, err, sizeof err), 0);
+        x->d = mdl_model_create(&dc, x->be, err, sizeof err);
+        assert_non_null(x->d);
+        assert_int_equal(mdl_model_load_dir(x->d, draft, err, sizeof err), 0);
+    }
+    eng_config ec;
+    eng_config_defaults(&ec);
+    ec.max_seqs = 4;
+    ec.max_step_tokens = 32;
+    ec.max_model_len = 128;
+    ec.kv_bytes = 4 << 20;
+    x->e = eng_create_spec(&ec, x->m, x->d, x->be, err, sizeof err);
+    if (!x->e) fail_msg("%s", err);
+}
+
+static void close_rt(rt *x)
+{
+    eng_destroy(x->e);
+    mdl_model_destroy(x->d);
+    mdl_model_destroy(x->m);
+    eng_backend_destroy(x->be);
+}
+
+/* checksums as one string "name=hex;..." */
+typedef struct {
+    char buf[1 << 16];
+    size_t n;
+} sums;
+static void add_sum(const char *name, const char *hex, void *u)
+{
+    sums *s = u;
+    s->n += (size_t)snprintf(s->buf + s->n, sizeof s->buf - s->n, "%s=%s;", name, hex);
+}
+static void checksums(rt *x, int draft, sums *s)
+{
+    s->n = 0;
+    s->buf[0] = 0;
+    assert_int_equal(eng_weights_checksums(x->e, draft, add_sum, s), 0);
+}
+
+typedef struct {
+    eng_request r;
+    int32_t prompt[8];
+    int32_t out[24];
+    float lp[24];
+    char trace[4096];
+    size_t tn;
+} req;
+
+static void on_spec(eng_request *r, int step, int start, int32_t anchor, const int32_t *d, int nd, int acc,
+                    int32_t bonus, void *user)
+{
+    req *q = user;
+    (void)r;
+    q->tn += (size_t)snprintf(q->trace + q->tn, sizeof q->trace - q->tn, "%d:%d:%d:%d:%d:%d:%d|", step, start,
+                              anchor, nd, nd ? d[0] : -1, acc, bonus);
+}
+
+static int generate(rt *x, req *q, int max_tokens)
+{
+    memset(q, 0, sizeof *q);
+    for (int i = 0; i < 8; i++) q->prompt[i] = (i * 31 + 7) % 190;
+    q->r.prompt = q->prompt;
+    q->r.n_prompt = 8;
+    q->r.max_tokens = max_tokens;
+    q->r.ignore_eos = 1;
+    q->r.out_tokens = q->out;
+    q->r.out_logprobs = q->lp;
+    q->r.on_spec = on_spec;
+    q->r.user = q;
+    char err[256];
+    int busy = 0;
+    if (eng_submit(x->e, &q->r, &busy, err, sizeof err) != 0) return busy ? -2 : -1;
+    eng_run_until_idle(x->e);
+    return 0;
+}
+
+/* Streams a checkpoint folder's tensors into the open session: shuffled order, q/k/v and
+ * gate/up of a layer in different buckets, `per_bucket` tensors per bucket; prefix for "all". */
+static void push_dir(rt *x, const char *dir, const char *prefix, int per_bucket, unsigned seed, int skip_one)
+{
+    char path[1200], err[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    mdl_st_file f;
+    assert_int_equal(mdl_st_open(path, &f, err, sizeof err), 0);
+    size_t n = f.n;
+    size_t *ord = malloc(n * sizeof *ord);
+    for (size_t i = 0; i < n; i++) ord[i] = i;
+    for (size_t i = n - 1; i > 0; i--) { /* deterministic shuffle */
+        seed = seed * 1103515245u + 12345u;
+        size_t j = (seed >> 8) % (i + 1), t = ord[i];
+        ord[i] = ord[j];
+        ord[j] = t;
+    }
+    mdl_st_tensor *b = calloc(n, sizeof *b);
+    char (*names)[160] = calloc(n, 160);
+    size_t k = 0;
+    int status;
+    for (size_t i = 0; i < n; i++) {
+        if (skip_one && i == n / 2) continue;
+        b[k] = f.tensors[ord[i]];
+        snprintf(names[k], 160, "%s%s", prefix, f.tensors[ord[i]].name);
+        b[k].name = names[k];
+        k++;
+        if ((int)k == per_bucket || i == n - 1) {
+            if (eng_weights_bucket(x->e, b, k, "bucket", err, sizeof err, &status) != 0) fail_msg("%s", err);
+            k = 0;
+        }
+    }
+    if (k && eng_weights_bucket(x->e, b, k, "bucket", err, sizeof err, &status) != 0) fail_msg("%s", err);
+    free(b);
+    free(names);
+    free(ord);
+    mdl_st_close(&f);
+}
+
+static void update(rt *x, eng_wmodel which, const char *tdir, const char *ddir, int per_bucket, unsigned seed)
+{
+    char err[512];
+    int status;
+    assert_int_equal(eng_weights_begin(x->e, 1, which, ENG_PAUSE_WAIT, "v1", NULL, err, sizeof err, &status), 0);
+    if (which != ENG_WMODEL_DRAFT) push_dir(x, tdir, "", per_bucket, seed, 0);
+    if (which != ENG_WMODEL_TARGET) push_dir(x, ddir, which == ENG_WMODEL_ALL ? "draft." : "", per_bucket, seed + 1, 0);
+    if (eng_weights_finish(x->e, NULL, err, sizeof err, &status) != 0) fail_msg("%s", err);
+}
+
+static void test_hot_equals_cold(void **state)
+{
+    (void)state;
+    const eng_wmodel modes[] = {ENG_WMODEL_TARGET, ENG_WMODEL_DRAFT, ENG_WMODEL_ALL};
+    const int splits[] = {1, 5, 1000};
+    for (int mi = 0; mi < 3; mi++) {
+        for (int si = 0; si < 3; si++) {
+            rt hot, cold;
+            const char *tdst = modes[mi] == ENG_WMODEL_DRAFT ? T0 : T1;
+            const char *ddst = modes[mi] == ENG_WMODEL_TARGET ? D0 : D1;
+            open_rt(&hot, T0, D0);
+            open_rt(&cold, tdst, ddst);
+            uint64_t th = hot.m->hook_runs, dh = hot.d->hook_runs;
+            update(&hot, modes[mi], T1, D1, splits[si], 17u * (unsigned)(mi + si));
+            /* exactly one hook per touched model, none for the untouched one */
+            assert_int_equal(hot.m->hook_runs - th, modes[mi] != ENG_WMODEL_DRAFT);
+            assert_int_equal(hot.d->hook_runs - dh, modes[mi] != ENG_WMODEL_TARGET);
+            sums *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+            for (int dr = 0; dr < 2; dr++) {
+                checksums(&hot, dr, a);
+                checksums(&cold, dr, b);
+                assert_string_equal(a->buf, b->buf);
+                if (dr) assert_non_null(strstr(a->buf, "derived.ctx_kv_weight="));
+            }
+            free(a);
+            free(b);
+            req x, y;
+            assert_int_equal(generate(&hot, &x, 20), 0);
+            assert_int_equal(generate(&cold, &y, 20), 0);
+            assert_memory_equal(x.out, y.out, sizeof x.out);
+            assert_memory_equal(x.lp, y.lp, sizeof x.lp);
+            assert_string_equal(x.trace, y.trace); /* drafts and acceptance too */
+            eng_weights_info wi;
+            eng_weights_get_info(hot.e, &wi);
+            assert_int_equal(wi.state, ENG_W_READY);
+            assert_int_equal(wi.version_num, 1);
+            assert_string_equal(wi.version, "v1");
+            assert_int_equal(x.r.versions[0], 1);
+            close_rt(&hot);
+            close_rt(&cold);
+        }
+    }
+}
+
+static void test_incomplete_abort_and_order(void **state)
+{
+    (void)state;
+    rt x;
+    open_rt(&x, T0, D0);
+    char err[512];
+    int status;
+    /* out of order */
+    assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 409);
+    assert_int_equal(eng_weights_bucket(x.e, NULL, 0, "b", err, sizeof err, &status), -1);
+    assert_int_equal(status, 409);
+    /* abort before any write: back to ready */
+    assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_TARGET, ENG_PAUSE_ABORT, NULL, NULL, err, sizeof err, &status), 0);
+    assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_TARGET, ENG_PAUSE_ABORT, NULL, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 409);
+    assert_int_equal(eng_weights_abort(x.e, err, sizeof err, &status), 0);
+    eng_weights_info wi;
+    eng_weights_get_info(x.e, &wi);
+    assert_int_equal(wi.state, ENG_W_READY);
+    /* incomplete full update: 422, inconsistent, generation refused */
+    assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), 0);
+    push_dir(&x, T1, "", 4, 3, 1);
+    assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 422);
+    assert_non_null(strstr(err, "missing tensor"));
+    eng_weights_get_info(x.e, &wi);
+    assert_int_equal(wi.state, ENG_W_INCONSISTENT);
+    req q;
+    assert_int_equal(generate(&x, &q, 4), -2);
+    /* a partial update does not repair it; a complete full one does */
+    assert_int_equal(eng_weights_begin(x.e, 0, ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), 0);
+    push_dir(&x, T1, "", 4, 3, 1);
+    assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), 0);
+    eng_weights_get_info(x.e, &wi);
+    assert_int_equal(wi.state, ENG_W_INCONSISTENT);
+    update(&x, ENG_WMODEL_TARGET, T1, NULL, 7, 9);
+    eng_weights_get_info(x.e, &wi);
+    assert_int_equal(wi.state, ENG_W_READY);
+    assert_int_equal(generate(&x, &q, 4), 0);
+    /* abort after writes: inconsistent */
+    assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), 0);
+    push_dir(&x, T0, "", 3, 5, 1);
+    assert_int_equal(eng_weights_abort(x.e, err, sizeof err, &status), 0);
+    eng_weights_get_info(x.e, &wi);
+    assert_int_equal(wi.state, ENG_W_INCONSISTENT);
+    assert_non_null(strstr(wi.reason, "aborted"));
+    close_rt(&x);
+}
+
+static rt *g_bad;
+static void replay_bad(void *arg)
+{
+    (void)arg;
+    /* force the state back so the engine steps: the plans still hold the retired pointer */
+    req q;
+    g_bad->e->winfo.state = ENG_W_READY;
+    generate(g_bad, &q, 4);
+}
+
+static void test_guard_fires(void **state)
+{
+    (void)state;
+    rt x;
+    open_rt(&x, T0, DBAD);
+    char err[512];
+    int status;
+    assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_DRAFT, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), 0);
+    push_dir(&x, DBAD, "", 100, 1, 0);
+    assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 503);
+    eng_weights_info wi;
+    eng_weights_get_info(x.e, &wi);
+    assert_int_equal(wi.state, ENG_W_UNDEFINED);
+    assert_non_null(strstr(wi.reason, "derived.ctx_kv_weight"));
+    /* no generation, no updates */
+    req q;
+    assert_int_equal(generate(&x, &q, 4), -2);
+    assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_DRAFT, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 503);
+    /* and a checked replay would indeed have read retired memory */
+    g_bad = &x;
+    char out[4096];
+    int st = test_run_child(replay_bad, NULL, out, sizeof out);
+    assert_true(WIFSIGNALED(st));
+    assert_non_null(strstr(out, "retired"));
+    close_rt(&x);
+}
+
+static void test_recompute_and_keep(void **state)
+{
+    (void)state;
+    /* reference: W1 continuing from prompt + the tokens generated under W0 */
+    for (int mode = 0; mode < 2; mode++) {
+        rt x;
+        open_rt(&x, T0, NULL);
+        req q;
+        memset(&q, 0, sizeof q);
+        for (int i = 0; i < 8; i++) q.prompt[i] = (i * 31 + 7) % 190;
+        q.r.prompt = q.prompt;
+        q.r.n_prompt = 8;
+        q.r.max_tokens = 12;
+        q.r.ignore_eos = 1;
+        q.r.out_tokens = q.out;
+        q.r.out_logprobs = q.lp;
+        char err[512];
+        int status;
+        assert_int_equal(eng_submit(x.e, &q.r, NULL, err, sizeof err), 0);
+        for (int i = 0; i < 5; i++) eng_step(x.e);
+        int before = q.r.n_out;
+        assert_true(before > 0 && before < 12);
+        eng_pause pm = mode == 0 ? ENG_PAUSE_RECOMPUTE : ENG_PAUSE_KEEP;
+        assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_TARGET, pm, NULL, NULL, err, sizeof err, &status), 0);
+        assert_int_equal(eng_step(x.e), 1); /* frozen: no step during the session (I7) */
+        assert_int_equal(q.r.n_out, before);
+        push_dir(&x, T1, "", 6, 11, 0);
+        assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), 0);
+        eng_run_until_idle(x.e);
+        assert_int_equal(q.r.n_out, 12);
+        assert_int_equal(q.r.n_versions, 2); /* tokens from version 0 and version 1 */
+        if (mode == 0) {
+            rt y;
+            open_rt(&y, T1, NULL);
+            req p;
+            memset(&p, 0, sizeof p);
+            memcpy(p.prompt, q.prompt, sizeof q.prompt);
+            int32_t full[32];
+            memcpy(full, q.prompt, 8 * sizeof(int32_t));
+            memcpy(full + 8, q.out, (size_t)before * sizeof(int32_t));
+            p.r.prompt = full;
+            p.r.n_prompt = 8 + before;
+            p.r.max_tokens = 12 - before;
+            p.r.ignore_eos = 1;
+            p.r.out_tokens = p.out;
+            p.r.out_logprobs = p.lp;
+            assert_int_equal(eng_submit(y.e, &p.r, NULL, err, sizeof err), 0);
+            eng_run_until_idle(y.e);
+            assert_memory_equal(q.out + before, p.out, (size_t)(12 - before) * sizeof(int32_t));
+            close_rt(&y);
+        }
+        close_rt(&x);
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "%s", test_tmpdir("weights"));
+    snprintf(T0, sizeof T0, "%s/T0", g_dir);
+    snprintf(T1, sizeof T1, "%s/T1", g_dir);
+    snprintf(D0, sizeof D0, "%s/D0", g_dir);
+    snprintf(D1, sizeof D1, "%s/D1", g_dir);
+    snprintf(DBAD, sizeof DBAD, "%s/DBAD", g_dir);
+    mk(T0, MDL_ARCH_QWEN3, 1, NULL, 0);
+    mk(T1, MDL_ARCH_QWEN3, 2, NULL, 0);
+    mk(D0, MDL_ARCH_DSPARK, 3, T0, 0);
+    mk(D1, MDL_ARCH_DSPARK, 4, T1, 0);
+    mk(DBAD, MDL_ARCH_DFLASH, 5, T0, 1);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hot_equals_cold),
+        cmocka_unit_test(test_incomplete_abort_and_order),
+        cmocka_unit_test(test_guard_fires),
+        cmocka_unit_test(test_recompute_and_keep),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
