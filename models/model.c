@@ -424,15 +424,17 @@ static int safe_file_name(const char *f)
     return f[0] && f[0] != '.' && !strchr(f, '/') && !strchr(f, '\\') && strlen(f) < 256;
 }
 
-static int load_file(mdl_session *s, const char *dir, const char *file, const cJSON *weight_map,
-                     char *err, size_t errlen)
+/* One shard: every tensor must be listed for it in the index (when sharded); tensors are handed
+ * out in runs of about bucket_bytes (0: the whole file), straight from the mapping. */
+static int read_file(const char *dir, const char *file, const cJSON *weight_map, size_t bucket_bytes,
+                     mdl_bucket_fn fn, void *user, char *err, size_t errlen)
 {
     char path[4352];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     mdl_st_file f;
     if (mdl_st_open(path, &f, err, errlen) != 0) return -1;
     int rc = 0;
-    if (weight_map) { /* every tensor of a shard must be listed for that shard in the index */
+    if (weight_map) {
         for (size_t i = 0; i < f.n && rc == 0; i++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(weight_map, f.tensors[i].name);
             if (!cJSON_IsString(v) || strcmp(v->valuestring, file) != 0) {
@@ -442,59 +444,75 @@ static int load_file(mdl_session *s, const char *dir, const char *file, const cJ
             }
         }
     }
-    if (rc == 0) rc = mdl_session_bucket(s, f.tensors, f.n, path, err, errlen);
+    for (size_t i = 0; i < f.n && rc == 0;) {
+        size_t j = i, bytes = 0;
+        while (j < f.n && (j == i || bucket_bytes == 0 || bytes + f.tensors[j].nbytes <= bucket_bytes))
+            bytes += f.tensors[j++].nbytes;
+        rc = fn(f.tensors + i, j - i, path, user, err, errlen);
+        i = j;
+    }
     mdl_st_close(&f);
     return rc;
+}
+
+int mdl_ckpt_foreach_bucket(const char *dir, size_t bucket_bytes, mdl_bucket_fn fn, void *user, char *err,
+                            size_t errlen)
+{
+    char path[4352];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    struct stat st;
+    if (stat(path, &st) != 0) return read_file(dir, "model.safetensors", NULL, bucket_bytes, fn, user, err, errlen);
+    int rc = -1;
+    size_t len;
+    char *txt = mdl_read_file(path, 64u << 20, &len, err, errlen);
+    if (!txt) return -1;
+    cJSON *index = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    const cJSON *wm = index ? cJSON_GetObjectItemCaseSensitive(index, "weight_map") : NULL;
+    const char **files = NULL;
+    if (!cJSON_IsObject(wm)) {
+        snprintf(err, errlen, "%s: not a JSON object with a weight_map", path);
+        goto out;
+    }
+    /* the distinct shard files, in first-seen order */
+    int nf = 0, n = cJSON_GetArraySize(wm);
+    files = calloc((size_t)(n ? n : 1), sizeof *files);
+    if (!files) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, wm)
+    {
+        if (!cJSON_IsString(e) || !safe_file_name(e->valuestring)) {
+            snprintf(err, errlen, "%s: tensor %s maps to an invalid file name", path, e->string);
+            goto out;
+        }
+        int seen = 0;
+        for (int i = 0; i < nf && !seen; i++) seen = strcmp(files[i], e->valuestring) == 0;
+        if (!seen) files[nf++] = e->valuestring;
+    }
+    for (int i = 0; i < nf; i++)
+        if (read_file(dir, files[i], wm, bucket_bytes, fn, user, err, errlen) != 0) goto out;
+    rc = 0;
+out:
+    free(files);
+    cJSON_Delete(index);
+    return rc;
+}
+
+static int session_bucket_fn(const mdl_st_tensor *t, size_t n, const char *what, void *user, char *err,
+                             size_t errlen)
+{
+    return mdl_session_bucket(user, t, n, what, err, errlen);
 }
 
 int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen)
 {
     mdl_session s;
     if (mdl_session_begin(&s, m, MDL_LOAD_FULL, err, errlen) != 0) return -1;
-    char path[4352];
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    struct stat st;
-    int rc = -1;
-    cJSON *index = NULL;
-    if (stat(path, &st) == 0) {
-        size_t len;
-        char *txt = mdl_read_file(path, 64u << 20, &len, err, errlen);
-        if (!txt) goto out;
-        index = cJSON_ParseWithLength(txt, len);
-        free(txt);
-        const cJSON *wm = index ? cJSON_GetObjectItemCaseSensitive(index, "weight_map") : NULL;
-        if (!cJSON_IsObject(wm)) {
-            snprintf(err, errlen, "%s: not a JSON object with a weight_map", path);
-            goto out;
-        }
-        /* the distinct shard files, in first-seen order */
-        const cJSON *e;
-        const char *files[4096];
-        int nf = 0;
-        cJSON_ArrayForEach(e, wm)
-        {
-            if (!cJSON_IsString(e) || !safe_file_name(e->valuestring)) {
-                snprintf(err, errlen, "%s: tensor %s maps to an invalid file name", path, e->string);
-                goto out;
-            }
-            int seen = 0;
-            for (int i = 0; i < nf && !seen; i++) seen = strcmp(files[i], e->valuestring) == 0;
-            if (!seen) {
-                if (nf == 4096) {
-                    snprintf(err, errlen, "%s: too many shard files", path);
-                    goto out;
-                }
-                files[nf++] = e->valuestring;
-            }
-        }
-        for (int i = 0; i < nf; i++)
-            if (load_file(&s, dir, files[i], wm, err, errlen) != 0) goto out;
-    } else {
-        if (load_file(&s, dir, "model.safetensors", NULL, err, errlen) != 0) goto out;
-    }
-    rc = mdl_session_finish(&s, err, errlen);
-out:
-    cJSON_Delete(index);
+    int rc = mdl_ckpt_foreach_bucket(dir, 0, session_bucket_fn, &s, err, errlen);
+    if (rc == 0) rc = mdl_session_finish(&s, err, errlen);
     mdl_session_end(&s);
     return rc;
 }

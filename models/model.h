@@ -112,6 +112,14 @@ void mdl_session_run_hook(mdl_session *s);
 int mdl_session_finish(mdl_session *s, char *err, size_t errlen);
 void mdl_session_end(mdl_session *s); /* frees session state (after finish or to abort) */
 
+/* Reads a checkpoint folder (model.safetensors, or the shards of model.safetensors.index.json,
+ * each tensor checked against the index) and hands its tensors to fn in buckets of about
+ * bucket_bytes (0: one bucket per file), straight from the memory-mapped files. */
+typedef int (*mdl_bucket_fn)(const mdl_st_tensor *t, size_t n, const char *what, void *user, char *err,
+                             size_t errlen);
+int mdl_ckpt_foreach_bucket(const char *dir, size_t bucket_bytes, mdl_bucket_fn fn, void *user, char *err,
+                            size_t errlen);
+
 /* Cold load of a checkpoint folder: one session, one bucket per safetensors file, finish. */
 int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen);
 
