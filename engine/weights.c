@@ -407,3 +407,47 @@ int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name,
     free(buf);
     return 0;
 }
+
+/* ---- disk transport ------------------------------------------------------------------------------ */
+
+typedef struct {
+    eng_engine *e;
+    const char *prefix;
+    int status;
+} disk_ctx;
+
+static int disk_bucket(const mdl_st_tensor *t, size_t n, const char *what, void *user, char *err, size_t errlen)
+{
+    disk_ctx *c = user;
+    if (!c->prefix) return eng_weights_bucket(c->e, t, n, what, err, errlen, &c->status);
+    /* model "all": the drafter's folder is pushed with the "draft." prefix */
+    mdl_st_tensor *v = calloc(n ? n : 1, sizeof *v);
+    char (*names)[256] = calloc(n ? n : 1, 256);
+    int rc = -1;
+    if (v && names) {
+        for (size_t i = 0; i < n; i++) {
+            v[i] = t[i];
+            snprintf(names[i], 256, "%s%s", c->prefix, t[i].name);
+            v[i].name = names[i];
+        }
+        rc = eng_weights_bucket(c->e, v, n, what, err, errlen, &c->status);
+    } else {
+        snprintf(err, errlen, "out of memory");
+        c->status = 500;
+    }
+    free(v);
+    free(names);
+    return rc;
+}
+
+int eng_weights_load_dir(eng_engine *e, const char *dir, const char *prefix, size_t bucket_bytes, char *err,
+                         size_t errlen, int *status)
+{
+    if (!e->winfo.session_open) return out_of_order(e, "load", err, errlen, status);
+    disk_ctx c = {e, prefix, 400};
+    if (mdl_ckpt_foreach_bucket(dir, bucket_bytes, disk_bucket, &c, err, errlen) != 0) {
+        *status = c.status;
+        return -1;
+    }
+    return 0;
+}

@@ -61,6 +61,11 @@ int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const ch
 int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t errlen, int *status);
 int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status);
 void eng_weights_get_info(const eng_engine *e, eng_weights_info *out);
+/* Disk transport: streams a checkpoint folder into the open session in buckets of about
+ * bucket_bytes (names prefixed with `prefix`, e.g. "draft." for model "all"; NULL: none). A bad
+ * tensor refuses its bucket; earlier buckets stay written (the caller aborts the session). */
+int eng_weights_load_dir(eng_engine *e, const char *dir, const char *prefix, size_t bucket_bytes, char *err,
+                         size_t errlen, int *status);
 
 /* 0: stop admitting new sequences (a "wait" drain); 1: admit again. */
 void eng_set_admission(eng_engine *e, int on);
