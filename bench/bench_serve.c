@@ -1,12 +1,675 @@
-/* bench/bench_serve.c — `graphswap bench serve`: placeholder until the server issue lands. */
+/* bench/bench_serve.c — `graphswap bench serve`: drives a graphswap (or any OpenAI-compatible) server
+ * over loopback with plain sockets and reports, per concurrency level, requests/s, generated tokens/s,
+ * time to first token (mean / p50 / p99, streaming) and end-to-end latency; then the HTTP overhead of
+ * one request: the same greedy generation timed over HTTP (non-streaming) and in-process (a runtime
+ * opened here on the same model folder, found through /v1/models "root" or --model).
+ *
+ * Requests are streaming completions with token-id prompts (distinct per request, so the prefix cache
+ * does not flatter the numbers), temperature 0, ignore_eos, and stream_options.include_usage so the
+ * token count comes from the server. Each client thread keeps one HTTP/1.1 keep-alive connection and
+ * decodes the chunked SSE body itself. Nothing here asserts a speed.
+ */
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "server/cli.h"
 
+static double bs_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- a minimal HTTP/1.1 client -------------------------------------------------------------------- */
+
+typedef struct {
+    char host[256];
+    int port;
+    const char *api_key;
+} bs_target;
+
+typedef struct {
+    int fd;
+    char buf[65536];
+    size_t pos, len;
+} bs_conn;
+
+static int bs_connect(const bs_target *t, bs_conn *c)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    char port[16];
+    snprintf(port, sizeof port, "%d", t->port);
+    c->fd = -1;
+    c->pos = c->len = 0;
+    if (getaddrinfo(t->host, port, &hints, &res) != 0) return -1;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            c->fd = fd;
+            break;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return c->fd >= 0 ? 0 : -1;
+}
+
+static void bs_close(bs_conn *c)
+{
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    c->pos = c->len = 0;
+}
+
+static int bs_fill(bs_conn *c)
+{
+    if (c->pos < c->len) return 1;
+    ssize_t r;
+    do r = recv(c->fd, c->buf, sizeof c->buf, 0);
+    while (r < 0 && errno == EINTR);
+    if (r <= 0) return 0;
+    c->pos = 0;
+    c->len = (size_t)r;
+    return 1;
+}
+
+/* A line without its CRLF into out (truncated to cap-1). Returns its length, or -1 at EOF. */
+static long bs_line(bs_conn *c, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (;;) {
+        if (!bs_fill(c)) return -1;
+        char ch = c->buf[c->pos++];
+        if (ch == '\n') break;
+        if (k + 1 < cap) out[k++] = ch;
+    }
+    if (k && out[k - 1] == '\r') k--;
+    out[k] = 0;
+    return (long)k;
+}
+
+static int bs_read(bs_conn *c, char *out, size_t n)
+{
+    while (n) {
+        if (!bs_fill(c)) return -1;
+        size_t k = c->len - c->pos < n ? c->len - c->pos : n;
+        memcpy(out, c->buf + c->pos, k);
+        c->pos += k;
+        out += k;
+        n -= k;
+    }
+    return 0;
+}
+
+static int bs_send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Called with each piece of the body as it arrives (after de-chunking). */
+typedef void (*bs_sink)(void *ctx, const char *p, size_t n);
+
+/* Sends one request and reads the whole response, feeding the body to sink. Returns the HTTP status,
+ * or -1 on a connection failure (the connection is closed then). */
+static int bs_request(const bs_target *t, bs_conn *c, const char *method, const char *path, const char *body,
+                      bs_sink sink, void *ctx)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (c->fd < 0 && bs_connect(t, c) != 0) return -1;
+        size_t bl = body ? strlen(body) : 0;
+        char auth[512] = "";
+        if (t->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->api_key);
+        size_t cap = bl + 1024;
+        char *req = malloc(cap);
+        if (!req) return -1;
+        int hn = snprintf(req, cap,
+                          "%s %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                          "%sConnection: keep-alive\r\n\r\n",
+                          method, path, t->host, t->port, bl, auth);
+        if (bl) memcpy(req + hn, body, bl);
+        int sent = bs_send_all(c->fd, req, (size_t)hn + bl);
+        free(req);
+        char line[8192];
+        long ln = sent == 0 ? bs_line(c, line, sizeof line) : -1;
+        if (ln < 0) { /* a kept-alive connection the server closed meanwhile: reconnect once */
+            bs_close(c);
+            continue;
+        }
+        int status = 0;
+        if (sscanf(line, "HTTP/%*s %d", &status) != 1) {
+            bs_close(c);
+            return -1;
+        }
+        long long clen = -1;
+        int chunked = 0, close_after = 0;
+        while ((ln = bs_line(c, line, sizeof line)) > 0) {
+            if (strncasecmp(line, "Content-Length:", 15) == 0) clen = atoll(line + 15);
+            else if (strncasecmp(line, "Transfer-Encoding:", 18) == 0 && strstr(line, "chunked")) chunked = 1;
+            else if (strncasecmp(line, "Connection:", 11) == 0 && strstr(line, "close")) close_after = 1;
+        }
+        if (ln < 0) {
+            bs_close(c);
+            return -1;
+        }
+        char data[65536];
+        if (chunked) {
+            for (;;) {
+                if (bs_line(c, line, sizeof line) < 0) {
+                    bs_close(c);
+                    return -1;
+                }
+                size_t n = strtoul(line, NULL, 16);
+                if (n == 0) {
+                    bs_line(c, line, sizeof line); /* the CRLF after the last chunk */
+                    break;
+                }
+                while (n) {
+                    size_t k = n < sizeof data ? n : sizeof data;
+                    if (bs_read(c, data, k) != 0) {
+                        bs_close(c);
+                        return -1;
+                    }
+                    if (sink) sink(ctx, data, k);
+                    n -= k;
+                }
+                bs_line(c, line, sizeof line);
+            }
+        } else if (clen >= 0) {
+            while (clen > 0) {
+                size_t k = (size_t)clen < sizeof data ? (size_t)clen : sizeof data;
+                if (bs_read(c, data, k) != 0) {
+                    bs_close(c);
+                    return -1;
+                }
+                if (sink) sink(ctx, data, k);
+                clen -= (long long)k;
+            }
+        } else { /* until close */
+            for (;;) {
+                if (!bs_fill(c)) break;
+                if (sink) sink(ctx, c->buf + c->pos, c->len - c->pos);
+                c->pos = c->len;
+            }
+            close_after = 1;
+        }
+        if (close_after) bs_close(c);
+        return status;
+    }
+    return -1;
+}
+
+/* Collects a whole body (for JSON responses). */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} bs_buf;
+
+static void bs_collect(void *ctx, const char *p, size_t n)
+{
+    bs_buf *b = ctx;
+    if (b->n + n + 1 > b->cap) {
+        size_t nc = (b->n + n + 1) * 2;
+        char *np = realloc(b->p, nc);
+        if (!np) return;
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+/* ---- load generation ------------------------------------------------------------------------------- */
+
+typedef struct {
+    double t0, ttft, e2e;
+    long tokens;
+    int events, done, ok;
+    char pending[8192]; /* an SSE event split across reads */
+    size_t np;
+} bs_stream;
+
+static void bs_event(bs_stream *s, const char *ev, size_t n)
+{
+    if (n < 6 || memcmp(ev, "data: ", 6) != 0) return;
+    if (n >= 12 && memcmp(ev + 6, "[DONE]", 6) == 0) {
+        s->done = 1;
+        s->e2e = bs_now() - s->t0;
+        return;
+    }
+    char tmp[8192];
+    size_t k = n < sizeof tmp - 1 ? n : sizeof tmp - 1;
+    memcpy(tmp, ev, k);
+    tmp[k] = 0;
+    if (strstr(tmp, "\"error\"")) s->ok = 0;
+    const char *u = strstr(tmp, "\"completion_tokens\":");
+    if (u) s->tokens = atol(u + 20);
+    else if (!strstr(tmp, "\"choices\":[]") && s->events++ == 0)
+        s->ttft = bs_now() - s->t0;
+}
+
+static void bs_stream_sink(void *ctx, const char *p, size_t n)
+{
+    bs_stream *s = ctx;
+    for (size_t i = 0; i < n; i++) {
+        if (s->np < sizeof s->pending) s->pending[s->np++] = p[i];
+        if (s->np >= 2 && s->pending[s->np - 1] == '\n' && s->pending[s->np - 2] == '\n') {
+            bs_event(s, s->pending, s->np - 2);
+            s->np = 0;
+        }
+    }
+}
+
+typedef struct {
+    const bs_target *t;
+    int n_requests, prompt_len, max_tokens, level;
+    atomic_int next;
+    double *ttft, *e2e;
+    long *tokens;
+    int *ok;
+} bs_run;
+
+static void *bs_worker(void *arg)
+{
+    bs_run *r = arg;
+    bs_conn c = {.fd = -1};
+    char *body = malloc((size_t)r->prompt_len * 12 + 512);
+    if (!body) return NULL;
+    int i;
+    while ((i = atomic_fetch_add(&r->next, 1)) < r->n_requests) {
+        /* a distinct prompt per (level, request): no prefix-cache reuse between requests */
+        uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) + (uint64_t)r->level * 0xD1B54A32D192ED03ull;
+        size_t k = (size_t)sprintf(body, "{\"prompt\":[");
+        for (int j = 0; j < r->prompt_len; j++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            k += (size_t)sprintf(body + k, "%s%u", j ? "," : "", (unsigned)(x % 200) + 10u);
+        }
+        sprintf(body + k,
+                "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,"
+                "\"stream_options\":{\"include_usage\":true}}",
+                r->max_tokens);
+        bs_stream s;
+        memset(&s, 0, sizeof s);
+        s.ok = 1;
+        s.t0 = bs_now();
+        int st = bs_request(r->t, &c, "POST", "/v1/completions", body, bs_stream_sink, &s);
+        r->ok[i] = st == 200 && s.ok && s.done;
+        r->ttft[i] = s.ttft;
+        r->e2e[i] = s.done ? s.e2e : bs_now() - s.t0;
+        r->tokens[i] = s.tokens;
+    }
+    bs_close(&c);
+    free(body);
+    return NULL;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *sorted, int n, double p)
+{
+    if (n == 0) return 0;
+    int i = (int)(p * (n - 1) + 0.5);
+    return sorted[i < n ? i : n - 1];
+}
+
+static void run_level(const bs_target *t, int conc, int n, int prompt_len, int max_tokens, int level)
+{
+    bs_run r = {.t = t, .n_requests = n, .prompt_len = prompt_len, .max_tokens = max_tokens, .level = level};
+    atomic_init(&r.next, 0);
+    r.ttft = calloc((size_t)n, sizeof *r.ttft);
+    r.e2e = calloc((size_t)n, sizeof *r.e2e);
+    r.tokens = calloc((size_t)n, sizeof *r.tokens);
+    r.ok = calloc((size_t)n, sizeof *r.ok);
+    pthread_t *th = calloc((size_t)conc, sizeof *th);
+    if (!r.ttft || !r.e2e || !r.tokens || !r.ok || !th) srv_die("out of memory");
+    double t0 = bs_now();
+    for (int i = 0; i < conc; i++)
+        if (pthread_create(&th[i], NULL, bs_worker, &r) != 0) srv_die("cannot start client thread %d", i);
+    for (int i = 0; i < conc; i++) pthread_join(th[i], NULL);
+    double wall = bs_now() - t0;
+    int ok = 0;
+    long toks = 0;
+    double *tt = calloc((size_t)n, sizeof *tt), *ee = calloc((size_t)n, sizeof *ee);
+    if (!tt || !ee) srv_die("out of memory");
+    double tsum = 0, esum = 0;
+    for (int i = 0; i < n; i++) {
+        if (!r.ok[i]) continue;
+        tt[ok] = r.ttft[i];
+        ee[ok] = r.e2e[i];
+        tsum += r.ttft[i];
+        esum += r.e2e[i];
+        toks += r.tokens[i];
+        ok++;
+    }
+    qsort(tt, (size_t)ok, sizeof *tt, cmp_d);
+    qsort(ee, (size_t)ok, sizeof *ee, cmp_d);
+    printf("%5d %6d/%-4d %9.2f %10.1f %10.2f %9.2f %9.2f %10.2f %9.2f\n", conc, ok, n, ok / wall, toks / wall,
+           ok ? 1e3 * tsum / ok : 0, 1e3 * pct(tt, ok, 0.5), 1e3 * pct(tt, ok, 0.99), ok ? 1e3 * esum / ok : 0,
+           1e3 * pct(ee, ok, 0.99));
+    fflush(stdout);
+    free(tt);
+    free(ee);
+    free(r.ttft);
+    free(r.e2e);
+    free(r.tokens);
+    free(r.ok);
+    free(th);
+}
+
+/* ---- HTTP overhead: the same generation over HTTP and in-process ------------------------------------- */
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
+}
+
+static int32_t *overhead_prompt(int len)
+{
+    int32_t *p = malloc((size_t)len * sizeof *p);
+    if (!p) srv_die("out of memory");
+    for (int j = 0; j < len; j++) p[j] = 10 + (j * 37) % 200;
+    return p;
+}
+
+/* Median latency of a non-streaming greedy request over HTTP. */
+static double http_latency(const bs_target *t, int prompt_len, int max_tokens, int reps, long *out_tokens)
+{
+    int32_t *p = overhead_prompt(prompt_len);
+    char *body = malloc((size_t)prompt_len * 12 + 256);
+    if (!body) srv_die("out of memory");
+    size_t k = (size_t)sprintf(body, "{\"prompt\":[");
+    for (int j = 0; j < prompt_len; j++) k += (size_t)sprintf(body + k, "%s%d", j ? "," : "", p[j]);
+    sprintf(body + k, "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}", max_tokens);
+    double *v = calloc((size_t)reps, sizeof *v);
+    bs_conn c = {.fd = -1};
+    int n = 0;
+    for (int i = 0; i < reps + 1; i++) { /* the first run warms the connection and caches */
+        bs_buf b = {0};
+        double t0 = bs_now();
+        int st = bs_request(t, &c, "POST", "/v1/completions", body, bs_collect, &b);
+        double dt = bs_now() - t0;
+        if (st == 200 && b.p) {
+            const char *u = strstr(b.p, "\"completion_tokens\":");
+            if (u) *out_tokens = atol(u + 20);
+            if (i > 0) v[n++] = dt;
+        }
+        free(b.p);
+    }
+    bs_close(&c);
+    double m = median(v, n);
+    free(v);
+    free(body);
+    free(p);
+    return n ? m : -1;
+}
+
+/* Median latency of the same request submitted to an engine in this process. */
+static double inproc_latency(srv_runtime *rt, int prompt_len, int max_tokens, int reps)
+{
+    int32_t *p = overhead_prompt(prompt_len);
+    eng_request r;
+    int32_t *toks = malloc((size_t)max_tokens * sizeof *toks);
+    float *lps = malloc((size_t)max_tokens * sizeof *lps);
+    double *v = calloc((size_t)reps, sizeof *v);
+    if (!toks || !lps || !v) srv_die("out of memory");
+    int n = 0;
+    for (int i = 0; i < reps + 1; i++) {
+        memset(&r, 0, sizeof r);
+        r.prompt = p;
+        r.n_prompt = prompt_len;
+        r.max_tokens = max_tokens;
+        r.ignore_eos = 1;
+        r.sp.top_p = 1.0f;
+        r.out_tokens = toks;
+        r.out_logprobs = lps;
+        char err[256];
+        int busy;
+        double t0 = bs_now();
+        if (eng_submit(rt->e, &r, &busy, err, sizeof err) != 0) srv_die("in-process request: %s", err);
+        eng_run_until_idle(rt->e);
+        if (i > 0) v[n++] = bs_now() - t0;
+    }
+    double m = median(v, n);
+    free(v);
+    free(toks);
+    free(lps);
+    free(p);
+    return m;
+}
+
+/* ---- own server ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    pid_t pid;
+    int err_fd;
+} bs_child;
+
+/* Starts `graphswap serve --model DIR --port 0 [extra]` and reads its port from stderr. */
+static int start_server(const char *model, const char *threads, bs_child *ch, bs_target *t)
+{
+    int pfd[2];
+    if (pipe(pfd) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        close(pfd[1]);
+        char *args[12];
+        int k = 0;
+        args[k++] = (char *)"graphswap";
+        args[k++] = (char *)"serve";
+        args[k++] = (char *)"--model";
+        args[k++] = (char *)model;
+        args[k++] = (char *)"--port";
+        args[k++] = (char *)"0";
+        if (threads) {
+            args[k++] = (char *)"--threads";
+            args[k++] = (char *)threads;
+        }
+        args[k] = NULL;
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    close(pfd[1]);
+    ch->pid = pid;
+    ch->err_fd = pfd[0];
+    char line[4096];
+    size_t k = 0;
+    double t0 = bs_now();
+    while (bs_now() - t0 < 300) {
+        char c;
+        ssize_t r = read(pfd[0], &c, 1);
+        if (r <= 0) break;
+        if (c != '\n') {
+            if (k + 1 < sizeof line) line[k++] = c;
+            continue;
+        }
+        line[k] = 0;
+        k = 0;
+        fprintf(stderr, "%s\n", line);
+        const char *u = strstr(line, "http://");
+        if (u) {
+            const char *colon = strrchr(u + 7, ':');
+            if (colon) {
+                snprintf(t->host, sizeof t->host, "127.0.0.1");
+                t->port = atoi(colon + 1);
+                return 0;
+            }
+        }
+    }
+    return -1;
+}
+
+static void stop_server(bs_child *ch)
+{
+    kill(ch->pid, SIGTERM);
+    char buf[4096];
+    while (read(ch->err_fd, buf, sizeof buf) > 0) {
+    }
+    close(ch->err_fd);
+    int st;
+    waitpid(ch->pid, &st, 0);
+}
+
+/* ---- the command ------------------------------------------------------------------------------------------- */
+
+static const char help[] =
+    "usage: graphswap bench serve (--url http://127.0.0.1:PORT | --model DIR) [options]\n"
+    "\n"
+    "Drives an OpenAI-compatible server over loopback (plain sockets, streaming completions, greedy,\n"
+    "ignore_eos, distinct token-id prompts) and prints requests/s, tokens/s, time to first token\n"
+    "(mean / p50 / p99) and end-to-end latency per concurrency level, then the HTTP overhead of one\n"
+    "request against the same generation in-process.\n"
+    "\n"
+    "  --url URL              a running server (http://host:port)\n"
+    "  --model DIR            start `graphswap serve --model DIR --port 0` for the run; also the\n"
+    "                         model of the in-process comparison (default: /v1/models \"root\")\n"
+    "  --requests N           requests per concurrency level (default 64)\n"
+    "  --max-tokens N         tokens per request (default 64)\n"
+    "  --prompt-len N         prompt tokens per request (default 32)\n"
+    "  --concurrency LIST     comma-separated client counts (default 1,4,16,64)\n"
+    "  --reps N               repetitions of the overhead measurement (default 20)\n"
+    "  --threads N            engine threads for the started server and the in-process runtime\n"
+    "  --api-key KEY          bearer token for the server\n"
+    "  --no-inprocess         skip the in-process comparison\n";
+
 int srv_bench_serve(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "graphswap bench serve: not built yet (see README: not done)\n");
-    return 2;
+    const char *url = NULL, *model = NULL, *conc_list = "1,4,16,64", *threads = NULL, *api_key = NULL;
+    int requests = 64, max_tokens = 64, prompt_len = 32, reps = 20, no_inproc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(help, stdout);
+            return 0;
+        }
+        if (srv_arg_str(argc, argv, &i, "--url", &url) || srv_arg_str(argc, argv, &i, "--model", &model) ||
+            srv_arg_int(argc, argv, &i, "--requests", 1, 1 << 20, &requests) ||
+            srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
+            srv_arg_int(argc, argv, &i, "--prompt-len", 1, 1 << 20, &prompt_len) ||
+            srv_arg_str(argc, argv, &i, "--concurrency", &conc_list) ||
+            srv_arg_int(argc, argv, &i, "--reps", 1, 10000, &reps) ||
+            srv_arg_str(argc, argv, &i, "--threads", &threads) || srv_arg_str(argc, argv, &i, "--api-key", &api_key) ||
+            srv_arg_flag(argc, argv, &i, "--no-inprocess", &no_inproc))
+            continue;
+        srv_die_usage("bench serve", argv[i]);
+    }
+    if (!url && !model) srv_die("give --url of a running server or --model DIR to start one");
+    signal(SIGPIPE, SIG_IGN);
+    bs_target t = {.api_key = api_key};
+    bs_child child = {.pid = -1};
+    if (url) {
+        const char *h = strncmp(url, "http://", 7) == 0 ? url + 7 : url;
+        const char *colon = strchr(h, ':'), *slash = strchr(h, '/');
+        size_t hl = colon ? (size_t)(colon - h) : slash ? (size_t)(slash - h) : strlen(h);
+        if (hl == 0 || hl >= sizeof t.host) srv_die("--url: cannot parse %s", url);
+        memcpy(t.host, h, hl);
+        t.host[hl] = 0;
+        t.port = colon ? atoi(colon + 1) : 80;
+    } else if (start_server(model, threads, &child, &t) != 0) {
+        srv_die("could not start graphswap serve --model %s", model);
+    }
+
+    /* the model folder for the in-process comparison: --model, or /v1/models "root" */
+    char root[4096] = "";
+    {
+        bs_conn c = {.fd = -1};
+        bs_buf b = {0};
+        int st = bs_request(&t, &c, "GET", "/v1/models", NULL, bs_collect, &b);
+        bs_close(&c);
+        if (st != 200) {
+            if (child.pid > 0) stop_server(&child);
+            srv_die("GET /v1/models on %s:%d failed (status %d)", t.host, t.port, st);
+        }
+        cJSON *o = cJSON_Parse(b.p);
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "data"), 0),
+                                                          "root");
+        if (cJSON_IsString(r)) snprintf(root, sizeof root, "%s", r->valuestring);
+        cJSON_Delete(o);
+        free(b.p);
+    }
+    if (model) snprintf(root, sizeof root, "%s", model);
+
+    printf("graphswap bench serve: http://%s:%d  model %s\n", t.host, t.port, root[0] ? root : "?");
+    printf("%d requests per level, prompt %d tokens, max_tokens %d (greedy, ignore_eos, streaming)\n\n", requests,
+           prompt_len, max_tokens);
+    printf("%5s %11s %9s %10s %10s %9s %9s %10s %9s\n", "conc", "ok", "req/s", "tok/s", "ttft mean", "ttft p50",
+           "ttft p99", "e2e mean", "e2e p99");
+    printf("%5s %11s %9s %10s %10s %9s %9s %10s %9s\n", "", "", "", "", "ms", "ms", "ms", "ms", "ms");
+    int level = 0;
+    for (const char *p = conc_list; *p;) {
+        char *end;
+        long conc = strtol(p, &end, 10);
+        if (end == p || conc < 1 || conc > 4096) srv_die("--concurrency: bad list %s", conc_list);
+        run_level(&t, (int)conc, requests, prompt_len, max_tokens, level++);
+        p = *end == ',' ? end + 1 : end;
+    }
+
+    long tok_http = 0, tok_1 = 0;
+    double h_full = http_latency(&t, prompt_len, max_tokens, reps, &tok_http);
+    double h_one = http_latency(&t, prompt_len, 1, reps, &tok_1);
+    if (child.pid > 0) stop_server(&child);
+    printf("\nHTTP overhead (non-streaming, median of %d):\n", reps);
+    if (no_inproc || !root[0]) {
+        printf("  max_tokens %d: HTTP %.2f ms; max_tokens 1: HTTP %.2f ms (no in-process comparison)\n", max_tokens,
+               h_full * 1e3, h_one * 1e3);
+        return 0;
+    }
+    srv_runtime_opts ro;
+    srv_runtime_defaults(&ro);
+    ro.model_dir = root;
+    if (threads) ro.threads = atoi(threads);
+    srv_runtime rt;
+    char err[1024];
+    if (srv_runtime_open(&rt, &ro, err, sizeof err) != 0) {
+        printf("  in-process comparison skipped: %s\n", err);
+        return 0;
+    }
+    double p_full = inproc_latency(&rt, prompt_len, max_tokens, reps);
+    double p_one = inproc_latency(&rt, prompt_len, 1, reps);
+    srv_runtime_close(&rt);
+    printf("  %-16s %12s %12s %12s\n", "", "HTTP ms", "in-proc ms", "overhead ms");
+    printf("  max_tokens %-5d %12.3f %12.3f %12.3f\n", max_tokens, h_full * 1e3, p_full * 1e3, (h_full - p_full) * 1e3);
+    printf("  max_tokens %-5d %12.3f %12.3f %12.3f\n", 1, h_one * 1e3, p_one * 1e3, (h_one - p_one) * 1e3);
+    if (tok_http != max_tokens) printf("  (note: the HTTP run generated %ld tokens)\n", tok_http);
+    if (h_full < p_full || h_one < p_one)
+        printf("  (a negative overhead is below the noise of this machine%s)\n",
+               child.pid > 0 ? "" : "; with --url the server's idle threads share the cores with the in-process run");
+    return 0;
 }

@@ -1,0 +1,913 @@
+/* server/oai_run.c — POST /v1/completions and /v1/chat/completions: jobs, engine callbacks, response
+ * building, SSE streaming, timeouts and client disconnects.
+ *
+ * One HTTP request is one job; every (prompt, sample) pair is one choice, i.e. one eng_request,
+ * indexed prompt-major (choice = prompt * n + sample). See srv.h for the job life cycle and locks.
+ *
+ * Text. The engine thread decodes each token as it is produced (on_token) and appends its bytes to
+ * the choice's text buffer (byte-level BPE: the text of a sequence is the concatenation of its
+ * tokens' bytes), records where each token's text ends (tok_end, for text_offset) and looks for stop
+ * strings in the window that the new bytes can complete. A match stops the request (on_token returns
+ * 1: finish "stop") and fixes the visible length `cut` (the match start, or its end with
+ * include_stop_str_in_output). Like vLLM, stop strings are not looked for before min_tokens, and the
+ * text of an eos / stop_token_ids token is left out unless include_stop_str_in_output.
+ *
+ * Streaming. The handler thread sleeps on the job's condvar; every publication bumps job->events.
+ * On each wake-up it turns everything new into SSE events: for each unfinished choice, the text it may
+ * show is the decoded text minus (a) the longest suffix that is a proper prefix of a stop string (it
+ * could still become a match, which must not be shown) and minus (b) an incomplete UTF-8 tail. When
+ * the choice finished, everything up to its final length goes out with finish_reason. The events of
+ * one wake-up are written as one HTTP chunk; a failed write means the client left: every choice is
+ * cancelled and the handler waits for the job to settle before freeing it.
+ *
+ * Non-streaming clients are not polled for disconnects (civetweb exposes no socket to poll while the
+ * handler waits): such a request runs to its end or to --request-timeout.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/srv.h"
+
+typedef struct srv_choice {
+    eng_request r; /* first member: the engine hands &r to the callbacks */
+    srv_job *job;
+    int index, prompt_idx;
+    /* published by the engine thread under job->mu */
+    char *text;
+    size_t text_len, text_cap;
+    uint32_t *tok_end; /* [max_tokens]: text length after token i */
+    int n_pub;         /* tokens visible to the handler */
+    int stop_idx;      /* matched stop string, -1 */
+    size_t cut;        /* visible text length after a stop-string match */
+    int finished;
+    int oom;
+    /* engine thread only */
+    double t_last;
+    /* handler only: streaming cursors */
+    int sent_tokens, sent_final;
+    size_t sent_bytes;
+} srv_choice;
+
+enum { JOB_QUEUED = 0, JOB_ACCEPTED, JOB_REJECTED };
+
+struct srv_job {
+    srv_state *s;
+    srv_gen g;
+    srv_choice *ch;
+    int n_ch;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;
+    int n_live;      /* submitted choices not finished yet */
+    uint64_t events; /* bumped on every publication */
+    srv_err rej;
+    double t_arrival;
+    double created;
+    char id[64];
+    srv_job *next;
+};
+
+/* ---- engine-thread side --------------------------------------------------------------------------- */
+
+static int is_stop_token(const srv_state *s, const eng_request *r, int32_t tok)
+{
+    if (r->n_out < r->min_tokens) return 0;
+    if (!r->ignore_eos)
+        for (int i = 0; i < s->n_eos; i++)
+            if (tok == s->eos[i]) return 1;
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (tok == r->stop_ids[i]) return 1;
+    return 0;
+}
+
+/* Grows the text buffer to hold `more` bytes. Returns 0 or -1. */
+static int text_reserve(srv_choice *ch, size_t more)
+{
+    if (ch->text_len + more + 1 <= ch->text_cap) return 0;
+    size_t nc = ch->text_cap ? ch->text_cap : 256;
+    while (nc < ch->text_len + more + 1) nc *= 2;
+    char *nt = realloc(ch->text, nc);
+    if (!nt) return -1;
+    ch->text = nt;
+    ch->text_cap = nc;
+    return 0;
+}
+
+static int on_token(eng_request *r, void *user)
+{
+    srv_choice *ch = user;
+    srv_job *j = ch->job;
+    srv_state *s = j->s;
+    const srv_gen *g = &j->g;
+    const int k = r->n_out - 1;
+    const int32_t tok = r->out_tokens[k];
+    const double now = srv_now();
+
+    pthread_mutex_lock(&s->met.mu);
+    if (k == 0) srv_hist_observe(&s->met.ttft, now - j->t_arrival);
+    else srv_hist_observe(&s->met.itl, now - ch->t_last);
+    pthread_mutex_unlock(&s->met.mu);
+    ch->t_last = now;
+
+    /* this token's bytes (none for a stop token unless include_stop_str_in_output) */
+    const int stop_tok = is_stop_token(s, r, tok);
+    char small[256], *piece = small;
+    size_t pn = 0;
+    if (s->tok && (!stop_tok || g->include_stop)) {
+        char err[64];
+        if (mdl_tok_decode(s->tok, &tok, 1, g->skip_special, small, sizeof small, &pn, err, sizeof err) != 0) pn = 0;
+        if (pn > sizeof small) {
+            piece = malloc(pn);
+            size_t n2 = 0;
+            if (!piece || mdl_tok_decode(s->tok, &tok, 1, g->skip_special, piece, pn, &n2, err, sizeof err) != 0) {
+                free(piece);
+                piece = small;
+                pn = 0;
+            }
+        }
+    }
+
+    int stop = 0;
+    pthread_mutex_lock(&j->mu);
+    const size_t old_len = ch->text_len;
+    if (pn) {
+        if (text_reserve(ch, pn) != 0) {
+            ch->oom = 1;
+            stop = 1;
+        } else {
+            memcpy(ch->text + ch->text_len, piece, pn);
+            ch->text_len += pn;
+            ch->text[ch->text_len] = 0;
+        }
+    }
+    ch->tok_end[k] = (uint32_t)ch->text_len;
+    if (!stop && g->n_stop && !stop_tok && r->n_out >= r->min_tokens && ch->text_len > old_len) {
+        /* earliest match that ends inside the new bytes: it may start up to max_stop_len - 1 bytes
+         * before them */
+        size_t from = old_len >= g->max_stop_len - 1 ? old_len - (g->max_stop_len - 1) : 0, best = (size_t)-1;
+        int best_i = -1;
+        for (int i = 0; i < g->n_stop; i++) {
+            size_t L = g->stop_len[i];
+            for (size_t p = from; p + L <= ch->text_len && p < best; p++)
+                if (ch->text[p] == g->stop[i][0] && p + L > old_len && memcmp(ch->text + p, g->stop[i], L) == 0) {
+                    best = p;
+                    best_i = i;
+                    break;
+                }
+        }
+        if (best_i >= 0) {
+            ch->stop_idx = best_i;
+            ch->cut = g->include_stop ? best + g->stop_len[best_i] : best;
+            stop = 1;
+        }
+    }
+    ch->n_pub = r->n_out;
+    j->events++;
+    /* only a streaming handler wants every token; waking a non-streaming one per token would take
+     * CPU from the engine's workers for nothing (it waits for on_finish) */
+    if (g->stream) pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (piece != small) free(piece);
+    return stop;
+}
+
+static void on_finish(eng_request *r, void *user)
+{
+    srv_choice *ch = user;
+    srv_job *j = ch->job;
+    srv_state *s = j->s;
+    /* metrics first: once n_live drops to 0 below, the handler may free the job. The gauges and
+     * counters are refreshed here too (the engine has already released this request's slot and
+     * blocks), so a client that reads /metrics right after its response sees its own request. */
+    srv_metrics_publish(&s->met, s->rt.e);
+    pthread_mutex_lock(&s->met.mu);
+    if (r->finish > ENG_FINISH_NONE && r->finish <= ENG_FINISH_ABORT) s->met.finished[r->finish]++;
+    srv_hist_observe(&s->met.e2e, srv_now() - j->t_arrival);
+    pthread_mutex_unlock(&s->met.mu);
+    pthread_mutex_lock(&j->mu);
+    ch->finished = 1;
+    ch->n_pub = r->n_out;
+    j->n_live--;
+    j->events++;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void job_reject(srv_job *j, int status, const char *msg)
+{
+    pthread_mutex_lock(&j->mu);
+    srv_errf(&j->rej, status, NULL, "%s", msg);
+    j->state = JOB_REJECTED;
+    j->events++;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void job_submit(srv_state *s, srv_job *j)
+{
+    char err[512] = "";
+    int busy = 0, submitted = 0;
+    for (; submitted < j->n_ch; submitted++)
+        if (eng_submit(s->rt.e, &j->ch[submitted].r, &busy, err, sizeof err) != 0) break;
+    /* on_finish only ever runs inside eng_step / eng_abort_all on this thread, so nothing finished yet */
+    pthread_mutex_lock(&j->mu);
+    j->n_live = submitted;
+    if (submitted < j->n_ch) {
+        for (int i = 0; i < submitted; i++) atomic_store(&j->ch[i].r.cancel, 1);
+        srv_errf(&j->rej, busy ? 503 : 400, NULL, "%s", err);
+        j->state = JOB_REJECTED;
+    } else {
+        j->state = JOB_ACCEPTED;
+    }
+    j->events++;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void srv_jobs_dispatch(srv_state *s, srv_job *list, int stopping)
+{
+    while (list) {
+        srv_job *j = list;
+        list = j->next; /* read first: once handed over, the handler may free j */
+        if (stopping) job_reject(j, 503, "the server is shutting down");
+        else job_submit(s, j);
+    }
+}
+
+/* ---- job construction ---------------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static void job_free(srv_job *j)
+{
+    if (!j) return;
+    for (int i = 0; i < j->n_ch; i++) {
+        srv_choice *ch = &j->ch[i];
+        free(ch->r.out_tokens);
+        free(ch->r.out_logprobs);
+        free(ch->r.out_top);
+        free(ch->text);
+        free(ch->tok_end);
+    }
+    free(j->ch);
+    srv_gen_free(&j->g);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+static srv_job *job_new(srv_state *s, double t_arrival)
+{
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->s = s;
+    j->t_arrival = t_arrival;
+    j->created = srv_wall();
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return j;
+}
+
+/* Allocates one choice per (prompt, sample) with its output buffers. */
+static int job_choices(srv_job *j, srv_err *e)
+{
+    srv_state *s = j->s;
+    const srv_gen *g = &j->g;
+    uint64_t id = atomic_fetch_add(&s->next_id, 1) + 1;
+    snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", g->api == SRV_API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)splitmix64(s->seed_base ^ id), (unsigned long long)id);
+    j->n_ch = g->n_prompts * g->n;
+    j->ch = calloc((size_t)j->n_ch, sizeof *j->ch);
+    if (!j->ch) return srv_errf(e, 500, NULL, "out of memory");
+    const size_t mt = (size_t)g->max_tokens, k = (size_t)g->sp.logprobs;
+    for (int p = 0; p < g->n_prompts; p++)
+        for (int i = 0; i < g->n; i++) {
+            srv_choice *ch = &j->ch[p * g->n + i];
+            eng_request *r = &ch->r;
+            ch->job = j;
+            ch->index = p * g->n + i;
+            ch->prompt_idx = p;
+            ch->stop_idx = -1;
+            r->prompt = g->prompts[p].ids;
+            r->n_prompt = g->prompts[p].n;
+            r->max_tokens = g->max_tokens;
+            r->min_tokens = g->min_tokens;
+            r->ignore_eos = g->ignore_eos;
+            r->stop_ids = g->stop_ids;
+            r->n_stop_ids = g->n_stop_ids;
+            r->sp = g->sp;
+            /* seeded: sample i uses seed + i (so n > 1 gives n different, reproducible samples);
+             * unseeded: a per-process random stream */
+            r->sp.seed = g->seed_set ? g->sp.seed + (uint64_t)i
+                                     : splitmix64(s->seed_base + atomic_fetch_add(&s->next_id, 1));
+            r->out_tokens = malloc(mt * sizeof *r->out_tokens);
+            r->out_logprobs = malloc(mt * sizeof *r->out_logprobs);
+            r->out_top = k ? malloc(mt * k * sizeof *r->out_top) : NULL;
+            ch->tok_end = malloc(mt * sizeof *ch->tok_end);
+            if (!r->out_tokens || !r->out_logprobs || (k && !r->out_top) || !ch->tok_end)
+                return srv_errf(e, 500, NULL, "out of memory allocating outputs for %zu tokens", mt);
+            r->on_token = on_token;
+            r->on_finish = on_finish;
+            r->user = ch;
+            atomic_init(&r->cancel, 0);
+        }
+    return 0;
+}
+
+static void cancel_all(srv_job *j)
+{
+    for (int i = 0; i < j->n_ch; i++) atomic_store(&j->ch[i].r.cancel, 1);
+}
+
+/* Caller holds j->mu. */
+static int settled(const srv_job *j) { return j->state != JOB_QUEUED && j->n_live == 0; }
+
+static void abs_deadline(double t, struct timespec *ts)
+{
+    /* srv_now() is CLOCK_MONOTONIC, as is the job condvar */
+    ts->tv_sec = (time_t)t;
+    ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Caller holds j->mu. Waits until pred or the deadline; returns 0 on pred, ETIMEDOUT otherwise. */
+static int wait_until(srv_job *j, int (*pred)(const srv_job *, uint64_t), uint64_t arg, double deadline)
+{
+    struct timespec ts;
+    abs_deadline(deadline, &ts);
+    while (!pred(j, arg)) {
+        if (srv_now() >= deadline) return ETIMEDOUT;
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+    }
+    return 0;
+}
+
+static int pred_settled(const srv_job *j, uint64_t unused)
+{
+    (void)unused;
+    return settled(j);
+}
+static int pred_not_queued(const srv_job *j, uint64_t unused)
+{
+    (void)unused;
+    return j->state != JOB_QUEUED;
+}
+static int pred_event(const srv_job *j, uint64_t seen) { return j->events != seen; }
+
+/* Caller holds j->mu. Cancels and waits (unbounded: the engine retires cancelled requests at its next
+ * step, and at shutdown aborts everything) until the engine holds no pointer into the job. */
+static void cancel_and_settle(srv_job *j)
+{
+    cancel_all(j);
+    while (!settled(j)) pthread_cond_wait(&j->cv, &j->mu);
+}
+
+/* ---- response building ---------------------------------------------------------------------------------- */
+
+static const char *finish_name(const srv_choice *ch)
+{
+    switch (ch->r.finish) {
+    case ENG_FINISH_STOP: return "stop";
+    case ENG_FINISH_LENGTH: return "length";
+    default: return "abort";
+    }
+}
+
+static void add_stop_reason(cJSON *o, const srv_job *j, const srv_choice *ch)
+{
+    if (ch->stop_idx >= 0) {
+        cJSON_AddStringToObject(o, "stop_reason", j->g.stop[ch->stop_idx]);
+        return;
+    }
+    int32_t t = ch->r.stop_token;
+    for (int i = 0; t >= 0 && i < j->g.n_stop_ids; i++)
+        if (j->g.stop_ids[i] == t) {
+            cJSON_AddNumberToObject(o, "stop_reason", t);
+            return;
+        }
+    cJSON_AddNullToObject(o, "stop_reason"); /* eos, length, abort */
+}
+
+/* The visible end of a choice's text. Caller holds j->mu. */
+static size_t visible_end(const srv_job *j, const srv_choice *ch)
+{
+    if (ch->stop_idx >= 0) return ch->cut;
+    if (ch->finished) return ch->text_len;
+    size_t end = ch->text_len;
+    /* hold back the longest suffix that is a proper prefix of a stop string */
+    size_t hold = 0;
+    for (int i = 0; i < j->g.n_stop; i++) {
+        size_t L = j->g.stop_len[i];
+        for (size_t h = (L - 1 < end ? L - 1 : end); h > hold; h--)
+            if (ch->text[end - h] == j->g.stop[i][0] && memcmp(ch->text + end - h, j->g.stop[i], h) == 0) {
+                hold = h;
+                break;
+            }
+    }
+    end = srv_utf8_stable_len(ch->text, end - hold);
+    return end < ch->sent_bytes ? ch->sent_bytes : end;
+}
+
+/* The display form of a token: "token_id:N" (return_tokens_as_token_ids, or no tokenizer), its text,
+ * or, when its bytes are not valid UTF-8 on their own (part of a character), "bytes:\xNN..." as
+ * OpenAI writes them, so distinct tokens keep distinct top_logprobs keys. *rn: raw byte count. */
+static cJSON *token_json(const srv_job *j, int32_t id, char *raw, size_t cap, size_t *rn)
+{
+    *rn = 0;
+    if (!j->g.tokens_as_ids && j->s->tok && mdl_tok_piece(j->s->tok, id, raw, cap, rn) == 0 && *rn <= cap) {
+        if (srv_utf8_valid(raw, *rn) && !memchr(raw, 0, *rn)) return srv_json_bytes(raw, *rn);
+        char esc[6 + 4 * 64 + 1];
+        size_t k = (size_t)snprintf(esc, sizeof esc, "bytes:");
+        for (size_t i = 0; i < *rn && k + 4 < sizeof esc; i++)
+            k += (size_t)snprintf(esc + k, sizeof esc - k, "\\x%02x", (unsigned char)raw[i]);
+        return cJSON_CreateString(esc);
+    }
+    char name[32];
+    snprintf(name, sizeof name, "token_id:%d", (int)id);
+    *rn = 0;
+    return cJSON_CreateString(name);
+}
+
+/* Legacy completions logprobs for tokens [from, to). base: text offset of the completion. */
+static cJSON *lp_legacy(const srv_job *j, const srv_choice *ch, int from, int to, size_t base)
+{
+    const eng_request *r = &ch->r;
+    const int K = r->sp.logprobs;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *tlp = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs"), *off = cJSON_AddArrayToObject(o, "text_offset");
+    char raw[1024];
+    size_t rn;
+    for (int i = from; i < to; i++) {
+        cJSON *name = token_json(j, r->out_tokens[i], raw, sizeof raw, &rn);
+        cJSON *m = cJSON_CreateObject();
+        if (name && m) {
+            cJSON_AddNumberToObject(m, name->valuestring, r->out_logprobs[i]);
+            for (int k = 0; k < K; k++) {
+                const eng_toplp *t = &r->out_top[(size_t)i * (size_t)K + (size_t)k];
+                cJSON *tn = token_json(j, t->id, raw, sizeof raw, &rn);
+                if (tn && !cJSON_GetObjectItemCaseSensitive(m, tn->valuestring))
+                    cJSON_AddNumberToObject(m, tn->valuestring, t->logprob);
+                cJSON_Delete(tn);
+            }
+        }
+        cJSON_AddItemToArray(toks, name);
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(r->out_logprobs[i]));
+        cJSON_AddItemToArray(top, m);
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(base + (i ? ch->tok_end[i - 1] : 0))));
+    }
+    return o;
+}
+
+static cJSON *chat_lp_entry(const srv_job *j, int32_t id, float lp)
+{
+    char raw[1024];
+    size_t rn;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddItemToObject(e, "token", token_json(j, id, raw, sizeof raw, &rn));
+    cJSON_AddNumberToObject(e, "logprob", lp);
+    cJSON *b = cJSON_AddArrayToObject(e, "bytes");
+    for (size_t i = 0; i < rn; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
+    return e;
+}
+
+/* Chat logprobs {"content":[...]} for tokens [from, to). */
+static cJSON *lp_chat(const srv_job *j, const srv_choice *ch, int from, int to)
+{
+    const eng_request *r = &ch->r;
+    const int K = r->sp.logprobs;
+    cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
+    for (int i = from; i < to; i++) {
+        cJSON *e = chat_lp_entry(j, r->out_tokens[i], r->out_logprobs[i]);
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int k = 0; k < K; k++) {
+            const eng_toplp *t = &r->out_top[(size_t)i * (size_t)K + (size_t)k];
+            cJSON_AddItemToArray(tops, chat_lp_entry(j, t->id, t->logprob));
+        }
+        cJSON_AddItemToArray(content, e);
+    }
+    return o;
+}
+
+static cJSON *ids_json(const int32_t *ids, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+static void add_usage(cJSON *o, const srv_job *j)
+{
+    long p = 0, c = 0;
+    for (int i = 0; i < j->g.n_prompts; i++) p += j->g.prompts[i].n;
+    for (int i = 0; i < j->n_ch; i++) c += j->ch[i].n_pub;
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)p);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)c);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(p + c));
+}
+
+static cJSON *head_json(const srv_job *j, const char *object)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)(long long)j->created);
+    cJSON_AddStringToObject(o, "model", j->s->model_name);
+    return o;
+}
+
+/* Echo text of a choice's prompt (completions with echo). */
+static char *echo_text(const srv_job *j, int prompt_idx, size_t *len)
+{
+    *len = 0;
+    if (!j->g.echo || !j->s->tok) return NULL;
+    return srv_decode(j->s, j->g.prompts[prompt_idx].ids, j->g.prompts[prompt_idx].n, j->g.skip_special, len);
+}
+
+/* The whole (non-streaming) response of a settled job. */
+static cJSON *full_response(const srv_job *j)
+{
+    const int chat = j->g.api == SRV_API_CHAT;
+    cJSON *o = head_json(j, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < j->n_ch; i++) {
+        const srv_choice *ch = &j->ch[i];
+        const srv_prompt *pr = &j->g.prompts[ch->prompt_idx];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(choices, c);
+        cJSON_AddNumberToObject(c, "index", ch->index);
+        size_t end = ch->stop_idx >= 0 ? ch->cut : ch->text_len, elen = 0;
+        char *echo = echo_text(j, ch->prompt_idx, &elen);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddItemToObject(m, "content", srv_json_bytes(ch->text ? ch->text : "", end));
+        } else {
+            char *t = malloc(elen + end + 1);
+            if (t) {
+                if (elen) memcpy(t, echo, elen);
+                if (end) memcpy(t + elen, ch->text, end);
+                cJSON_AddItemToObject(c, "text", srv_json_bytes(t, elen + end));
+            }
+            free(t);
+        }
+        free(echo);
+        if (j->g.logprobs)
+            cJSON_AddItemToObject(c, "logprobs", chat ? lp_chat(j, ch, 0, ch->n_pub) : lp_legacy(j, ch, 0, ch->n_pub, elen));
+        else
+            cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddStringToObject(c, "finish_reason", finish_name(ch));
+        add_stop_reason(c, j, ch);
+        if (j->g.return_token_ids) {
+            cJSON_AddItemToObject(c, "token_ids", ids_json(ch->r.out_tokens, ch->n_pub));
+            if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", ids_json(pr->ids, pr->n));
+        }
+    }
+    if (chat && j->g.return_token_ids)
+        cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(j->g.prompts[0].ids, j->g.prompts[0].n));
+    add_usage(o, j);
+    cJSON_AddNumberToObject(o, "weight_version", (double)srv_weight_version(j->s));
+    return o;
+}
+
+/* ---- streaming -------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} obuf;
+
+static void ob_add(obuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t nc = (b->n + n) * 2 + 256;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+
+/* Appends "data: <json>\n\n" and frees o. */
+static void ob_event(obuf *b, cJSON *o)
+{
+    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!t) {
+        b->oom = 1;
+        return;
+    }
+    ob_add(b, "data: ", 6);
+    ob_add(b, t, strlen(t));
+    ob_add(b, "\n\n", 2);
+    free(t);
+}
+
+typedef struct {
+    struct mg_connection *c;
+    int chunked; /* HTTP/1.1: Transfer-Encoding: chunked; HTTP/1.0: raw until close */
+    int broken;  /* a write failed: the client is gone */
+} stream_out;
+
+/* Writes b as one HTTP chunk (one write). */
+static void so_flush(stream_out *so, obuf *b)
+{
+    if (so->broken || b->n == 0) {
+        b->n = 0;
+        return;
+    }
+    if (b->oom) {
+        so->broken = 1;
+        return;
+    }
+    if (so->chunked) {
+        char hdr[24];
+        int hn = snprintf(hdr, sizeof hdr, "%zx\r\n", b->n);
+        obuf f = {0};
+        ob_add(&f, hdr, (size_t)hn);
+        ob_add(&f, b->p, b->n);
+        ob_add(&f, "\r\n", 2);
+        if (f.oom || mg_write(so->c, f.p, f.n) != (int)f.n) so->broken = 1;
+        free(f.p);
+    } else if (mg_write(so->c, b->p, b->n) != (int)b->n) {
+        so->broken = 1;
+    }
+    b->n = 0;
+}
+
+/* The first event of each choice: the chat role, or (completions) the echoed prompt and/or
+ * prompt_token_ids (immutable request data: no lock). */
+static void first_events(const srv_job *j, obuf *b)
+{
+    const int chat = j->g.api == SRV_API_CHAT;
+    if (!chat && !j->g.echo && !j->g.return_token_ids) return;
+    for (int i = 0; i < j->n_ch; i++) {
+        const srv_choice *ch = &j->ch[i];
+        const srv_prompt *pr = &j->g.prompts[ch->prompt_idx];
+        cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion");
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+        cJSON_AddNumberToObject(c, "index", ch->index);
+        if (chat) {
+            cJSON *d = cJSON_AddObjectToObject(c, "delta");
+            cJSON_AddStringToObject(d, "role", "assistant");
+            cJSON_AddStringToObject(d, "content", "");
+        } else {
+            size_t elen = 0;
+            char *echo = echo_text(j, ch->prompt_idx, &elen);
+            cJSON_AddItemToObject(c, "text", srv_json_bytes(echo ? echo : "", elen));
+            free(echo);
+        }
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        if (j->g.return_token_ids) {
+            cJSON_AddItemToObject(c, "token_ids", cJSON_CreateArray());
+            if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", ids_json(pr->ids, pr->n));
+        }
+        if (chat && j->g.return_token_ids && i == 0)
+            cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(pr->ids, pr->n));
+        ob_event(b, o);
+    }
+}
+
+/* What a choice has new for the stream, copied under j->mu so that the events can be built without
+ * holding the lock the engine thread needs for every token. Token-indexed arrays below n_pub
+ * (out_tokens, out_logprobs, out_top, tok_end) and the finish fields of a finished choice never
+ * change again, so they are read afterwards without the lock. */
+typedef struct {
+    int n_pub, fin;
+    size_t end;  /* new visible length */
+    char *delta; /* text[sent_bytes, end) */
+    size_t dn;
+} choice_snap;
+
+/* Caller holds j->mu. Returns 1 when the choice has something to send. */
+static int snap_choice(const srv_job *j, const srv_choice *ch, choice_snap *sn)
+{
+    memset(sn, 0, sizeof *sn);
+    if (ch->sent_final) return 0;
+    sn->fin = ch->finished;
+    sn->n_pub = ch->n_pub;
+    sn->end = visible_end(j, ch);
+    const int want_tokens = j->g.logprobs || j->g.return_token_ids;
+    if (!(sn->end > ch->sent_bytes || (sn->n_pub > ch->sent_tokens && want_tokens) || sn->fin)) return 0;
+    sn->dn = sn->end > ch->sent_bytes ? sn->end - ch->sent_bytes : 0;
+    sn->delta = malloc(sn->dn + 1);
+    if (sn->delta && sn->dn) memcpy(sn->delta, ch->text + ch->sent_bytes, sn->dn);
+    return 1;
+}
+
+/* The event for a snapshot (no lock held); advances the handler's cursors. */
+static void emit_choice(srv_job *j, srv_choice *ch, choice_snap *sn, size_t echo_len, obuf *b)
+{
+    const int chat = j->g.api == SRV_API_CHAT;
+    cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", ch->index);
+    const char *delta = sn->delta ? sn->delta : "";
+    const size_t dn = sn->delta ? sn->dn : 0;
+    if (!sn->delta) b->oom = 1;
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (dn || !sn->fin) cJSON_AddItemToObject(d, "content", srv_json_bytes(delta, dn));
+    } else {
+        cJSON_AddItemToObject(c, "text", srv_json_bytes(delta, dn));
+    }
+    if (j->g.logprobs)
+        cJSON_AddItemToObject(c, "logprobs", chat ? lp_chat(j, ch, ch->sent_tokens, sn->n_pub)
+                                                  : lp_legacy(j, ch, ch->sent_tokens, sn->n_pub, echo_len));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    if (sn->fin) {
+        cJSON_AddStringToObject(c, "finish_reason", finish_name(ch));
+        add_stop_reason(c, j, ch);
+    } else {
+        cJSON_AddNullToObject(c, "finish_reason");
+    }
+    if (j->g.return_token_ids)
+        cJSON_AddItemToObject(c, "token_ids", ids_json(ch->r.out_tokens + ch->sent_tokens, sn->n_pub - ch->sent_tokens));
+    ch->sent_bytes = sn->end;
+    ch->sent_tokens = sn->n_pub;
+    ch->sent_final = sn->fin;
+    free(sn->delta);
+    sn->delta = NULL;
+    ob_event(b, o);
+}
+
+static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double deadline)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    stream_out so = {c, strcmp(ri->http_version ? ri->http_version : "", "1.1") == 0, 0};
+    obuf b = {0};
+    pthread_mutex_lock(&j->mu);
+    /* errors before the first token are plain HTTP errors: wait for the engine to accept the job */
+    if (wait_until(j, pred_not_queued, 0, deadline) != 0) {
+        cancel_and_settle(j);
+        pthread_mutex_unlock(&j->mu);
+        return srv_send_error(c, 504, NULL, "request timed out after %.0f s waiting to be scheduled (--request-timeout)",
+                              s->request_timeout);
+    }
+    if (j->state == JOB_REJECTED) {
+        cancel_and_settle(j);
+        srv_err e = j->rej;
+        pthread_mutex_unlock(&j->mu);
+        return srv_send_err(c, &e);
+    }
+    pthread_mutex_unlock(&j->mu);
+
+    char head[256];
+    int hn = snprintf(head, sizeof head,
+                      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n%s\r\n",
+                      so.chunked ? "Transfer-Encoding: chunked\r\n" : "Connection: close\r\n");
+    if (mg_write(c, head, (size_t)hn) != hn) so.broken = 1;
+
+    /* echo length per prompt (for text_offset) */
+    size_t *echo_len = calloc((size_t)j->g.n_prompts, sizeof *echo_len);
+    if (echo_len && j->g.echo)
+        for (int p = 0; p < j->g.n_prompts; p++) {
+            char *t = echo_text(j, p, &echo_len[p]);
+            free(t);
+        }
+
+    int timed_out = 0;
+    uint64_t seen = 0;
+    choice_snap *snap = calloc((size_t)j->n_ch, sizeof *snap);
+    char *has = calloc((size_t)j->n_ch, 1);
+    if (!snap || !has) so.broken = 1; /* out of memory: treated like a lost client */
+    first_events(j, &b);
+    pthread_mutex_lock(&j->mu);
+    while (!so.broken) {
+        seen = j->events;
+        for (int i = 0; i < j->n_ch; i++) has[i] = (char)snap_choice(j, &j->ch[i], &snap[i]);
+        pthread_mutex_unlock(&j->mu);
+        int all_sent = 1;
+        for (int i = 0; i < j->n_ch; i++) {
+            if (has[i]) emit_choice(j, &j->ch[i], &snap[i], echo_len ? echo_len[j->ch[i].prompt_idx] : 0, &b);
+            all_sent &= j->ch[i].sent_final;
+        }
+        so_flush(&so, &b);
+        pthread_mutex_lock(&j->mu);
+        if (so.broken || all_sent) break;
+        if (wait_until(j, pred_event, seen, deadline) != 0) {
+            timed_out = 1;
+            break;
+        }
+    }
+    /* the client left, the deadline passed, or everything was sent: make sure the engine is done */
+    if (!settled(j)) cancel_and_settle(j);
+    if (!so.broken) {
+        if (timed_out) {
+            srv_err e;
+            srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
+                     s->request_timeout);
+            ob_event(&b, srv_err_json(&e));
+        } else if (j->g.include_usage) {
+            cJSON *o = head_json(j, j->g.api == SRV_API_CHAT ? "chat.completion.chunk" : "text_completion");
+            cJSON_AddArrayToObject(o, "choices");
+            add_usage(o, j);
+            ob_event(&b, o);
+        }
+        ob_add(&b, "data: [DONE]\n\n", 14);
+    }
+    pthread_mutex_unlock(&j->mu);
+    so_flush(&so, &b);
+    if (so.chunked && !so.broken) mg_write(c, "0\r\n\r\n", 5);
+    free(snap);
+    free(has);
+    free(b.p);
+    free(echo_len);
+    return 200;
+}
+
+/* ---- the routes --------------------------------------------------------------------------------------------- */
+
+static int route_gen(srv_state *s, struct mg_connection *c, srv_api api)
+{
+    const double t0 = srv_now(), deadline = t0 + s->request_timeout;
+    srv_err e;
+    cJSON *body = srv_read_json(s, c, &e);
+    if (!body) return srv_send_err(c, &e);
+    srv_job *j = job_new(s, t0);
+    if (!j) {
+        cJSON_Delete(body);
+        return srv_send_error(c, 500, NULL, "out of memory");
+    }
+    int rc = srv_parse_gen(s, body, api, &j->g, &e);
+    cJSON_Delete(body);
+    if (rc == 0 && j->g.n_stop && !s->tok)
+        rc = srv_errf(&e, 400, "stop", "stop strings need a tokenizer, and this model has none");
+    if (rc == 0) rc = job_choices(j, &e);
+    if (rc != 0) {
+        job_free(j);
+        return srv_send_err(c, &e);
+    }
+
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        job_free(j);
+        return srv_send_error(c, 503, NULL, "the server is shutting down");
+    }
+    if (s->inbox_tail) s->inbox_tail->next = j;
+    else s->inbox_head = j;
+    s->inbox_tail = j;
+    pthread_cond_signal(&s->inbox_cv);
+    pthread_mutex_unlock(&s->mu);
+
+    if (j->g.stream) {
+        int st = stream_job(s, c, j, deadline);
+        job_free(j);
+        return st;
+    }
+    pthread_mutex_lock(&j->mu);
+    int timed_out = wait_until(j, pred_settled, 0, deadline) != 0;
+    if (timed_out) cancel_and_settle(j);
+    int status;
+    if (j->state == JOB_REJECTED) {
+        srv_err r = j->rej;
+        pthread_mutex_unlock(&j->mu);
+        status = srv_send_err(c, &r);
+    } else if (timed_out) {
+        pthread_mutex_unlock(&j->mu);
+        status = srv_send_error(c, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was "
+                                              "cancelled", s->request_timeout);
+    } else {
+        /* settled: the engine no longer touches the job, so it is read without the lock */
+        pthread_mutex_unlock(&j->mu);
+        int oom = 0;
+        for (int i = 0; i < j->n_ch; i++) oom |= j->ch[i].oom;
+        cJSON *o = oom ? NULL : full_response(j);
+        status = o ? srv_send_json(c, 200, o) : srv_send_error(c, 500, NULL, "out of memory building the response");
+        cJSON_Delete(o);
+    }
+    job_free(j);
+    return status;
+}
+
+int srv_route_completions(srv_state *s, struct mg_connection *c) { return route_gen(s, c, SRV_API_COMPLETIONS); }
+int srv_route_chat(srv_state *s, struct mg_connection *c) { return route_gen(s, c, SRV_API_CHAT); }

@@ -1,0 +1,135 @@
+/* server/routes.c — the small routes: GET /health, GET /v1/models, GET /metrics, POST /tokenize,
+ * POST /detokenize (vLLM shapes). None of them touches the engine: they read immutable start-up data,
+ * the tokenizer (thread-safe) or the metrics copies. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/srv.h"
+
+int srv_route_health(srv_state *s, struct mg_connection *c)
+{
+    (void)s;
+    static const char ok[] = "{\"status\":\"ok\"}";
+    return srv_send(c, 200, "application/json", NULL, ok, sizeof ok - 1);
+}
+
+int srv_route_models(srv_state *s, struct mg_connection *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)(long long)s->t_start);
+    cJSON_AddStringToObject(m, "owned_by", "graphswap");
+    cJSON_AddStringToObject(m, "root", s->model_dir);
+    cJSON_AddNullToObject(m, "parent");
+    cJSON_AddNumberToObject(m, "max_model_len", s->max_model_len);
+    int st = srv_send_json(c, 200, o);
+    cJSON_Delete(o);
+    return st;
+}
+
+int srv_route_metrics(srv_state *s, struct mg_connection *c)
+{
+    size_t n = 0;
+    char *txt = srv_metrics_render(&s->met, s->model_name, &n);
+    if (!txt) return srv_send_error(c, 500, NULL, "out of memory rendering metrics");
+    srv_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, txt, n);
+    free(txt);
+    return 200;
+}
+
+/* {"prompt": str | [ids], "add_special_tokens": bool} or {"messages": [...], "add_generation_prompt": bool}
+ * -> {"count", "max_model_len", "tokens", "token_strs"} */
+int srv_route_tokenize(srv_state *s, struct mg_connection *c)
+{
+    srv_err e;
+    cJSON *body = srv_read_json(s, c, &e);
+    if (!body) return srv_send_err(c, &e);
+    srv_prompt p = {0};
+    int rc = 0, add_special = 1, add_gen = 1, strs = 0;
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    const cJSON *v;
+#define BOOL_FIELD(key, dst)                                                                                \
+    if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(body, key)) != NULL && !cJSON_IsNull(v)) {          \
+        if (cJSON_IsBool(v)) dst = cJSON_IsTrue(v);                                                          \
+        else rc = srv_errf(&e, 400, key, "%s must be a boolean", key);                                        \
+    }
+    BOOL_FIELD("add_special_tokens", add_special)
+    BOOL_FIELD("add_generation_prompt", add_gen)
+    BOOL_FIELD("return_token_strs", strs)
+#undef BOOL_FIELD
+    if (rc == 0) {
+        if (messages && !cJSON_IsNull(messages)) {
+            rc = srv_chat_encode(s, messages, add_gen, &p, &e);
+        } else if (cJSON_IsString(prompt)) {
+            rc = srv_parse_prompt_text(s, prompt->valuestring, strlen(prompt->valuestring), add_special, &p, "prompt",
+                                       &e);
+        } else {
+            rc = srv_errf(&e, 400, "prompt", "give prompt (a string) or messages (a list of chat messages)");
+        }
+    }
+    cJSON_Delete(body);
+    if (rc) return srv_send_err(c, &e);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "count", p.n);
+    cJSON_AddNumberToObject(o, "max_model_len", s->max_model_len);
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < p.n; i++) cJSON_AddItemToArray(toks, cJSON_CreateNumber(p.ids[i]));
+    if (strs) {
+        cJSON *a = cJSON_AddArrayToObject(o, "token_strs");
+        char raw[1024];
+        for (int i = 0; i < p.n; i++) {
+            size_t rn = 0;
+            if (mdl_tok_piece(s->tok, p.ids[i], raw, sizeof raw, &rn) != 0 || rn > sizeof raw) rn = 0;
+            cJSON_AddItemToArray(a, srv_json_bytes(raw, rn));
+        }
+    } else {
+        cJSON_AddNullToObject(o, "token_strs");
+    }
+    free(p.ids);
+    int st = srv_send_json(c, 200, o);
+    cJSON_Delete(o);
+    return st;
+}
+
+/* {"tokens": [ids]} -> {"prompt": text} */
+int srv_route_detokenize(srv_state *s, struct mg_connection *c)
+{
+    srv_err e;
+    cJSON *body = srv_read_json(s, c, &e);
+    if (!body) return srv_send_err(c, &e);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(body, "tokens");
+    int n = cJSON_GetArraySize(t);
+    int32_t *ids = NULL;
+    int rc = 0;
+    if (!s->tok) rc = srv_errf(&e, 400, "tokens", "this model has no tokenizer");
+    else if (!cJSON_IsArray(t)) rc = srv_errf(&e, 400, "tokens", "tokens must be a list of token ids");
+    else if (n > 0 && !(ids = malloc((size_t)n * sizeof *ids))) rc = srv_errf(&e, 500, NULL, "out of memory");
+    for (int i = 0; rc == 0 && i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(t, i);
+        int32_t lim = mdl_tok_vocab_size(s->tok) > s->vocab ? mdl_tok_vocab_size(s->tok) : s->vocab;
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || !(x->valuedouble >= 0) ||
+            !(x->valuedouble < lim))
+            rc = srv_errf(&e, 400, "tokens", "tokens[%d] is not a token id in [0, %d)", i, (int)lim);
+        else
+            ids[i] = (int32_t)x->valuedouble;
+    }
+    cJSON_Delete(body);
+    size_t len = 0;
+    char *text = NULL;
+    if (rc == 0 && !(text = n ? srv_decode(s, ids, n, 0, &len) : strdup("")))
+        rc = srv_errf(&e, 400, "tokens", "tokens could not be decoded (an id outside the tokenizer vocabulary)");
+    free(ids);
+    if (rc) return srv_send_err(c, &e);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "prompt", srv_json_bytes(text, len));
+    free(text);
+    int st = srv_send_json(c, 200, o);
+    cJSON_Delete(o);
+    return st;
+}

@@ -1,0 +1,235 @@
+/* server/srv.h — internal interfaces of the HTTP server (every server/ file except the CLI ones).
+ *
+ * Threads and ownership
+ *   - civetweb handler threads: parse and validate untrusted input into plain structs (srv_gen),
+ *     build a job, push it into the inbox, then wait on the job's condition variable and write the
+ *     response (whole, or as SSE chunks). They never call the engine and never touch model state.
+ *   - the engine thread (serve.c): owns srv_state.rt (backend + model + engine). It drains the inbox
+ *     into eng_submit, steps while work exists, and runs the request callbacks (on_token,
+ *     on_finish), which publish results into the job under the job's mutex.
+ *   - the main thread: starts everything, waits for SIGINT/SIGTERM, shuts down.
+ *
+ * Job life cycle (srv_job.state):
+ *   QUEUED  --engine submits every choice-->  ACCEPTED  --all choices finished-->  settled
+ *   QUEUED  --a submit fails / shutdown-->    REJECTED (already submitted choices are cancelled)
+ * A job is "settled" when state != QUEUED and n_live == 0: the engine holds no pointer into it any
+ * more, and only then may the handler free it. Handlers always wait for settling, also after a
+ * timeout or a client disconnect (they set every choice's cancel flag first; the engine retires
+ * cancelled requests at its next step, so the wait is bounded by one step).
+ *
+ * Locks: srv_state.mu guards the inbox and `stopping`; srv_job.mu guards everything the engine
+ * thread publishes into a job (token counts, decoded text, finish flags). The engine thread never
+ * holds both at once. Metrics have their own mutex (histograms) and atomics (gauges, counters).
+ */
+#ifndef GS_SRV_SRV_H
+#define GS_SRV_SRV_H
+
+#include <civetweb.h>
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "models/tokenizer.h"
+#include "server/cli.h"
+
+#define SRV_MAX_STOP 8          /* stop strings per request */
+#define SRV_MAX_STOP_BYTES 256  /* bytes per stop string */
+#define SRV_MAX_N 16            /* samples per prompt */
+#define SRV_MAX_ROUTES 64
+
+typedef struct srv_state srv_state;
+typedef struct srv_job srv_job;
+
+/* ---- errors ------------------------------------------------------------------------------------- */
+
+/* An error to send as {"error":{"message","type","param","code"}} with HTTP status `status`. */
+typedef struct {
+    int status;
+    const char *type; /* NULL: derived from the status */
+    char param[64];   /* "" -> null */
+    char msg[768];
+} srv_err;
+
+int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- metrics (metrics.c) ------------------------------------------------------------------------ */
+
+#define SRV_HIST_MAX 24
+typedef struct {
+    const double *le; /* upper bounds, ascending; +Inf implied */
+    int n;
+    uint64_t bucket[SRV_HIST_MAX + 1]; /* per-bucket (not cumulative) counts, [n] = +Inf */
+    double sum;
+    uint64_t count;
+} srv_hist;
+
+typedef struct {
+    pthread_mutex_t mu; /* histograms and finish counters */
+    srv_hist ttft, itl, e2e;
+    uint64_t finished[4]; /* by eng_finish (index 0 unused) */
+    /* written by the engine thread after each step (a copy: handlers never read the engine) */
+    atomic_int running, waiting, kv_in_use, kv_total;
+    _Atomic uint64_t prompt_tokens, generation_tokens, prefix_queries, prefix_hits;
+    _Atomic uint64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_accepted_per_pos[64];
+} srv_metrics;
+
+void srv_metrics_init(srv_metrics *m);
+void srv_metrics_destroy(srv_metrics *m);
+void srv_hist_observe(srv_hist *h, double v); /* caller holds m->mu */
+/* Engine thread: copies gauges and counters out of the engine. */
+void srv_metrics_publish(srv_metrics *m, const eng_engine *e);
+/* Renders the Prometheus text exposition format; malloc'd, NUL-terminated. */
+char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
+
+/* ---- routing (http.c) --------------------------------------------------------------------------- */
+
+typedef int (*srv_route_fn)(srv_state *s, struct mg_connection *c);
+typedef struct {
+    const char *method; /* "GET", "POST" */
+    const char *path;   /* exact path */
+    srv_route_fn fn;
+    int auth;           /* 1: needs the API key when one is configured */
+} srv_route;
+
+/* Adds a route (at most SRV_MAX_ROUTES; later native routes, e.g. weight updates, plug in here). */
+void srv_route_add(srv_state *s, const char *method, const char *path, srv_route_fn fn, int auth);
+/* The one civetweb request handler: exact path lookup, 405 with Allow for a known path with another
+ * method, 404 otherwise, auth check, then the route. cbdata is the srv_state. */
+int srv_dispatch(struct mg_connection *c, void *cbdata);
+
+/* ---- state -------------------------------------------------------------------------------------- */
+
+struct srv_state {
+    /* immutable after start-up (read by every thread) */
+    srv_runtime rt;          /* engine thread only, after start-up */
+    mdl_tokenizer *tok;      /* NULL when the model folder has none; thread-safe */
+    mdl_chat_family chat;
+    const char *model_name;  /* --served-model-name, or the model folder */
+    const char *model_dir;
+    int vocab;               /* model vocabulary (token ids must be below it) */
+    int max_model_len;
+    int kv_tokens;           /* tokens the whole KV cache holds */
+    int n_eos;
+    int32_t eos[MDL_MAX_EOS];
+    const char *api_key;     /* NULL: no auth */
+    size_t max_body;
+    double request_timeout;  /* seconds */
+    int max_choices;         /* engine requests per HTTP request (prompts x n) */
+    uint64_t seed_base;      /* per-process randomness for unseeded requests */
+    double t_start;          /* wall clock at start (for "created") */
+    srv_route routes[SRV_MAX_ROUTES];
+    int n_routes;
+
+    pthread_mutex_t mu;      /* inbox + stopping */
+    pthread_cond_t inbox_cv;
+    srv_job *inbox_head, *inbox_tail;
+    int stopping;
+
+    _Atomic uint64_t next_id;
+    atomic_int active;       /* handlers inside srv_dispatch (shutdown lets them finish writing) */
+    srv_metrics met;
+};
+
+/* ---- parsed generation request (oai_parse.c) ----------------------------------------------------- */
+
+typedef enum { SRV_API_COMPLETIONS = 0, SRV_API_CHAT } srv_api;
+
+typedef struct {
+    int32_t *ids;
+    int n;
+} srv_prompt;
+
+typedef struct {
+    srv_api api;
+    srv_prompt *prompts;
+    int n_prompts;
+    int n;               /* samples per prompt */
+    int max_tokens, min_tokens, ignore_eos;
+    eng_sampling sp;     /* sp.logprobs = alternatives per token */
+    int seed_set;
+    char *stop[SRV_MAX_STOP];
+    size_t stop_len[SRV_MAX_STOP];
+    int n_stop;
+    size_t max_stop_len;
+    int32_t *stop_ids;
+    int n_stop_ids;
+    int logprobs;        /* 1: report logprobs (completions: "logprobs" given; chat: logprobs true) */
+    int echo, include_stop, skip_special, return_token_ids, tokens_as_ids;
+    int stream, include_usage;
+} srv_gen;
+
+/* Parses and validates a request body into g (zeroed first). Returns 0, or -1 with e filled. */
+int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g, srv_err *e);
+void srv_gen_free(srv_gen *g);
+/* Token ids of a /tokenize-style prompt: a string (encoded; add_special: prepend bos when the
+ * tokenizer has one) or a list of ids. */
+int srv_parse_prompt_text(const srv_state *s, const char *text, size_t len, int add_special,
+                          srv_prompt *out, const char *param, srv_err *e);
+/* Renders messages with the model's built-in chat template and encodes them. */
+int srv_chat_encode(const srv_state *s, const cJSON *messages, int add_generation_prompt, srv_prompt *out,
+                    srv_err *e);
+
+/* ---- generation (oai_run.c) ---------------------------------------------------------------------- */
+
+int srv_route_completions(srv_state *s, struct mg_connection *c);
+int srv_route_chat(srv_state *s, struct mg_connection *c);
+/* Engine thread: submits every choice of every job of an inbox list taken from srv_state (or, when
+ * stopping, rejects them with 503). A job may be freed by its handler as soon as it is handled, so
+ * the list is walked before each job is handed over. */
+void srv_jobs_dispatch(srv_state *s, srv_job *list, int stopping);
+
+/* ---- helpers (http.c, text.c) -------------------------------------------------------------------- */
+
+double srv_now(void);        /* monotonic seconds */
+double srv_wall(void);       /* wall-clock seconds since the epoch */
+
+/* Writes a complete response (one write: status line, headers, body). */
+int srv_send(struct mg_connection *c, int status, const char *content_type, const char *extra_headers,
+             const char *body, size_t len);
+int srv_send_json(struct mg_connection *c, int status, const cJSON *body);
+int srv_send_err(struct mg_connection *c, const srv_err *e);
+int srv_send_error(struct mg_connection *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+const char *srv_err_type(int status);
+cJSON *srv_err_json(const srv_err *e);
+/* Reads the whole body (bounded by s->max_body). Returns a malloc'd NUL-terminated buffer, or NULL
+ * with e filled (413 too large, 400 truncated, 408 timed out). */
+char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, srv_err *e);
+/* Reads and parses the body as a JSON object; NULL with e filled. */
+cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e);
+
+/* UTF-8. srv_utf8_stable_len: the length of the longest prefix of s[0..n) that does not end inside
+ * a sequence that more bytes could still complete (a streaming writer may send that prefix now). */
+size_t srv_utf8_stable_len(const char *s, size_t n);
+/* 1 when s[0..n) is valid UTF-8. */
+int srv_utf8_valid(const char *s, size_t n);
+/* A valid UTF-8 copy of s[0..n) (each invalid or truncated sequence, and NUL, -> U+FFFD), malloc'd. */
+char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len);
+/* cJSON string from bytes (sanitized). NULL on OOM. */
+cJSON *srv_json_bytes(const char *s, size_t n);
+
+/* Decodes ids to bytes (malloc'd, NUL-terminated; *len bytes). NULL on failure. */
+char *srv_decode(const srv_state *s, const int32_t *ids, int n, int skip_special, size_t *len);
+
+/* Constant-time comparison of two byte strings (time depends only on the lengths). */
+int srv_ct_equal(const char *a, size_t an, const char *b, size_t bn);
+
+/* Route handlers that live outside oai_run.c. */
+int srv_route_health(srv_state *s, struct mg_connection *c);
+int srv_route_models(srv_state *s, struct mg_connection *c);
+int srv_route_metrics(srv_state *s, struct mg_connection *c);
+int srv_route_tokenize(srv_state *s, struct mg_connection *c);
+int srv_route_detokenize(srv_state *s, struct mg_connection *c);
+
+/* The weight version responses report (a later issue fills updates in). */
+static inline uint64_t srv_weight_version(const srv_state *s)
+{
+    (void)s;
+    return 0;
+}
+
+#endif
