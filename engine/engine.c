@@ -526,6 +526,12 @@ void eng_run_until_idle(eng_engine *e)
     }
 }
 
+void eng_abort_running(eng_engine *e)
+{
+    for (int s = 0; s < e->cfg.max_seqs; s++)
+        if (e->seqs[s].req) eng_finish_seq(e, s, ENG_FINISH_ABORT);
+}
+
 void eng_abort_all(eng_engine *e)
 {
     for (int s = 0; s < e->cfg.max_seqs; s++)

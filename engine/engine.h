@@ -112,6 +112,8 @@ void eng_run_until_idle(eng_engine *e);
 
 /* Ends every running and waiting request with finish "abort". */
 void eng_abort_all(eng_engine *e);
+/* Ends every running request with finish "abort" (waiting ones stay queued). */
+void eng_abort_running(eng_engine *e);
 
 int eng_num_running(const eng_engine *e);
 int eng_num_waiting(const eng_engine *e);

@@ -380,6 +380,11 @@ int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status)
 
 void eng_weights_get_info(const eng_engine *e, eng_weights_info *out) { *out = e->winfo; }
 
+void eng_weights_set_version(eng_engine *e, const char *version)
+{
+    snprintf(e->winfo.version, sizeof e->winfo.version, "%s", version);
+}
+
 int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u), void *u)
 {
     const mdl_model *m = draft ? e->draft : e->m;

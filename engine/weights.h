@@ -61,6 +61,8 @@ int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const ch
 int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t errlen, int *status);
 int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status);
 void eng_weights_get_info(const eng_engine *e, eng_weights_info *out);
+/* Renames the current version (SGLang /update_weight_version); the weights are unchanged. */
+void eng_weights_set_version(eng_engine *e, const char *version);
 /* Disk transport: streams a checkpoint folder into the open session in buckets of about
  * bucket_bytes (names prefixed with `prefix`, e.g. "draft." for model "all"; NULL: none). A bad
  * tensor refuses its bucket; earlier buckets stay written (the caller aborts the session). */

@@ -255,6 +255,20 @@ static int authorized(const srv_state *s, struct mg_connection *c)
     return srv_ct_equal(k, kn, s->api_key, strlen(s->api_key));
 }
 
+/* Weight routes: the admin key when one is set; disabled on a non-loopback listener without one. */
+static int admin_authorized(const srv_state *s, struct mg_connection *c)
+{
+    if (s->admin_disabled) return 0;
+    if (!s->admin_key) return 1;
+    const char *h = mg_get_header(c, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
+    const char *k = h + 7;
+    while (*k == ' ') k++;
+    size_t kn = strlen(k);
+    while (kn && (k[kn - 1] == ' ' || k[kn - 1] == '\t')) kn--;
+    return srv_ct_equal(k, kn, s->admin_key, strlen(s->admin_key));
+}
+
 static int dispatch(srv_state *s, struct mg_connection *c);
 
 int srv_dispatch(struct mg_connection *c, void *cbdata)
@@ -276,7 +290,16 @@ static int dispatch(srv_state *s, struct mg_connection *c)
         const srv_route *r = &s->routes[i];
         if (strcmp(r->path, path) != 0) continue;
         if (strcmp(r->method, ri->request_method) == 0) {
-            if (r->auth && !authorized(s, c)) {
+            if (r->auth == 2 && !admin_authorized(s, c)) {
+                srv_err e;
+                if (s->admin_disabled)
+                    srv_errf(&e, 403, NULL,
+                             "weight routes are disabled on a non-loopback listener without --admin-key");
+                else
+                    srv_errf(&e, 401, NULL, "missing or invalid admin key: send 'Authorization: Bearer <admin key>'");
+                return srv_send_err(c, &e);
+            }
+            if (r->auth == 1 && !authorized(s, c)) {
                 srv_err e;
                 srv_errf(&e, 401, NULL, "missing or invalid API key: send 'Authorization: Bearer <key>'");
                 return srv_send_err(c, &e);

@@ -583,7 +583,18 @@ static cJSON *full_response(const srv_job *j)
     if (chat && j->g.return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(j->g.prompts[0].ids, j->g.prompts[0].n));
     add_usage(o, j);
-    cJSON_AddNumberToObject(o, "weight_version", (double)srv_weight_version(j->s));
+    {
+        /* the versions of every token of every choice (several only across a "keep" update) */
+        uint64_t vs[8];
+        int nv = 0;
+        for (int i = 0; i < j->n_ch; i++)
+            for (int k = 0; k < j->ch[i].r.n_versions; k++) {
+                int seen = 0;
+                for (int q = 0; q < nv; q++) seen |= vs[q] == j->ch[i].r.versions[k];
+                if (!seen && nv < 8) vs[nv++] = j->ch[i].r.versions[k];
+            }
+        cJSON_AddItemToObject(o, "weight_version", srv_weight_version_json(j->s, vs, nv));
+    }
     return o;
 }
 

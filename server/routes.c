@@ -7,11 +7,22 @@
 
 #include "server/srv.h"
 
+/* 200 while the weights are usable (ready, or an update in progress); 503 with the reason when
+ * they are inconsistent (a failed update) or undefined (the plan guard fired). */
 int srv_route_health(srv_state *s, struct mg_connection *c)
 {
-    (void)s;
-    static const char ok[] = "{\"status\":\"ok\"}";
-    return srv_send(c, 200, "application/json", NULL, ok, sizeof ok - 1);
+    pthread_mutex_lock(&s->wmu);
+    eng_weights_info w = s->wpub;
+    pthread_mutex_unlock(&s->wmu);
+    cJSON *o = cJSON_CreateObject();
+    int bad = w.state == ENG_W_INCONSISTENT || w.state == ENG_W_UNDEFINED;
+    cJSON_AddStringToObject(o, "status", bad ? "unavailable" : "ok");
+    cJSON_AddStringToObject(o, "weights", eng_wstate_name(w.state));
+    cJSON_AddStringToObject(o, "weight_version", w.version);
+    if (bad) cJSON_AddStringToObject(o, "reason", w.reason);
+    int st = srv_send_json(c, bad ? 503 : 200, o);
+    cJSON_Delete(o);
+    return st;
 }
 
 int srv_route_models(srv_state *s, struct mg_connection *c)

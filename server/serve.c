@@ -14,6 +14,8 @@
  *      accepting and joins the handler threads.
  *   4. Tokenizer, runtime and state are freed.
  */
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,22 +34,28 @@ static void *engine_main(void *arg)
 {
     srv_state *s = arg;
     eng_engine *e = s->rt.e;
+    int draining = 0;
     for (;;) {
-        const int work = eng_num_running(e) + eng_num_waiting(e) > 0;
+        /* no step while a weight session is open or generation is paused (I7), unless a "wait"
+         * command is draining the running requests */
+        const int frozen = srv_engine_frozen(s) && !draining;
+        const int work = !frozen && eng_num_running(e) + eng_num_waiting(e) > 0;
         pthread_mutex_lock(&s->mu);
-        while (!s->inbox_head && !work && !s->stopping) pthread_cond_wait(&s->inbox_cv, &s->mu);
+        while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) pthread_cond_wait(&s->inbox_cv, &s->mu);
         srv_job *list = s->inbox_head;
         s->inbox_head = s->inbox_tail = NULL;
         const int stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
         srv_jobs_dispatch(s, list, stopping);
+        draining = srv_cmds_run(s, stopping);
         if (stopping) {
             eng_abort_all(e);
             srv_metrics_publish(&s->met, e);
             return NULL;
         }
-        if (eng_num_running(e) + eng_num_waiting(e) > 0) eng_step(e);
+        if ((draining || !srv_engine_frozen(s)) && eng_num_running(e) + eng_num_waiting(e) > 0) eng_step(e);
         srv_metrics_publish(&s->met, e);
+        srv_weights_publish(s);
     }
 }
 
@@ -70,7 +78,16 @@ static const char help[] =
     "                         running is cancelled (504, or an error event on a stream)\n"
     "  --keep-alive-ms N      idle keep-alive connection timeout (default 5000)\n"
     "  --queue-cap N          requests waiting for a sequence slot (default 4096), else 503\n"
-    "  --max-batch N          sequences (prompts x n) per request (default 256)\n";
+    "  --max-batch N          sequences (prompts x n) per request (default 256)\n"
+    "\n"
+    "Weight updates (POST /v1/weights/{begin,bucket,finish,abort,load}, GET /v1/weights,\n"
+    "GET /v1/weights/checksums, and the vLLM / SGLang routes; see README):\n"
+    "  --admin-key KEY        require 'Authorization: Bearer KEY' on the weight routes (also\n"
+    "                         GRAPHSWAP_ADMIN_KEY); without one they are disabled on a non-loopback --host\n"
+    "  --weights-root DIR     folder disk loads (/v1/weights/load) must lie under (default: disabled)\n"
+    "  --max-bucket-bytes N   largest HTTP bucket (default 2147483648)\n"
+    "  --update-bucket-bytes N  bucket size of disk loads (default 536870912)\n"
+    "  --drain-timeout S      seconds a \"wait\" pause lets running requests finish (default 60)\n";
 
 int srv_cmd_serve(int argc, char **argv)
 {
@@ -78,7 +95,9 @@ int srv_cmd_serve(int argc, char **argv)
     srv_runtime_defaults(&ro);
     const char *host = "127.0.0.1", *api_key = getenv("GRAPHSWAP_API_KEY"), *served = NULL;
     int port = 8080, http_threads = 128, max_body = 8 << 20, timeout_s = 600, keep_alive_ms = 5000;
-    int queue_cap = ro.ecfg.queue_cap, max_batch = 256;
+    int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60;
+    const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL;
+    uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -94,7 +113,12 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--request-timeout", 1, 1 << 24, &timeout_s) ||
             srv_arg_int(argc, argv, &i, "--keep-alive-ms", 0, 1 << 24, &keep_alive_ms) ||
             srv_arg_int(argc, argv, &i, "--queue-cap", 1, 1 << 20, &queue_cap) ||
-            srv_arg_int(argc, argv, &i, "--max-batch", 1, 1 << 16, &max_batch))
+            srv_arg_int(argc, argv, &i, "--max-batch", 1, 1 << 16, &max_batch) ||
+            srv_arg_str(argc, argv, &i, "--admin-key", &admin_key) ||
+            srv_arg_str(argc, argv, &i, "--weights-root", &weights_root) ||
+            srv_arg_u64(argc, argv, &i, "--max-bucket-bytes", &max_bucket) ||
+            srv_arg_u64(argc, argv, &i, "--update-bucket-bytes", &update_bucket) ||
+            srv_arg_int(argc, argv, &i, "--drain-timeout", 0, 1 << 20, &drain_s))
             continue;
         srv_die_usage("serve", argv[i]);
     }
@@ -132,6 +156,17 @@ int srv_cmd_serve(int argc, char **argv)
     pthread_cond_init(&s->inbox_cv, NULL);
     srv_metrics_init(&s->met);
     srv_metrics_publish(&s->met, s->rt.e);
+    srv_weights_init(s);
+    if (admin_key && !admin_key[0]) admin_key = NULL;
+    s->admin_key = admin_key;
+    /* weight routes on a reachable address need a key */
+    s->admin_disabled = !admin_key && strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 &&
+                        strcmp(host, "::1") != 0 && strncmp(host, "127.", 4) != 0;
+    if (weights_root && !(s->weights_root = realpath(weights_root, NULL))) srv_die("--weights-root %s: %s", weights_root, strerror(errno));
+    s->max_bucket = (size_t)max_bucket;
+    s->update_bucket = (size_t)update_bucket;
+    s->drain_timeout = drain_s;
+    srv_weights_publish(s);
 
     srv_route_add(s, "GET", "/health", srv_route_health, 0);
     srv_route_add(s, "GET", "/metrics", srv_route_metrics, 0);
@@ -140,6 +175,7 @@ int srv_cmd_serve(int argc, char **argv)
     srv_route_add(s, "POST", "/v1/chat/completions", srv_route_chat, 1);
     srv_route_add(s, "POST", "/tokenize", srv_route_tokenize, 1);
     srv_route_add(s, "POST", "/detokenize", srv_route_detokenize, 1);
+    srv_weights_routes(s);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -187,6 +223,7 @@ int srv_cmd_serve(int argc, char **argv)
     mdl_tok_free(s->tok);
     srv_runtime_close(&s->rt);
     srv_metrics_destroy(&s->met);
+    srv_weights_destroy(s);
     pthread_cond_destroy(&s->inbox_cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

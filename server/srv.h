@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "engine/weights.h"
 #include "models/tokenizer.h"
 #include "server/cli.h"
 
@@ -42,6 +43,7 @@
 
 typedef struct srv_state srv_state;
 typedef struct srv_job srv_job;
+typedef struct srv_cmd srv_cmd;
 
 /* ---- errors ------------------------------------------------------------------------------------- */
 
@@ -92,7 +94,9 @@ typedef struct {
     const char *method; /* "GET", "POST" */
     const char *path;   /* exact path */
     srv_route_fn fn;
-    int auth;           /* 1: needs the API key when one is configured */
+    int auth;           /* 1: needs the API key when one is configured; 2: an admin (weights) route:
+                           needs the admin key when one is configured, and is disabled on a
+                           non-loopback listener without one */
 } srv_route;
 
 /* Adds a route (at most SRV_MAX_ROUTES; later native routes, e.g. weight updates, plug in here). */
@@ -132,6 +136,26 @@ struct srv_state {
     _Atomic uint64_t next_id;
     atomic_int active;       /* handlers inside srv_dispatch (shutdown lets them finish writing) */
     srv_metrics met;
+
+    /* weight updates and admin commands (weights_api.c). Commands are closures run by the engine
+     * thread in arrival order; the list is guarded by `mu`. */
+    srv_cmd *cmd_head, *cmd_tail;
+    const char *admin_key;      /* --admin-key (Bearer) for the weight routes; NULL: none */
+    int admin_disabled;         /* non-loopback listener without an admin key */
+    char *weights_root;         /* realpath of --weights-root; NULL: disk loads refused */
+    size_t max_bucket;          /* --max-bucket-bytes */
+    size_t update_bucket;       /* --update-bucket-bytes (disk loads) */
+    double drain_timeout;       /* seconds a "wait" pause waits for running requests */
+    pthread_mutex_t bucket_mu;  /* one bucket upload at a time: it owns the staging buffer */
+    uint8_t *staging;           /* reusable bucket staging buffer (grown, never shrunk) */
+    size_t staging_cap;
+    uint64_t n_buckets_rx;
+    int paused;                 /* engine thread: generation paused by /pause (vLLM) */
+    /* published by the engine thread after each step / command (under wmu) */
+    pthread_mutex_t wmu;
+    eng_weights_info wpub;
+    char vname[64][128];        /* version strings by version number (ring) */
+    int is_paused_pub;
 };
 
 /* ---- parsed generation request (oai_parse.c) ----------------------------------------------------- */
@@ -225,11 +249,19 @@ int srv_route_metrics(srv_state *s, struct mg_connection *c);
 int srv_route_tokenize(srv_state *s, struct mg_connection *c);
 int srv_route_detokenize(srv_state *s, struct mg_connection *c);
 
-/* The weight version responses report (a later issue fills updates in). */
-static inline uint64_t srv_weight_version(const srv_state *s)
-{
-    (void)s;
-    return 0;
-}
+/* ---- weights (weights_api.c) ---------------------------------------------------------------------- */
+void srv_weights_init(srv_state *s);
+void srv_weights_destroy(srv_state *s);
+void srv_weights_routes(srv_state *s);
+/* Engine thread: runs the admin commands that are ready (a "wait" pause runs once nothing runs or
+ * its drain deadline passed); publishes the weight state. Returns 1 when a command still waits for
+ * running requests to drain (the engine must keep stepping). */
+int srv_cmds_run(srv_state *s, int stopping);
+void srv_weights_publish(srv_state *s);
+/* 1 while generation must not step (a session is open or /pause is in effect). */
+int srv_engine_frozen(srv_state *s);
+/* The "weight_version" of a response whose tokens came from versions[0..n) (numbers): the version
+ * string when there is one, else a list of them (tokens kept across a "keep" update). */
+cJSON *srv_weight_version_json(srv_state *s, const uint64_t *versions, int n);
 
 #endif
