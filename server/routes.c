@@ -48,7 +48,42 @@ int srv_route_metrics(srv_state *s, struct mg_connection *c)
     size_t n = 0;
     char *txt = srv_metrics_render(&s->met, s->model_name, &n);
     if (!txt) return srv_send_error(c, 500, NULL, "out of memory rendering metrics");
-    srv_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, txt, n);
+    /* weight updates: hook runs per model (exactly one per finish of a touched model), outcomes,
+     * the current version number and state */
+    pthread_mutex_lock(&s->wmu);
+    eng_weights_info w = s->wpub;
+    pthread_mutex_unlock(&s->wmu);
+    char extra[2048];
+    int en = snprintf(extra, sizeof extra,
+                      "# HELP graphswap:weight_update_hook_runs_total Post-load hook runs by model.\n"
+                      "# TYPE graphswap:weight_update_hook_runs_total counter\n"
+                      "graphswap:weight_update_hook_runs_total{model=\"target\"} %llu\n"
+                      "graphswap:weight_update_hook_runs_total{model=\"draft\"} %llu\n"
+                      "# HELP graphswap:weight_updates_total Finished weight-update sessions by result.\n"
+                      "# TYPE graphswap:weight_updates_total counter\n"
+                      "graphswap:weight_updates_total{result=\"ok\"} %llu\n"
+                      "graphswap:weight_updates_total{result=\"failed\"} %llu\n"
+                      "# HELP graphswap:weight_version_number Number of successful updates since start.\n"
+                      "# TYPE graphswap:weight_version_number gauge\n"
+                      "graphswap:weight_version_number %llu\n"
+                      "# HELP graphswap:weights_state 0 ready, 1 updating, 2 inconsistent, 3 undefined.\n"
+                      "# TYPE graphswap:weights_state gauge\n"
+                      "graphswap:weights_state %d\n"
+                      "# HELP graphswap:weight_update_last_seconds Duration of the last update.\n"
+                      "# TYPE graphswap:weight_update_last_seconds gauge\n"
+                      "graphswap:weight_update_last_seconds %.6f\n",
+                      (unsigned long long)w.hook_runs_target, (unsigned long long)w.hook_runs_draft,
+                      (unsigned long long)w.updates_ok, (unsigned long long)w.updates_failed,
+                      (unsigned long long)w.version_num, (int)w.state, w.ms / 1e3);
+    char *all = malloc(n + (size_t)en + 1);
+    if (!all) {
+        free(txt);
+        return srv_send_error(c, 500, NULL, "out of memory rendering metrics");
+    }
+    memcpy(all, txt, n);
+    memcpy(all + n, extra, (size_t)en + 1);
+    srv_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, all, n + (size_t)en);
+    free(all);
     free(txt);
     return 200;
 }
