@@ -407,6 +407,18 @@ void eng_retire_and_admit(eng_engine *e)
 {
     for (int s = 0; s < e->cfg.max_seqs; s++)
         if (e->seqs[s].req && atomic_load(&e->seqs[s].req->cancel)) eng_finish_seq(e, s, ENG_FINISH_ABORT);
+    /* cancelled requests anywhere in the queue end now, not when they reach its head */
+    int w = 0, cap = e->cfg.queue_cap;
+    for (int i = 0; i < e->q_len; i++) {
+        eng_request *r = e->queue[(e->q_head + i) % cap];
+        if (atomic_load(&r->cancel)) {
+            r->finish = ENG_FINISH_ABORT;
+            if (r->on_finish) r->on_finish(r, r->user);
+        } else {
+            e->queue[(e->q_head + w++) % cap] = r;
+        }
+    }
+    e->q_len = w;
     admit(e);
 }
 

@@ -102,6 +102,8 @@ void srv_runtime_defaults(srv_runtime_opts *o)
 }
 
 const char srv_runtime_help[] =
+    "\n"
+    "Engine options (serve, generate, bench):\n"
     "  --model DIR            Hugging Face checkpoint folder (config.json + safetensors)\n"
     "  --threads N            CPU worker threads (default: all cores)\n"
     "  --checked              verify every baked plan pointer at replay (also GRAPHSWAP_CHECKED=1)\n"
