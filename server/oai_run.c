@@ -521,6 +521,19 @@ static void add_usage(cJSON *o, const srv_job *j)
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)p);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)c);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(p + c));
+    if (j->s->rt.draft) { /* speculative decoding: the job is settled, its counters are final */
+        uint64_t d = 0, dt = 0, a = 0;
+        for (int i = 0; i < j->n_ch; i++) {
+            d += j->ch[i].r.spec_drafts;
+            dt += j->ch[i].r.spec_draft_tokens;
+            a += j->ch[i].r.spec_accepted;
+        }
+        cJSON *sp = cJSON_AddObjectToObject(u, "spec");
+        cJSON_AddNumberToObject(sp, "drafts", (double)d);
+        cJSON_AddNumberToObject(sp, "draft_tokens", (double)dt);
+        cJSON_AddNumberToObject(sp, "accepted_tokens", (double)a);
+        cJSON_AddNumberToObject(sp, "mean_acceptance_length", d ? 1.0 + (double)a / (double)d : 0.0);
+    }
 }
 
 static cJSON *head_json(const srv_job *j, const char *object)
