@@ -484,33 +484,37 @@ int eng_banned_ids(eng_engine *e, const eng_request *r, int n_out)
     return nb;
 }
 
+void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
+{
+    const eng_config *c = &e->cfg;
+    for (int s = 0; s < c->max_seqs; s++) {
+        eng_seq *q = &e->seqs[s];
+        if (!q->req) continue;
+        int left = q->n_tokens - q->n_computed;
+        if (decode != (left == 1)) continue;
+        int take = left < c->prefill_chunk ? left : c->prefill_chunk;
+        if (take > c->max_step_tokens - *rows) take = c->max_step_tokens - *rows;
+        if (take <= 0) continue;
+        eng_add_rows(e, s, take, rows);
+        if (take == left) { /* its last known token: logits for the next one */
+            e->h_logit_idx[*nl] = *rows - 1;
+            e->logit_seq[(*nl)++] = s;
+        }
+    }
+}
+
 int eng_step(eng_engine *e)
 {
     if (e->winfo.state == ENG_W_UPDATING) return e->n_running + e->q_len; /* no step in a session (I7) */
     if (e->draft) return spec_step(e);
-    const eng_config *c = &e->cfg;
     const int V = e->m->cfg.vocab;
     eng_retire_and_admit(e);
     if (e->n_running == 0) return e->q_len;
 
     /* rows: decode tokens first, then prefill chunks within the step budget */
     int rows = 0, nl = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int s = 0; s < c->max_seqs; s++) {
-            eng_seq *q = &e->seqs[s];
-            if (!q->req) continue;
-            int left = q->n_tokens - q->n_computed;
-            if ((pass == 0) != (left == 1)) continue;
-            int take = left < c->prefill_chunk ? left : c->prefill_chunk;
-            if (take > c->max_step_tokens - rows) take = c->max_step_tokens - rows;
-            if (take <= 0) continue;
-            eng_add_rows(e, s, take, &rows);
-            if (take == left) {
-                e->h_logit_idx[nl] = rows - 1;
-                e->logit_seq[nl++] = s;
-            }
-        }
-    }
+    eng_schedule_rows(e, 1, &rows, &nl);
+    eng_schedule_rows(e, 0, &rows, &nl);
     assert(rows > 0);
     eng_run_target(e, rows, nl);
 

@@ -77,6 +77,10 @@ struct eng_engine {
 /* engine.c helpers the speculative step reuses */
 void eng_retire_and_admit(eng_engine *e);
 void eng_add_rows(eng_engine *e, int slot, int count, int *rows);
+/* Adds the rows of every sequence with exactly one known token left (decode = 1) or more (decode =
+ * 0: prefill chunks of at most prefill_chunk) within max_step_tokens; a sequence whose rows reach
+ * its last known token gets a logits row. */
+void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl);
 eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok);
 void eng_finish_seq(eng_engine *e, int slot, eng_finish why);
 int eng_bucket_index(const eng_engine *e, int rows);

@@ -242,17 +242,23 @@ void srv_route_add(srv_state *s, const char *method, const char *path, srv_route
     s->routes[s->n_routes++] = (srv_route){method, path, fn, auth};
 }
 
-/* 1 when the request carries "Authorization: Bearer <key>" with the configured key. */
-static int authorized(const srv_state *s, struct mg_connection *c)
+/* 1 when the request carries "Authorization: Bearer <key>" (constant-time compare). */
+static int bearer_matches(struct mg_connection *c, const char *key)
 {
-    if (!s->api_key) return 1;
     const char *h = mg_get_header(c, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
     const char *k = h + 7;
     while (*k == ' ') k++;
     size_t kn = strlen(k);
     while (kn && (k[kn - 1] == ' ' || k[kn - 1] == '\t')) kn--;
-    return srv_ct_equal(k, kn, s->api_key, strlen(s->api_key));
+    return srv_ct_equal(k, kn, key, strlen(key));
+}
+
+/* API key of the generation routes (when one is configured). */
+static int authorized(const srv_state *s, struct mg_connection *c)
+{
+    if (!s->api_key) return 1;
+    return bearer_matches(c, s->api_key);
 }
 
 /* Weight routes: the admin key when one is set; disabled on a non-loopback listener without one. */
@@ -260,13 +266,7 @@ static int admin_authorized(const srv_state *s, struct mg_connection *c)
 {
     if (s->admin_disabled) return 0;
     if (!s->admin_key) return 1;
-    const char *h = mg_get_header(c, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
-    const char *k = h + 7;
-    while (*k == ' ') k++;
-    size_t kn = strlen(k);
-    while (kn && (k[kn - 1] == ' ' || k[kn - 1] == '\t')) kn--;
-    return srv_ct_equal(k, kn, s->admin_key, strlen(s->admin_key));
+    return bearer_matches(c, s->admin_key);
 }
 
 static int dispatch(srv_state *s, struct mg_connection *c);

@@ -295,19 +295,7 @@ int spec_step(eng_engine *e)
         }
     }
     const int verify_rows = rows;
-    for (int s = 0; s < c->max_seqs; s++) {
-        eng_seq *q = &e->seqs[s];
-        if (!q->req || q->n_computed == q->n_tokens - 1) continue;
-        int left = q->n_tokens - q->n_computed;
-        int take = left < c->prefill_chunk ? left : c->prefill_chunk;
-        if (take > c->max_step_tokens - rows) take = c->max_step_tokens - rows;
-        if (take <= 0) continue;
-        eng_add_rows(e, s, take, &rows);
-        if (take == left) {
-            e->h_logit_idx[nl] = rows - 1;
-            e->logit_seq[nl++] = s;
-        }
-    }
+    eng_schedule_rows(e, 0, &rows, &nl); /* prefill chunks (decode-ready sequences are verified above) */
     assert(rows > 0);
     eng_run_target(e, rows, nl);
     double t2 = now_ns();
