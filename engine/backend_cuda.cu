@@ -296,11 +296,13 @@ static void cu_run(eng_backend *be, const eng_tape *tape)
     }
 }
 
-/* Stream capture of the same dispatch as cu_run, then instantiation. 0 or -1 (message printed). */
+/* Stream capture of the same dispatch as cu_run, then instantiation. 0 or -1 (message printed).
+ * Relaxed mode: cuBLASLt may query the device or load kernels lazily while a GEMM is captured; the
+ * dispatch itself never calls anything that synchronizes. */
 static int capture(cu_impl *c, eng_plan *p)
 {
     cudaGraph_t g = NULL;
-    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess) {
         fprintf(stderr, "graphswap: CUDA plan capture could not start: %s\n", cudaGetErrorString(e));
         (void)cudaGetLastError();

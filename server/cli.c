@@ -6,6 +6,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef GS_HAVE_CUDA
+#include <dlfcn.h>
+#include <limits.h>
+#include <unistd.h>
+
+/* The CUDA backend lives in libgraphswap_cuda.so next to the binary (see cmake/cuda.cmake for why
+ * it is not linked in). */
+static eng_backend *cuda_backend_create(const eng_backend_config *cfg, char *err, size_t errlen)
+{
+    char exe[PATH_MAX], path[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        snprintf(err, errlen, "--backend cuda: cannot locate the graphswap binary");
+        return NULL;
+    }
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(path, sizeof path, "%s/libgraphswap_cuda.so", exe);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(err, errlen, "--backend cuda: %s", dlerror());
+        return NULL;
+    }
+    eng_backend *(*create)(const eng_backend_config *, char *, size_t);
+    *(void **)&create = dlsym(h, "eng_backend_cuda_create");
+    if (!create) {
+        snprintf(err, errlen, "--backend cuda: %s has no eng_backend_cuda_create", path);
+        return NULL;
+    }
+    return create(cfg, err, errlen); /* the module stays loaded for the process's lifetime */
+}
+#endif
+
+
 void srv_die(const char *fmt, ...)
 {
     va_list ap;
@@ -105,6 +140,8 @@ const char srv_runtime_help[] =
     "\n"
     "Engine options (serve, generate, bench):\n"
     "  --model DIR            Hugging Face checkpoint folder (config.json + safetensors)\n"
+    "  --backend cpu|cuda     where the model runs (default cpu; cuda needs a build with nvcc)\n"
+    "  --gpu-memory-mb N      CUDA arena size (default: all free device memory but 2 GiB)\n"
     "  --threads N            CPU worker threads (default: all cores)\n"
     "  --checked              verify every baked plan pointer at replay (also GRAPHSWAP_CHECKED=1)\n"
     "  --eager                run the op tape each step instead of replaying captured plans\n"
@@ -122,7 +159,18 @@ const char srv_runtime_help[] =
 
 int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
 {
-    int eager = 0, kv_mb = 0, no_prefix = 0;
+    int eager = 0, kv_mb = 0, no_prefix = 0, gpu_mb = 0;
+    if (srv_arg_str(argc, argv, i, "--backend", &o->backend)) {
+        if (strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
+            fprintf(stderr, "graphswap: --backend must be cpu or cuda\n");
+            exit(2);
+        }
+        return 1;
+    }
+    if (srv_arg_int(argc, argv, i, "--gpu-memory-mb", 1, 1 << 30, &gpu_mb)) {
+        o->gpu_arena_bytes = (size_t)gpu_mb << 20;
+        return 1;
+    }
     if (srv_arg_flag(argc, argv, i, "--no-prefix-caching", &no_prefix)) {
         o->ecfg.prefix_caching = 0;
         return 1;
@@ -158,8 +206,18 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     }
     mdl_config cfg;
     if (mdl_config_load(o->model_dir, &cfg, err, errlen) != 0) return -1;
-    eng_backend_config bc = {.arena_bytes = (size_t)64 << 30, .threads = o->threads, .checked = o->checked};
-    rt->be = eng_backend_cpu_create(&bc, err, errlen);
+    if (o->backend && strcmp(o->backend, "cuda") == 0) {
+#ifdef GS_HAVE_CUDA
+        eng_backend_config bc = {.arena_bytes = o->gpu_arena_bytes, .threads = o->threads, .checked = o->checked};
+        rt->be = cuda_backend_create(&bc, err, errlen);
+#else
+        snprintf(err, errlen, "--backend cuda: this graphswap was built without CUDA (no nvcc at configure time)");
+        return -1;
+#endif
+    } else {
+        eng_backend_config bc = {.arena_bytes = (size_t)64 << 30, .threads = o->threads, .checked = o->checked};
+        rt->be = eng_backend_cpu_create(&bc, err, errlen);
+    }
     if (!rt->be) return -1;
     if (cfg.is_drafter) {
         snprintf(err, errlen, "%s is a drafter (%s); serve a target with --model and give it as --draft",

@@ -21,6 +21,8 @@ void srv_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn
 typedef struct {
     const char *model_dir;
     const char *draft_dir; /* DFlash / DSpark drafter (NULL: none) */
+    const char *backend;   /* "cpu" (default) or "cuda" */
+    size_t gpu_arena_bytes; /* CUDA arena (0: all free device memory but 2 GiB) */
     int threads;
     int checked;
     eng_config ecfg;

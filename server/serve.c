@@ -59,6 +59,14 @@ static void *engine_main(void *arg)
     }
 }
 
+/* civetweb's own errors (a port in use, a bad option) go to stderr */
+static int log_civetweb(const struct mg_connection *c, const char *msg)
+{
+    (void)c;
+    fprintf(stderr, "graphswap: http: %s\n", msg);
+    return 1;
+}
+
 /* ---- the command ------------------------------------------------------------------------------------- */
 
 static const char help[] =
@@ -198,6 +206,7 @@ int srv_cmd_serve(int argc, char **argv)
     mg_init_library(0);
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof cb);
+    cb.log_message = log_civetweb;
     struct mg_context *ctx = mg_start(&cb, s, opts);
     if (!ctx) srv_die("cannot listen on %s", ports);
     mg_set_request_handler(ctx, "/", srv_dispatch, s);

@@ -1,0 +1,309 @@
+/* tests/gpu/test_cuda_model.c — whole models on the CUDA backend against the CPU backend.
+ *
+ *  - logits parity: small random Qwen3 (bf16), Qwen2 (f32, biases) and Llama (bf16, untied) models
+ *    run the same steps (a mixed two-sequence prefill, decode steps, a prefill large enough for the
+ *    cuBLASLt path) on both backends; logits agree within bf16 tolerance and pick the same token.
+ *  - engine: greedy requests through the scheduler give the same tokens on the CPU, on the GPU with
+ *    CUDA graphs and on the GPU eagerly; logprobs agree closely.
+ *  - speculative decoding on the GPU (DSpark and DFlash drafters: draft_select, confidence,
+ *    copy_cols, gather ops in real flows): greedy output equals plain greedy decoding (I9). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "../unit/test_util.h"
+#include "engine/backend_cuda.h"
+#include "engine/engine.h"
+#include "gpu_fwd.h"
+#include "gpu_test.h"
+#include "models/mkmodel.h"
+
+static char g_qwen3[1100], g_qwen2[1100], g_llama[1100], g_dspark[1100], g_dflash[1100];
+
+static eng_backend *cpu_backend(void)
+{
+    char err[256];
+    eng_backend_config bc = {.arena_bytes = (size_t)2 << 30, .threads = 2, .checked = 1};
+    eng_backend *be = eng_backend_cpu_create(&bc, err, sizeof err);
+    if (!be) fail_msg("%s", err);
+    return be;
+}
+static eng_backend *cuda_backend(void)
+{
+    char err[256];
+    eng_backend_config bc = {.arena_bytes = (size_t)2 << 30, .threads = 0, .checked = 1};
+    eng_backend *be = eng_backend_cuda_create(&bc, err, sizeof err);
+    if (!be) fail_msg("%s", err);
+    return be;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* logits rows [nl, V]: within rtol * max|cpu| per row, same argmax */
+static void cmp_logits(const char *what, const float *cpu, const float *gpu, int nl, int V, double rtol)
+{
+    for (int r = 0; r < nl; r++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s row %d", what, r);
+        assert_int_equal(gpu_cmp_f32(name, cpu + (size_t)r * V, gpu + (size_t)r * V, NULL, (size_t)V, rtol, 0), 0);
+        assert_int_equal(argmax(cpu + (size_t)r * V, V), argmax(gpu + (size_t)r * V, V));
+    }
+}
+
+static void parity(const char *dir, double rtol_small, double rtol_large)
+{
+    char err[512];
+    eng_backend *cb = cpu_backend(), *gb = cuda_backend();
+    gpu_fwd c, g;
+    if (gpu_fwd_open(&c, cb, dir, 64, 4, 128, 16, err, sizeof err) != 0) fail_msg("cpu: %s", err);
+    if (gpu_fwd_open(&g, gb, dir, 64, 4, 128, 16, err, sizeof err) != 0) fail_msg("gpu: %s", err);
+    const int V = c.m->cfg.vocab;
+    float *lc = malloc((size_t)64 * V * 4), *lg = malloc((size_t)64 * V * 4);
+    int32_t tok[64], pos[64], slot[64], li[64];
+    /* step 1: prefill 11 tokens of slot 0 and 7 of slot 1 (18 rows, bucket 32: skinny matmuls) */
+    int n = 0;
+    for (int i = 0; i < 11; i++, n++) tok[n] = (i * 37 + 5) % V, pos[n] = i, slot[n] = 0;
+    for (int i = 0; i < 7; i++, n++) tok[n] = (i * 91 + 3) % V, pos[n] = i, slot[n] = 1;
+    li[0] = 10;
+    li[1] = 17;
+    int next[2] = {11, 7};
+    gpu_fwd_params(&c, tok, pos, slot, n, li, 2);
+    gpu_fwd_params(&g, tok, pos, slot, n, li, 2);
+    gpu_fwd_run(&c, 32, NULL, 2, lc);
+    gpu_fwd_run(&g, 32, NULL, 2, lg);
+    cmp_logits("prefill", lc, lg, 2, V, rtol_small);
+    /* decode steps: both sequences, the CPU's greedy token */
+    for (int step = 0; step < 3; step++) {
+        for (int s = 0; s < 2; s++) {
+            tok[s] = argmax(lc + (size_t)s * V, V);
+            pos[s] = next[s]++;
+            slot[s] = s;
+            li[s] = s;
+        }
+        gpu_fwd_params(&c, tok, pos, slot, 2, li, 2);
+        gpu_fwd_params(&g, tok, pos, slot, 2, li, 2);
+        gpu_fwd_run(&c, 2, NULL, 2, lc);
+        gpu_fwd_run(&g, 2, NULL, 2, lg);
+        cmp_logits("decode", lc, lg, 2, V, rtol_small);
+    }
+    /* a 48-row prefill of slot 2 in a 64-row bucket: the cuBLASLt path; logits of 3 rows */
+    for (int i = 0; i < 48; i++) tok[i] = (i * 13 + 1) % V, pos[i] = i, slot[i] = 2;
+    li[0] = 47;
+    li[1] = 20;
+    li[2] = 0;
+    gpu_fwd_params(&c, tok, pos, slot, 48, li, 3);
+    gpu_fwd_params(&g, tok, pos, slot, 48, li, 3);
+    gpu_fwd_run(&c, 64, NULL, 3, lc);
+    gpu_fwd_run(&g, 64, NULL, 3, lg);
+    cmp_logits("prefill 48", lc, lg, 3, V, rtol_large);
+    free(lc);
+    free(lg);
+    gpu_fwd_close(&c);
+    gpu_fwd_close(&g);
+    eng_backend_destroy(cb);
+    eng_backend_destroy(gb);
+}
+
+static void test_parity_qwen3(void **state)
+{
+    (void)state;
+    parity(g_qwen3, 2e-3, 2e-2);
+}
+static void test_parity_qwen2_f32(void **state)
+{
+    (void)state;
+    parity(g_qwen2, 1e-4, 1e-4);
+}
+static void test_parity_llama(void **state)
+{
+    (void)state;
+    parity(g_llama, 2e-3, 2e-2);
+}
+
+/* ---- through the engine ------------------------------------------------------------------------------ */
+typedef struct {
+    eng_backend *be;
+    mdl_model *m, *d;
+    eng_engine *e;
+} rt;
+
+static void open_rt(rt *x, eng_backend *be, const char *dir, const char *draft, int use_plans)
+{
+    char err[512];
+    mdl_config cfg;
+    assert_int_equal(mdl_config_load(dir, &cfg, err, sizeof err), 0);
+    x->be = be;
+    x->m = mdl_model_create(&cfg, be, err, sizeof err);
+    assert_non_null(x->m);
+    assert_int_equal(mdl_model_load_dir(x->m, dir, err, sizeof err), 0);
+    x->d = NULL;
+    if (draft) {
+        mdl_config dc;
+        assert_int_equal(mdl_config_load(draft, &dc, err, sizeof err), 0);
+        x->d = mdl_model_create(&dc, be, err, sizeof err);
+        assert_non_null(x->d);
+        assert_int_equal(mdl_model_load_dir(x->d, draft, err, sizeof err), 0);
+    }
+    eng_config ec;
+    eng_config_defaults(&ec);
+    ec.max_seqs = 4;
+    ec.max_step_tokens = 64;
+    ec.prefill_chunk = 48;
+    ec.max_model_len = 128;
+    ec.kv_bytes = 16 << 20;
+    ec.use_plans = use_plans;
+    x->e = eng_create_spec(&ec, x->m, x->d, be, err, sizeof err);
+    if (!x->e) fail_msg("%s", err);
+}
+
+static void close_rt(rt *x)
+{
+    eng_destroy(x->e);
+    mdl_model_destroy(x->d);
+    mdl_model_destroy(x->m);
+    eng_backend_destroy(x->be);
+}
+
+#define NREQ 3
+#define NTOK 12
+
+typedef struct {
+    eng_request r[NREQ];
+    int32_t prompt[NREQ][40];
+    int32_t out[NREQ][NTOK];
+    float lp[NREQ][NTOK];
+} batch;
+
+static void run_batch(rt *x, batch *b)
+{
+    memset(b, 0, sizeof *b);
+    const int lens[NREQ] = {5, 40, 17};
+    char err[256];
+    for (int q = 0; q < NREQ; q++) {
+        for (int i = 0; i < lens[q]; i++) b->prompt[q][i] = (q * 101 + i * 29 + 7) % 500;
+        eng_request *r = &b->r[q];
+        r->prompt = b->prompt[q];
+        r->n_prompt = lens[q];
+        r->max_tokens = NTOK;
+        r->ignore_eos = 1;
+        r->sp.top_p = 1;
+        r->out_tokens = b->out[q];
+        r->out_logprobs = b->lp[q];
+        assert_int_equal(eng_submit(x->e, r, NULL, err, sizeof err), 0);
+    }
+    eng_run_until_idle(x->e);
+    for (int q = 0; q < NREQ; q++) assert_int_equal(b->r[q].n_out, NTOK);
+}
+
+static void same_tokens(const char *what, const batch *a, const batch *b, double lp_tol)
+{
+    for (int q = 0; q < NREQ; q++)
+        for (int i = 0; i < NTOK; i++) {
+            if (a->out[q][i] != b->out[q][i])
+                fail_msg("%s: request %d token %d: %d vs %d", what, q, i, a->out[q][i], b->out[q][i]);
+            if (lp_tol >= 0 && !(fabs((double)a->lp[q][i] - (double)b->lp[q][i]) <= lp_tol))
+                fail_msg("%s: request %d logprob %d: %g vs %g", what, q, i, (double)a->lp[q][i], (double)b->lp[q][i]);
+        }
+}
+
+static void test_engine_greedy(void **state)
+{
+    (void)state;
+    static batch cpu, plan, eager;
+    rt x;
+    open_rt(&x, cpu_backend(), g_qwen3, NULL, 1);
+    run_batch(&x, &cpu);
+    close_rt(&x);
+    open_rt(&x, cuda_backend(), g_qwen3, NULL, 1);
+    run_batch(&x, &plan);
+    assert_true(eng_get_stats(x.e)->plan_launches > 0);
+    close_rt(&x);
+    open_rt(&x, cuda_backend(), g_qwen3, NULL, 0);
+    run_batch(&x, &eager);
+    close_rt(&x);
+    same_tokens("cpu vs cuda graphs", &cpu, &plan, 0.05);
+    same_tokens("cpu vs cuda eager", &cpu, &eager, 0.05);
+}
+
+static void spec_vs_plain(const char *draft)
+{
+    static batch plain, spec;
+    rt x;
+    open_rt(&x, cpu_backend(), g_qwen3, NULL, 1);
+    run_batch(&x, &plain);
+    close_rt(&x);
+    open_rt(&x, cuda_backend(), g_qwen3, draft, 1);
+    run_batch(&x, &spec);
+    assert_true(eng_get_stats(x.e)->spec_drafts > 0);
+    close_rt(&x);
+    same_tokens("speculative on cuda vs plain on cpu", &plain, &spec, -1);
+}
+
+static void test_spec_dspark(void **state)
+{
+    (void)state;
+    spec_vs_plain(g_dspark);
+}
+static void test_spec_dflash(void **state)
+{
+    (void)state;
+    spec_vs_plain(g_dflash);
+}
+
+static void mk(char *out, const char *base, const char *name, mdl_arch arch, mdl_dtype dt, int tie, int hd,
+               int heads, int kv, const char *target)
+{
+    snprintf(out, 1100, "%s/%s", base, name);
+    mdl_mkmodel_opts o;
+    mdl_mkmodel_defaults(&o);
+    o.arch = arch;
+    o.tokenizer = 0;
+    o.hidden = 128;
+    o.layers = 2;
+    o.heads = heads;
+    o.kv_heads = kv;
+    o.head_dim = hd;
+    o.intermediate = 256;
+    o.vocab = 512;
+    o.dtype = dt;
+    o.tie = tie;
+    o.seed = 7;
+    o.target_dir = target;
+    if (arch == MDL_ARCH_DSPARK || arch == MDL_ARCH_DFLASH) {
+        o.layers = 1;
+        o.block_size = 4;
+        o.markov_rank = 16;
+    }
+    char err[512];
+    if (mdl_mkmodel(&o, out, err, sizeof err) != 0) {
+        fprintf(stderr, "mkmodel %s: %s\n", name, err);
+        exit(1);
+    }
+}
+
+int main(void)
+{
+    GPU_TEST_SKIP_WITHOUT_DEVICE();
+    const char *base = test_tmpdir("cuda-model");
+    if (!base) return 1;
+    char b[1024];
+    snprintf(b, sizeof b, "%s", base);
+    mk(g_qwen3, b, "qwen3", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, NULL);
+    mk(g_qwen2, b, "qwen2", MDL_ARCH_QWEN2, MDL_DT_F32, 1, 32, 4, 2, NULL);
+    mk(g_llama, b, "llama", MDL_ARCH_LLAMA, MDL_DT_BF16, 0, 64, 2, 1, NULL);
+    mk(g_dspark, b, "dspark", MDL_ARCH_DSPARK, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3);
+    mk(g_dflash, b, "dflash", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_qwen3),  cmocka_unit_test(test_parity_qwen2_f32),
+        cmocka_unit_test(test_parity_llama),  cmocka_unit_test(test_engine_greedy),
+        cmocka_unit_test(test_spec_dspark),   cmocka_unit_test(test_spec_dflash),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
