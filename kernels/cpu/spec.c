@@ -3,8 +3,7 @@
  * (KOP_CONFIDENCE). Contracts in kernels/kern.h.
  *
  * The Markov chain is sequential within a sequence (slot k's bias depends on slot k-1's choice), so
- * sequences are the unit of parallel work; the V-long bias update of one slot is a GEMV over W2 and
- * is split across nothing (V*r multiply-adds per slot, small next to the lm_head GEMM before it).
+ * the unit of parallel work is the V-long bias update + argmax of one slot, split over V.
  * Dot products use the shared 16-lane scheme, so results are bitwise stable across ISAs. */
 #include <math.h>
 #include <string.h>
@@ -35,51 +34,78 @@ static void load_row(const void *w, int dt, int r, int32_t id, float *out)
 
 #define KERN_MAX_MARKOV_RANK 4096
 
+#define KERN_MAX_THREADS 256
+
+/* One slot of one sequence: the Markov bias is added to every logit (split over V between the
+ * threads: each logit's update is independent, so the split never changes a bit), each thread keeps
+ * its best (value, lowest id), and the caller combines them in thread order. */
 typedef struct {
     const kern_op *op;
-    int32_t n;
-} spec_task;
+    float *lg;             /* logits row of the slot */
+    const float *z;        /* W1[prev] as f32 (NULL: no Markov head) */
+    float best[KERN_MAX_THREADS];
+    int32_t arg[KERN_MAX_THREADS];
+} slot_task;
 
-static void draft_select_task(void *vctx, int tid, int nt)
+static void slot_task_fn(void *vctx, int tid, int nt)
 {
-    const spec_task *t = vctx;
+    slot_task *t = vctx;
     const kern_op *op = t->op;
-    const int W = op->p[0], V = op->p[1], r = op->p[2], dt = op->p[3];
-    float *logits = op->buf[0].ptr;
-    const void *w1 = op->buf[1].ptr, *w2 = op->buf[2].ptr;
-    const int32_t *anchor = op->buf[3].ptr;
-    int32_t *drafts = op->buf[4].ptr;
+    const int V = op->p[1], r = op->p[2], dt = op->p[3];
     const kern_simd_ops *simd = kern_simd();
-    float z[KERN_MAX_MARKOV_RANK], wrow[KERN_MAX_MARKOV_RANK];
+    float wrow[KERN_MAX_MARKOV_RANK];
     int64_t b, e;
-    kern_split(t->n, tid, nt, 1, &b, &e);
-    for (int64_t s = b; s < e; s++) {
-        int32_t prev = anchor[s];
-        for (int k = 0; k < W; k++) {
-            float *lg = logits + (size_t)(s * W + k) * (size_t)V;
-            if (w1) {
-                KERN_CHECK(op, prev >= 0 && prev < V);
-                load_row(w1, dt, r, prev, z);
-                for (int v = 0; v < V; v++) {
-                    load_row(w2, dt, r, v, wrow);
-                    lg[v] += simd->dot(wrow, z, r);
-                }
-            }
-            int32_t best = 0;
-            for (int v = 1; v < V; v++)
-                if (lg[v] > lg[best]) best = v;
-            drafts[s * W + k] = best;
-            prev = best;
+    kern_split(V, tid, nt, 16, &b, &e);
+    int32_t arg = -1;
+    float best = 0;
+    for (int64_t v = b; v < e; v++) {
+        if (t->z) {
+            load_row(op->buf[2].ptr, dt, r, (int32_t)v, wrow);
+            t->lg[v] += simd->dot(wrow, t->z, r);
+        }
+        if (arg < 0 || t->lg[v] > best) {
+            best = t->lg[v];
+            arg = (int32_t)v;
         }
     }
+    t->best[tid] = best;
+    t->arg[tid] = arg;
 }
 
 void kern_cpu_draft_select(kern_pool *pool, const kern_op *op)
 {
     KERN_CHECK(op, op->p[2] <= KERN_MAX_MARKOV_RANK);
-    spec_task t = {op, kern_cpu_count(op, 5, op->p[4])};
-    size_t work = (size_t)t.n * (size_t)op->p[0] * (size_t)op->p[1] * (size_t)(op->p[2] + 1);
-    kern_cpu_parallel(pool, draft_select_task, &t, work);
+    const int W = op->p[0], V = op->p[1], r = op->p[2], dt = op->p[3];
+    const int32_t n = kern_cpu_count(op, 5, op->p[4]);
+    const int32_t *anchor = op->buf[3].ptr;
+    int32_t *drafts = op->buf[4].ptr;
+    const void *w1 = op->buf[1].ptr;
+    const int nt = kern_pool_threads(pool) < KERN_MAX_THREADS ? kern_pool_threads(pool) : KERN_MAX_THREADS;
+    float z[KERN_MAX_MARKOV_RANK];
+    slot_task t = {.op = op};
+    for (int32_t s = 0; s < n; s++) {
+        int32_t prev = anchor[s];
+        for (int k = 0; k < W; k++) { /* sequential: slot k's bias depends on slot k-1's choice */
+            t.lg = (float *)op->buf[0].ptr + (size_t)(s * W + k) * (size_t)V;
+            t.z = NULL;
+            if (w1) {
+                KERN_CHECK(op, prev >= 0 && prev < V);
+                load_row(w1, dt, r, prev, z);
+                t.z = z;
+            }
+            for (int i = 0; i < nt; i++) t.arg[i] = -1;
+            kern_cpu_parallel(pool, slot_task_fn, &t, (size_t)V * (size_t)(r + 1));
+            int32_t best = -1;
+            float bv = 0;
+            for (int i = 0; i < nt; i++) /* thread ranges ascend in v: first strict max = lowest id */
+                if (t.arg[i] >= 0 && (best < 0 || t.best[i] > bv)) {
+                    best = t.arg[i];
+                    bv = t.best[i];
+                }
+            drafts[s * W + k] = best;
+            prev = best;
+        }
+    }
 }
 
 void kern_cpu_confidence(kern_pool *pool, const kern_op *op)
