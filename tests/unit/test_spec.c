@@ -9,7 +9,10 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "kernels/kern.h"
 #include "spec_decode/verify.h"
+#include <stdlib.h>
+#include <string.h>
 
 #define V 6
 static const float logits[V] = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, 1.5f};
@@ -103,9 +106,132 @@ static void test_greedy_accepts_only_argmax(void **state)
     eng_sampler_scratch_free(&s);
 }
 
+/* ---- the speculative ops (kernels/cpu/spec.c) against plain loops ---------------------------------- */
+
+static float frand(uint32_t *st)
+{
+    *st = *st * 1664525u + 1013904223u;
+    return (float)((*st >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static void test_copy_cols(void **state)
+{
+    (void)state;
+    enum { R = 5, NH = 7, STRIDE = 21 };
+    float x[R * NH], out[R * STRIDE];
+    uint32_t st = 1;
+    for (int i = 0; i < R * NH; i++) x[i] = frand(&st);
+    for (int i = 0; i < R * STRIDE; i++) out[i] = -99;
+    int32_t n = 3;
+    kern_op op = {.kind = KOP_COPY_COLS};
+    op.buf[0] = (kern_buf){x, sizeof x};
+    op.buf[1] = (kern_buf){out, sizeof out};
+    op.buf[2] = (kern_buf){&n, 4};
+    op.p[0] = NH;
+    op.p[1] = STRIDE;
+    op.p[2] = 7;
+    op.p[3] = R;
+    kern_cpu_exec(NULL, &op);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < STRIDE; c++) {
+            float want = (r < n && c >= 7 && c < 14) ? x[r * NH + c - 7] : -99;
+            assert_true(out[r * STRIDE + c] == want);
+        }
+}
+
+/* Markov draft choice and confidence vs a double-precision loop; 1 vs 2 threads bitwise. */
+static void test_draft_select_confidence(void **state)
+{
+    (void)state;
+    enum { NS = 3, NW = 4, NV = 300, RK = 8, NH = 24 };
+    uint32_t st = 7;
+    float *base = malloc(sizeof(float) * NS * NW * NV), *lg1 = malloc(sizeof(float) * NS * NW * NV),
+          *lg2 = malloc(sizeof(float) * NS * NW * NV);
+    uint16_t w1[NV * RK], w2[NV * RK];
+    float h[NS * NW * NH], cw[NH + RK], cb[1] = {0.25f}, conf[NS * NW];
+    for (int i = 0; i < NS * NW * NV; i++) base[i] = 2.0f * frand(&st);
+    for (int i = 0; i < NV * RK; i++) {
+        w1[i] = kern_f32_to_bf16(frand(&st));
+        w2[i] = kern_f32_to_bf16(frand(&st));
+    }
+    for (int i = 0; i < NS * NW * NH; i++) h[i] = frand(&st);
+    for (int i = 0; i < NH + RK; i++) cw[i] = 0.3f * frand(&st);
+    int32_t anchor[NS] = {5, 77, 299}, d1[NS * NW], d2[NS * NW], n = NS;
+    for (int pass = 0; pass < 2; pass++) {
+        float *lg = pass ? lg2 : lg1;
+        int32_t *d = pass ? d2 : d1;
+        memcpy(lg, base, sizeof(float) * NS * NW * NV);
+        kern_pool *pool = pass ? kern_pool_create(2) : NULL;
+        kern_op op = {.kind = KOP_DRAFT_SELECT};
+        op.buf[0] = (kern_buf){lg, sizeof(float) * NS * NW * NV};
+        op.buf[1] = (kern_buf){w1, sizeof w1};
+        op.buf[2] = (kern_buf){w2, sizeof w2};
+        op.buf[3] = (kern_buf){anchor, sizeof anchor};
+        op.buf[4] = (kern_buf){d, sizeof(int32_t) * NS * NW};
+        op.buf[5] = (kern_buf){&n, 4};
+        op.p[0] = NW;
+        op.p[1] = NV;
+        op.p[2] = RK;
+        op.p[3] = KERN_DT_BF16;
+        op.p[4] = NS;
+        kern_cpu_exec(pool, &op);
+        kern_pool_destroy(pool);
+    }
+    assert_memory_equal(d1, d2, sizeof d1);
+    assert_memory_equal(lg1, lg2, sizeof(float) * NS * NW * NV);
+    /* the reference chain in double */
+    for (int s = 0; s < NS; s++) {
+        int prev = anchor[s];
+        for (int k = 0; k < NW; k++) {
+            int best = -1;
+            double bv = 0;
+            for (int v = 0; v < NV; v++) {
+                double a = base[(s * NW + k) * NV + v];
+                for (int i = 0; i < RK; i++)
+                    a += (double)kern_bf16_to_f32(w2[v * RK + i]) * kern_bf16_to_f32(w1[prev * RK + i]);
+                if (best < 0 || a > bv) {
+                    best = v;
+                    bv = a;
+                }
+            }
+            assert_int_equal(d1[s * NW + k], best);
+            prev = best;
+        }
+    }
+    kern_op op = {.kind = KOP_CONFIDENCE};
+    op.buf[0] = (kern_buf){h, sizeof h};
+    op.buf[1] = (kern_buf){w1, sizeof w1};
+    op.buf[2] = (kern_buf){d1, sizeof d1};
+    op.buf[3] = (kern_buf){anchor, sizeof anchor};
+    op.buf[4] = (kern_buf){cw, sizeof cw};
+    op.buf[5] = (kern_buf){cb, sizeof cb};
+    op.buf[6] = (kern_buf){conf, sizeof conf};
+    op.buf[7] = (kern_buf){&n, 4};
+    op.p[0] = NW;
+    op.p[1] = NH;
+    op.p[2] = RK;
+    op.p[3] = KERN_DT_BF16;
+    op.p[4] = NS;
+    op.p[5] = NV;
+    kern_cpu_exec(NULL, &op);
+    for (int s = 0; s < NS; s++)
+        for (int k = 0; k < NW; k++) {
+            int prev = k == 0 ? anchor[s] : d1[s * NW + k - 1];
+            double a = cb[0];
+            for (int i = 0; i < NH; i++) a += (double)cw[i] * h[(s * NW + k) * NH + i];
+            for (int i = 0; i < RK; i++) a += (double)cw[NH + i] * kern_bf16_to_f32(w1[prev * RK + i]);
+            assert_float_equal(conf[s * NW + k], 1.0 / (1.0 + exp(-a)), 1e-5);
+        }
+    free(base);
+    free(lg1);
+    free(lg2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_copy_cols),
+        cmocka_unit_test(test_draft_select_confidence),
         cmocka_unit_test(test_rejection_sampling_preserves_target),
         cmocka_unit_test(test_greedy_accepts_only_argmax),
     };
