@@ -136,6 +136,20 @@ static int write_json(const char *path, cJSON *j, char *err, size_t errlen)
     return ok ? 0 : -1;
 }
 
+/* mkdir -p */
+static int mkdir_p(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
+        *c = '/';
+    }
+    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 static const char *model_type(mdl_arch a)
 {
     return a == MDL_ARCH_LLAMA ? "llama" : a == MDL_ARCH_QWEN2 ? "qwen2" : "qwen3";
@@ -223,7 +237,7 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         snprintf(err, errlen, "invalid model shape (need heads %% kv_heads == 0, even head_dim, sizes >= 1)");
         return -1;
     }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir_p(dir) != 0) {
         snprintf(err, errlen, "%s: cannot create: %s", dir, strerror(errno));
         return -1;
     }
