@@ -512,6 +512,23 @@ static cJSON *ids_json(const int32_t *ids, int n)
     return a;
 }
 
+/* "weight_version": the versions the tokens of choice `only` (or of every choice, -1) were generated
+ * with — one string, or a list across a "keep" update. Read once the choices finished. */
+static cJSON *versions_json(const srv_job *j, int only)
+{
+    uint64_t vs[8];
+    int nv = 0;
+    for (int i = 0; i < j->n_ch; i++) {
+        if (only >= 0 && i != only) continue;
+        for (int k = 0; k < j->ch[i].r.n_versions; k++) {
+            int seen = 0;
+            for (int q = 0; q < nv; q++) seen |= vs[q] == j->ch[i].r.versions[k];
+            if (!seen && nv < 8) vs[nv++] = j->ch[i].r.versions[k];
+        }
+    }
+    return srv_weight_version_json(j->s, vs, nv);
+}
+
 static void add_usage(cJSON *o, const srv_job *j)
 {
     long p = 0, c = 0;
@@ -596,18 +613,7 @@ static cJSON *full_response(const srv_job *j)
     if (chat && j->g.return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(j->g.prompts[0].ids, j->g.prompts[0].n));
     add_usage(o, j);
-    {
-        /* the versions of every token of every choice (several only across a "keep" update) */
-        uint64_t vs[8];
-        int nv = 0;
-        for (int i = 0; i < j->n_ch; i++)
-            for (int k = 0; k < j->ch[i].r.n_versions; k++) {
-                int seen = 0;
-                for (int q = 0; q < nv; q++) seen |= vs[q] == j->ch[i].r.versions[k];
-                if (!seen && nv < 8) vs[nv++] = j->ch[i].r.versions[k];
-            }
-        cJSON_AddItemToObject(o, "weight_version", srv_weight_version_json(j->s, vs, nv));
-    }
+    cJSON_AddItemToObject(o, "weight_version", versions_json(j, -1));
     return o;
 }
 
@@ -770,6 +776,7 @@ static void emit_choice(srv_job *j, srv_choice *ch, choice_snap *sn, size_t echo
     if (sn->fin) {
         cJSON_AddStringToObject(c, "finish_reason", finish_name(ch));
         add_stop_reason(c, j, ch);
+        cJSON_AddItemToObject(o, "weight_version", versions_json(j, (int)(ch - j->ch)));
     } else {
         cJSON_AddNullToObject(c, "finish_reason");
     }
@@ -854,6 +861,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
             cJSON *o = head_json(j, j->g.api == SRV_API_CHAT ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(o, "choices");
             add_usage(o, j);
+            cJSON_AddItemToObject(o, "weight_version", versions_json(j, -1));
             ob_event(&b, o);
         }
         ob_add(&b, "data: [DONE]\n\n", 14);

@@ -121,6 +121,9 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         if (eng_num_running(e) > 0) abort_running(s, c);
         eng_set_admission(e, 1);
     }
+    if ((c->kind == CMD_BEGIN || c->kind == CMD_LOAD) && c->pause == ENG_PAUSE_ABORT && !wi.session_open &&
+        wi.state != ENG_W_UNDEFINED)
+        c->aborted_requests += eng_num_running(e); /* begin ends them */
     switch (c->kind) {
     case CMD_BEGIN:
         if (eng_weights_begin(e, c->full, c->which, c->pause, c->version, &c->session, err, el, &st) == 0) {
