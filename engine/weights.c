@@ -298,7 +298,13 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
         else if (e->ws_has_draft && mdl_session_check_coverage(&e->ws_draft, miss, sizeof miss) != 0) who = "drafter: ";
         if (who) {
             snprintf(err, errlen, "incomplete full update: %s%s", who, miss);
-            fail_inconsistent(e, err);
+            if (wrote_any(e)) {
+                fail_inconsistent(e, err);
+            } else { /* nothing was written: the weights are what they were */
+                end_sessions(e);
+                w->state = w->prev_state_ok ? ENG_W_READY : ENG_W_INCONSISTENT;
+                w->updates_failed++;
+            }
             *status = 422;
             return -1;
         }

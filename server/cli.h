@@ -49,5 +49,7 @@ int srv_cmd_serve(int argc, char **argv);
 int srv_cmd_bench(int argc, char **argv);
 /* bench/bench_serve.c: `graphswap bench serve` (drives a running server over loopback) */
 int srv_bench_serve(int argc, char **argv);
+/* bench/bench_update.c: `graphswap bench update` (weight-update throughput over loopback HTTP) */
+int srv_bench_update(int argc, char **argv);
 
 #endif

@@ -12,8 +12,9 @@
  * what still runs then is aborted. While a session is open or generation is paused, the engine does
  * not step (I7); requests queue.
  *
- * Bucket bodies (application/octet-stream safetensors) stream into one reusable staging buffer
- * (bucket_mu: one upload at a time), bounded by --max-bucket-bytes.
+ * Bucket bodies (application/octet-stream safetensors) stream into one staging buffer reused by
+ * every bucket of a session and released at finish / abort (bucket_mu: one upload at a time),
+ * bounded by --max-bucket-bytes.
  */
 #include <errno.h>
 #include <limits.h>
@@ -57,7 +58,7 @@ struct srv_cmd {
     int done, status;
     char err[1024];
     uint64_t session;
-    int aborted_requests;
+    int aborted_requests, paused_requests;
     cJSON *result;
     pthread_cond_t cv;
     srv_cmd *next;
@@ -121,9 +122,10 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         if (eng_num_running(e) > 0) abort_running(s, c);
         eng_set_admission(e, 1);
     }
-    if ((c->kind == CMD_BEGIN || c->kind == CMD_LOAD) && c->pause == ENG_PAUSE_ABORT && !wi.session_open &&
-        wi.state != ENG_W_UNDEFINED)
-        c->aborted_requests += eng_num_running(e); /* begin ends them */
+    if ((c->kind == CMD_BEGIN || c->kind == CMD_LOAD) && !wi.session_open && wi.state != ENG_W_UNDEFINED) {
+        if (c->pause == ENG_PAUSE_ABORT) c->aborted_requests += eng_num_running(e); /* begin ends them */
+        else c->paused_requests = eng_num_running(e); /* frozen during the session ("wait": none left) */
+    }
     switch (c->kind) {
     case CMD_BEGIN:
         if (eng_weights_begin(e, c->full, c->which, c->pause, c->version, &c->session, err, el, &st) == 0) {
@@ -459,6 +461,16 @@ static int simple_cmd(srv_state *s, struct mg_connection *conn, cmd_kind k, cons
     return st;
 }
 
+/* The staging buffer lives for one session: a 2 GiB bucket must not stay resident between updates. */
+static void release_staging(srv_state *s)
+{
+    pthread_mutex_lock(&s->bucket_mu);
+    free(s->staging);
+    s->staging = NULL;
+    s->staging_cap = 0;
+    pthread_mutex_unlock(&s->bucket_mu);
+}
+
 static int route_finish(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
@@ -476,6 +488,7 @@ static int route_finish(srv_state *s, struct mg_connection *conn)
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     snprintf(c->version, sizeof c->version, "%s", v);
     submit_cmd(s, c);
+    release_staging(s);
     int st = send_cmd_result(conn, c, c->status == 200 ? info_json(s) : NULL);
     free(c);
     return st;
@@ -490,6 +503,7 @@ static int route_abort(srv_state *s, struct mg_connection *conn)
     srv_cmd *c = new_cmd(CMD_ABORT);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     submit_cmd(s, c);
+    release_staging(s);
     int st = send_cmd_result(conn, c, c->status == 200 ? info_json(s) : NULL);
     free(c);
     return st;
@@ -545,7 +559,7 @@ static int do_load(srv_state *s, struct mg_connection *conn, const cJSON *b, con
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "success", c->status == 200);
         cJSON_AddStringToObject(o, "message", c->status == 200 ? "Succeeded to update model weights." : c->err);
-        cJSON_AddNumberToObject(o, "num_paused_requests", 0);
+        cJSON_AddNumberToObject(o, "num_paused_requests", c->paused_requests + c->aborted_requests);
         st = srv_send_json(conn, c->status == 200 ? 200 : c->status, o);
         cJSON_Delete(o);
     } else {
