@@ -80,24 +80,69 @@ static int is_banned(int32_t id, const int32_t *banned, int n)
 
 /* Candidates of the filtered distribution at sp's temperature: s->idx[0..n) sorted by logit
  * (descending, ties by id), s->prob[0..n) unnormalised weights; *z their sum. */
+/* a is worse than b: lower logit, or the same logit and a higher id (ties keep the lowest id) */
+static int worse(const float *lg, int32_t a, int32_t b) { return lg[a] < lg[b] || (lg[a] == lg[b] && a > b); }
+
+/* The k best of idx[0..n) into idx[0..k), sorted best first: a size-k min-heap, O(n log k). */
+static void top_k_select(int32_t *idx, int n, int k, const float *lg)
+{
+    int32_t *h = idx; /* the heap lives in the first k slots */
+    for (int i = 0; i < n; i++) {
+        int32_t v = idx[i];
+        int pos;
+        if (i < k) {
+            pos = i;
+            while (pos > 0 && worse(lg, v, h[(pos - 1) / 2])) { /* sift up */
+                h[pos] = h[(pos - 1) / 2];
+                pos = (pos - 1) / 2;
+            }
+            h[pos] = v;
+        } else if (worse(lg, h[0], v)) { /* replace the worst kept, sift down */
+            pos = 0;
+            for (;;) {
+                int c = 2 * pos + 1;
+                if (c >= k) break;
+                if (c + 1 < k && worse(lg, h[c + 1], h[c])) c++;
+                if (!worse(lg, h[c], v)) break;
+                h[pos] = h[c];
+                pos = c;
+            }
+            h[pos] = v;
+        }
+    }
+    sort_desc(idx, (size_t)k, lg);
+}
+
+/* Candidates of the filtered distribution at sp's temperature: s->idx[0..n) with unnormalised
+ * weights s->prob[0..n) (relative to the best logit); *z their sum. Sorted by logit (descending,
+ * ties by id) when top-k or top-p needs an order; in id order otherwise, which avoids sorting the
+ * whole vocabulary for every sampled token (plain temperature / min-p sampling). */
 static int filtered(const float *logits, const eng_sampling *sp, const int32_t *banned, int n_banned,
                     eng_sampler_scratch *s, double *z_out)
 {
     const int V = s->V;
     int n = 0;
+    float lmax = -INFINITY;
     for (int i = 0; i < V; i++)
-        if (!is_banned(i, banned, n_banned)) s->idx[n++] = i;
-    sort_desc(s->idx, (size_t)n, logits);
-    if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
+        if (!is_banned(i, banned, n_banned)) {
+            s->idx[n++] = i;
+            if (logits[i] > lmax) lmax = logits[i];
+        }
+    const int use_top_p = sp->top_p > 0 && sp->top_p < 1;
+    if (sp->top_k > 0 && sp->top_k < n) {
+        top_k_select(s->idx, n, sp->top_k, logits);
+        n = sp->top_k;
+    } else if (use_top_p) {
+        sort_desc(s->idx, (size_t)n, logits);
+    }
     const double inv_t = 1.0 / sp->temperature;
-    const double lmax = logits[s->idx[0]];
     double z = 0;
     for (int j = 0; j < n; j++) {
-        double p = exp(((double)logits[s->idx[j]] - lmax) * inv_t);
+        double p = exp(((double)logits[s->idx[j]] - (double)lmax) * inv_t);
         s->prob[j] = (float)p;
         z += p;
     }
-    if (sp->top_p > 0 && sp->top_p < 1) { /* smallest prefix whose mass reaches top_p */
+    if (use_top_p) { /* smallest prefix (of the sorted candidates) whose mass reaches top_p */
         double c = 0;
         int keep = n;
         for (int j = 0; j < n; j++) {
@@ -109,10 +154,13 @@ static int filtered(const float *logits, const eng_sampling *sp, const int32_t *
         }
         n = keep;
     }
-    if (sp->min_p > 0) { /* drop tokens below min_p times the most likely one */
-        double thr = sp->min_p * s->prob[0];
-        int keep = 1;
-        while (keep < n && s->prob[keep] >= thr) keep++;
+    if (sp->min_p > 0) { /* drop tokens below min_p times the most likely one (weight 1) */
+        int keep = 0;
+        for (int j = 0; j < n; j++)
+            if (s->prob[j] >= sp->min_p) {
+                s->idx[keep] = s->idx[j];
+                s->prob[keep++] = s->prob[j];
+            }
         n = keep;
     }
     double zz = 0;
