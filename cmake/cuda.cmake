@@ -37,6 +37,21 @@ set(GS_HAVE_CUDA ON)
 message(STATUS "graphswap: CUDA backend for sm_${CMAKE_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
 
 file(GLOB GS_CUDA_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu ${CMAKE_SOURCE_DIR}/kernels/cuda/*.c)
+# The GPU weight transports (engine/transport_cuda.cu: NCCL broadcast, CUDA IPC) live in the same
+# module. NCCL is optional: without nccl.h / libnccl at configure time they are built without it
+# (IPC still works, the NCCL routes answer with a clear error). libnccl is dlopen'ed at the first
+# NCCL init, never linked (GS_NCCL_LIB is found only for the GPU test's trainer side).
+list(APPEND GS_CUDA_SRC ${CMAKE_SOURCE_DIR}/engine/transport_cuda.cu)
+find_path(GS_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include)
+find_library(GS_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+             /usr/local/cuda/lib /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
+if(GS_NCCL_INCLUDE AND GS_NCCL_LIB)
+  set(GS_HAVE_NCCL ON)
+  message(STATUS "graphswap: NCCL weight transport (${GS_NCCL_LIB})")
+else()
+  set(GS_HAVE_NCCL OFF)
+  message(STATUS "graphswap: no NCCL found: the NCCL weight transport is not built")
+endif()
 add_library(gs_cuda STATIC ${GS_CUDA_SRC} ${CMAKE_SOURCE_DIR}/engine/backend_cuda.cu)
 # The directory's options (-Wall -Werror ... from add_compile_options) are host-compiler flags that
 # nvcc does not take directly: give each language its own.
@@ -49,6 +64,15 @@ target_compile_options(gs_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Werror -D_GNU_SOURCE -ffp-contract=off>
   $<$<COMPILE_LANGUAGE:CUDA>:${GS_CUDA_NVCC_FLAGS}>)
 target_link_libraries(gs_cuda PUBLIC gs_core CUDA::cudart CUDA::cublasLt)
+if(GS_HAVE_NCCL)
+  # nccl.h only: engine/transport_cuda.cu dlopens libnccl.so.2 on first use, so neither the module
+  # nor the binary needs NCCL installed to load (only the NCCL routes do)
+  target_include_directories(gs_cuda PRIVATE ${GS_NCCL_INCLUDE})
+  target_compile_definitions(gs_cuda PRIVATE GS_HAVE_NCCL=1)
+  target_link_libraries(gs_cuda PUBLIC ${CMAKE_DL_LIBS})
+else()
+  target_compile_definitions(gs_cuda PRIVATE GS_HAVE_NCCL=0)
+endif()
 # Executables linking gs_cuda are linked by the C compiler driver (the CUDA objects need only the
 # CUDA runtime and libstdc++'s support symbols, not nvcc's device link: no separable compilation).
 set_target_properties(gs_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF CUDA_RESOLVE_DEVICE_SYMBOLS OFF)
@@ -66,6 +90,13 @@ if(TARGET graphswap)
     $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Werror -D_GNU_SOURCE -ffp-contract=off>
     $<$<COMPILE_LANGUAGE:CUDA>:${GS_CUDA_NVCC_FLAGS}>)
   target_link_libraries(gs_cuda_module PRIVATE CUDA::cudart CUDA::cublasLt stdc++)
+  if(GS_HAVE_NCCL)
+    target_include_directories(gs_cuda_module PRIVATE ${GS_NCCL_INCLUDE})
+    target_compile_definitions(gs_cuda_module PRIVATE GS_HAVE_NCCL=1)
+    target_link_libraries(gs_cuda_module PRIVATE ${CMAKE_DL_LIBS})
+  else()
+    target_compile_definitions(gs_cuda_module PRIVATE GS_HAVE_NCCL=0)
+  endif()
   set_target_properties(gs_cuda_module PROPERTIES OUTPUT_NAME graphswap_cuda PREFIX "lib"
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR} CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
   set_target_properties(graphswap PROPERTIES ENABLE_EXPORTS ON)

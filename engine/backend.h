@@ -49,6 +49,12 @@ typedef struct {
      * for a pair it cannot convert. */
     int (*upload_convert)(eng_backend *be, void *dst, mdl_dtype dst_dt, const void *src,
                           mdl_dtype src_dt, size_t n);
+    /* Dtype-converting device -> device write of n elements: src is device memory (an NCCL
+     * staging buffer, a CUDA-IPC mapping). Ordered on the backend's stream like copy(); the CPU
+     * backend, whose device memory is host memory, converts in place of upload_convert. Returns 0,
+     * or -1 for a pair it cannot convert. */
+    int (*device_convert)(eng_backend *be, void *dst, mdl_dtype dst_dt, const void *src_dev,
+                          mdl_dtype src_dt, size_t n);
     /* Compute. */
     void (*run)(eng_backend *be, const eng_tape *tape); /* eager: launch each op now */
     eng_plan *(*plan_create)(eng_backend *be, const eng_tape *tape);

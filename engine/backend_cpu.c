@@ -222,6 +222,7 @@ static const eng_backend_ops cpu_ops = {
     .download = cpu_memcpy,
     .copy = cpu_memcpy,
     .upload_convert = cpu_upload_convert,
+    .device_convert = cpu_upload_convert, /* host memory is the device */
     .run = cpu_run,
     .plan_create = cpu_plan_create,
     .plan_launch = cpu_plan_launch,

@@ -265,6 +265,18 @@ static int cu_upload_convert(eng_backend *be, void *dst, mdl_dtype dst_dt, const
     return 0;
 }
 
+/* device -> device: the source already lives on the GPU (NCCL staging, CUDA-IPC mapping) */
+static int cu_device_convert(eng_backend *be, void *dst, mdl_dtype dst_dt, const void *src, mdl_dtype src_dt,
+                             size_t n)
+{
+    cu_impl *c = impl_of(be);
+    if (!convertible(src_dt) || !convertible(dst_dt)) return -1;
+    if (n == 0) return 0;
+    if (!dst || !src) return -1;
+    cu_enter(c);
+    return kern_cuda_convert(dst, (int)dst_dt, src, (int)src_dt, n, c->stream);
+}
+
 /* ---- compute ---------------------------------------------------------------------------------------------- */
 
 static void cu_check_op(eng_backend *be, const kern_op *op, size_t index)
@@ -411,6 +423,7 @@ static const eng_backend_ops *cuda_ops(void)
         ops.download = cu_download;
         ops.copy = cu_copy;
         ops.upload_convert = cu_upload_convert;
+        ops.device_convert = cu_device_convert;
         ops.run = cu_run;
         ops.plan_create = cu_plan_create;
         ops.plan_launch = cu_plan_launch;

@@ -227,7 +227,8 @@ static int out_of_order(eng_engine *e, const char *what, char *err, size_t errle
     return -1;
 }
 
-int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+/* write: 0 validate only, 1 host source, 2 device source */
+static int bucket_impl(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, int write, char *err,
                        size_t errlen, int *status)
 {
     if (!e->winfo.session_open) return out_of_order(e, "bucket", err, errlen, status);
@@ -268,13 +269,36 @@ int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const ch
     /* validate every tensor of both models before the first byte is written */
     if (ta && mdl_session_validate(&e->ws_target, ta, na, what, err, errlen) != 0) goto out;
     if (da && mdl_session_validate(&e->ws_draft, da, ndd, what, err, errlen) != 0) goto out;
-    if (ta) mdl_session_write(&e->ws_target, ta, na);
-    if (da) mdl_session_write(&e->ws_draft, da, ndd);
+    if (write == 1) {
+        if (ta) mdl_session_write(&e->ws_target, ta, na);
+        if (da) mdl_session_write(&e->ws_draft, da, ndd);
+    } else if (write == 2) {
+        if (ta) mdl_session_write_device(&e->ws_target, ta, na);
+        if (da) mdl_session_write_device(&e->ws_draft, da, ndd);
+    }
     rc = 0;
 out:
     free(tt);
     free(dt);
     return rc;
+}
+
+int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                       size_t errlen, int *status)
+{
+    return bucket_impl(e, t, n, what, 1, err, errlen, status);
+}
+
+int eng_weights_bucket_device(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                              size_t errlen, int *status)
+{
+    return bucket_impl(e, t, n, what, 2, err, errlen, status);
+}
+
+int eng_weights_validate(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                         size_t errlen, int *status)
+{
+    return bucket_impl(e, t, n, what, 0, err, errlen, status);
 }
 
 static void fail_inconsistent(eng_engine *e, const char *why)

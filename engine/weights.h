@@ -58,6 +58,15 @@ int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause
                       uint64_t *session_id, char *err, size_t errlen, int *status);
 int eng_weights_bucket(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
                        size_t errlen, int *status);
+/* GPU transports (NCCL staging, CUDA IPC): the same bucket when every t[i].data is device memory of
+ * the engine's backend (written with its device_convert). */
+int eng_weights_bucket_device(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                              size_t errlen, int *status);
+/* The checks of a bucket (session open: else 409; names, shapes, dtypes of both models: else 400)
+ * without writing: a transport validates the metadata before receiving the bytes. t[i].data is not
+ * read. */
+int eng_weights_validate(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, char *err,
+                         size_t errlen, int *status);
 int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t errlen, int *status);
 int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status);
 void eng_weights_get_info(const eng_engine *e, eng_weights_info *out);

@@ -316,7 +316,7 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
     return 0;
 }
 
-void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n)
+static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int device_src)
 {
     mdl_model *m = s->m;
     /* direct, dtype-converting writes into the destinations (I2) */
@@ -325,7 +325,9 @@ void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n)
         const mdl_param *p = &m->params[d->param];
         size_t row_bytes = (size_t)p->cols * mdl_dtype_size(p->dt);
         uint8_t *dst = (uint8_t *)p->ptr + (size_t)d->row0 * row_bytes;
-        if (m->be->ops->upload_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel) != 0) {
+        int rc = device_src ? m->be->ops->device_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel)
+                            : m->be->ops->upload_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel);
+        if (rc != 0) {
             /* unreachable after validation; a bug if it happens */
             fprintf(stderr, "graphswap: bug: conversion %s -> %s failed\n", mdl_dtype_name(t[i].dtype),
                     mdl_dtype_name(p->dt));
@@ -338,6 +340,10 @@ void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n)
     }
     s->buckets++;
 }
+
+void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n) { session_write(s, t, n, 0); }
+
+void mdl_session_write_device(mdl_session *s, const mdl_st_tensor *t, size_t n) { session_write(s, t, n, 1); }
 
 int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
                        size_t errlen)

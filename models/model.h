@@ -103,6 +103,9 @@ int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const c
 int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
                          size_t errlen);
 void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n);
+/* The same write when every t[i].data is device memory of m->be (an NCCL staging buffer, a CUDA-IPC
+ * mapping): backend device_convert instead of upload_convert; coverage and counters alike. */
+void mdl_session_write_device(mdl_session *s, const mdl_st_tensor *t, size_t n);
 /* Full mode coverage only (no hook): 0, or -1 with "missing tensor ..." in err. */
 int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen);
 /* Runs the post-load hook if the session wrote anything (exactly once per finish). */

@@ -11,6 +11,8 @@
 #include <limits.h>
 #include <unistd.h>
 
+static void *cuda_module; /* the dlopen'ed libgraphswap_cuda.so (NULL until --backend cuda loads it) */
+
 /* The CUDA backend lives in libgraphswap_cuda.so next to the binary (see cmake/cuda.cmake for why
  * it is not linked in). */
 static eng_backend *cuda_backend_create(const eng_backend_config *cfg, char *err, size_t errlen)
@@ -26,6 +28,7 @@ static eng_backend *cuda_backend_create(const eng_backend_config *cfg, char *err
     if (slash) *slash = 0;
     snprintf(path, sizeof path, "%s/libgraphswap_cuda.so", exe);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    cuda_module = h;
     if (!h) {
         snprintf(err, errlen, "--backend cuda: %s", dlerror());
         return NULL;
@@ -40,6 +43,15 @@ static eng_backend *cuda_backend_create(const eng_backend_config *cfg, char *err
 }
 #endif
 
+void *srv_cuda_symbol(const char *name)
+{
+#ifdef GS_HAVE_CUDA
+    return cuda_module ? dlsym(cuda_module, name) : NULL;
+#else
+    (void)name;
+    return NULL;
+#endif
+}
 
 void srv_die(const char *fmt, ...)
 {

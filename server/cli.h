@@ -42,6 +42,9 @@ int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o);
 extern const char srv_runtime_help[];
 int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size_t errlen);
 void srv_runtime_close(srv_runtime *rt);
+/* A symbol of the CUDA module (libgraphswap_cuda.so) once --backend cuda has loaded it; NULL
+ * otherwise (CPU backend, or a build without CUDA). The GPU weight transports are reached this way. */
+void *srv_cuda_symbol(const char *name);
 
 int srv_cmd_generate(int argc, char **argv);
 int srv_cmd_mkmodel(int argc, char **argv);

@@ -151,6 +151,17 @@ struct srv_state {
     size_t staging_cap;
     uint64_t n_buckets_rx;
     int paused;                 /* engine thread: generation paused by /pause (vLLM) */
+    /* GPU weight transports (engine thread only; weights_api.c, engine/transport_cuda.h) */
+    void *nccl;                 /* gs_nccl communicator; NULL: none */
+    int nccl_rank, nccl_world;
+    char nccl_group[128];
+    void *nccl_staging;         /* device staging from the backend arena: allocated once, kept */
+    size_t nccl_staging_bytes;
+    double nccl_timeout;        /* seconds a communicator init or a broadcast may take */
+    uint64_t n_gpu_buckets;
+    uint8_t *ipc_base;          /* CUDA-IPC mapping of the open session; NULL: none */
+    size_t ipc_offset, ipc_bytes;
+    uint64_t ipc_session;
     /* published by the engine thread after each step / command (under wmu) */
     pthread_mutex_t wmu;
     eng_weights_info wpub;

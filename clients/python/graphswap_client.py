@@ -17,14 +17,34 @@ checkpoint folder under the server's --weights-root), info, checksums and verify
 server's SHA-256 of every stored tensor with another server's, e.g. a cold start on the same
 checkpoint).
 
-Not here yet: the CUDA-IPC and NCCL transports (they need the server's CUDA backend).
+GPU transports (the server must run --backend cuda; PyTorch with CUDA is needed here, imported only
+when these are called; this module imports without torch):
+
+    # CUDA IPC: trainer and server on the same GPU. One reusable device buffer of bucket_bytes is
+    # shared once per session (cudaIpcMemHandle via torch's storage sharing); each bucket is packed
+    # into it and the server copies device -> device.
+    gs.update_weights_ipc(model.state_dict().items(), bucket_bytes=1 << 30, version="step-%d" % step)
+
+    # NCCL (vLLM / SGLang shape): the trainer is rank 0 of a 2-rank communicator, the server rank 1.
+    # torch.distributed is not needed: torch.cuda.nccl (the NCCL bindings PyTorch ships) creates the
+    # unique id and the communicator; the server gets the id in init_info.nccl_unique_id_b64.
+    nc = gs.nccl_init()                          # once (POST /init_weight_transfer_engine)
+    gs.update_weights_nccl(nc, model.state_dict().items(), version="step-%d" % step)
+    gs.nccl_destroy(nc)                          # POST /destroy_weights_update_group
+
+Packing (both transports): in a bucket, tensor i starts at the first multiple of 256 bytes at or
+after the end of tensor i-1 (tensor 0 at byte 0); its bytes are contiguous, in its own dtype
+(bfloat16, float16, float32). NCCL sends one ncclBroadcast (root 0, uint8) of exactly up to the end
+of the last tensor per bucket; IPC sends the offsets explicitly (same layout).
 """
 import http.client
 import json
 import struct
 import urllib.parse
 
-__all__ = ["GraphswapClient", "GraphswapError", "to_safetensors"]
+__all__ = ["GraphswapClient", "GraphswapError", "to_safetensors", "pack_plan"]
+
+ALIGN = 256  # byte alignment of each tensor in a GPU-transport bucket (the server's GPU_ALIGN)
 
 
 class GraphswapError(RuntimeError):
@@ -151,6 +171,111 @@ class GraphswapClient:
             body["version"] = str(version)
         return self._call("POST", "/v1/weights/load", body)
 
+    # ---- CUDA IPC (same GPU) -----------------------------------------------------------------------
+    def update_weights_ipc(self, named, bucket_bytes=512 << 20, mode="full", model="target", pause="wait",
+                           version=None, device=None):
+        """One session over CUDA IPC: a reusable CUDA buffer of bucket_bytes is opened by the server
+        once (POST /v1/weights/ipc/open), every bucket is packed into it and announced with
+        POST /v1/weights/ipc/bucket (the server copies device -> device and returns when done, so the
+        buffer is reused at once); finish unmaps it. Returns GET /v1/weights."""
+        import torch
+
+        dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        buf = torch.empty(bucket_bytes, dtype=torch.uint8, device=dev)
+        handle, offset = _ipc_handle(buf)
+        self.begin(mode=mode, model=model, pause=pause, version=version)
+        try:
+            self._call("POST", "/v1/weights/ipc/open", {"handle_b64": handle, "bytes": bucket_bytes, "offset": offset})
+            for entries, _total in pack_plan(named, bucket_bytes):
+                _pack_into(buf, entries)
+                torch.cuda.synchronize(dev)  # the server reads the buffer from another process
+                names, dtypes, shapes, offsets = _torch_meta(entries)
+                self._call("POST", "/v1/weights/ipc/bucket",
+                           {"names": names, "dtypes": dtypes, "shapes": shapes, "offsets": offsets})
+            self.finish(version)
+        except BaseException:
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+        finally:
+            del buf
+        return self.info()
+
+    # ---- NCCL (vLLM / SGLang routes) ---------------------------------------------------------------
+    def nccl_init(self, world_size=2, rank_offset=1, staging_bytes=None, device=None, timeout_s=None):
+        """Creates the communicator: this process is rank 0, the server rank_offset. The server call
+        blocks until both sides have joined, so it runs on a thread while this side joins."""
+        import base64
+
+        import torch
+        import torch.cuda.nccl as tnccl
+
+        dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        uid = tnccl.unique_id()
+        info = {"master_address": self.host, "master_port": 0, "rank_offset": rank_offset,
+                "world_size": world_size, "nccl_unique_id_b64": base64.b64encode(bytes(uid)).decode()}
+        if staging_bytes:
+            info["staging_bytes"] = int(staging_bytes)
+        if timeout_s:
+            info["timeout_s"] = int(timeout_s)
+        call = _Call(self._call, "POST", "/init_weight_transfer_engine", {"init_info": info})
+        with torch.cuda.device(dev):
+            comm = tnccl.init_rank(world_size, uid, 0)
+        r = call.join()
+        return NcclGroup(comm, dev, world_size, int(r["staging_bytes"]))
+
+    def nccl_send_bucket(self, group, buf, entries, total, sglang=False, version=None):
+        """Announces one packed bucket (POST /update_weights, or SGLang's one-shot
+        /update_weights_from_distributed) and broadcasts its bytes."""
+        import torch
+        import torch.cuda.nccl as tnccl
+
+        names, dtypes, shapes, _offsets = _torch_meta(entries)
+        if sglang:
+            body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": "graphswap",
+                    "flush_cache": True}
+            if version is not None:
+                body["weight_version"] = str(version)
+            call = _Call(self._call, "POST", "/update_weights_from_distributed", body)
+        else:
+            call = _Call(self._call, "POST", "/update_weights",
+                         {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes}})
+        with torch.cuda.device(group.device):
+            stream = torch.cuda.current_stream(group.device)
+            tnccl.broadcast([buf[:total]], root=0, streams=[stream], comms=[group.comm])
+        return call.join()
+
+    def update_weights_nccl(self, group, named, bucket_bytes=None, mode="full", model="target", pause="wait",
+                            version=None):
+        """One vLLM-shaped session: POST /start_weight_update, a packed bucket per /update_weights +
+        one broadcast each, POST /finish_weight_update. Returns GET /v1/weights."""
+        import torch
+
+        size = min(bucket_bytes or group.staging_bytes, group.staging_bytes)
+        buf = torch.empty(size, dtype=torch.uint8, device=group.device)
+        body = {"mode": mode, "model": model, "pause": pause}
+        if version is not None:
+            body["version"] = str(version)
+        self._call("POST", "/start_weight_update", body)
+        try:
+            for entries, total in pack_plan(named, size):
+                _pack_into(buf, entries)
+                self.nccl_send_bucket(group, buf, entries, total)
+            self._call("POST", "/finish_weight_update", {} if version is None else {"weight_version": str(version)})
+        except BaseException:
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+        return self.info()
+
+    def nccl_destroy(self, group):
+        self._call("POST", "/destroy_weights_update_group", {})
+        group.comm = None
+
     # ---- audit -------------------------------------------------------------------------------------
     def info(self):
         return self._call("GET", "/v1/weights")
@@ -164,6 +289,94 @@ class GraphswapClient:
         mine = self.checksums(model)
         theirs = other.checksums(model) if isinstance(other, GraphswapClient) else other
         return sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+
+
+def pack_plan(named, bucket_bytes, align=ALIGN):
+    """Splits [(name, tensor)] into buckets of at most bucket_bytes bytes laid out as the server
+    expects: yields (entries, total) with entries = [(name, tensor, offset)], each offset the first
+    multiple of `align` after the previous tensor, total = end of the last tensor."""
+    entries, end = [], 0
+    for name, t in named:
+        nb = _nbytes(t)
+        if nb > bucket_bytes:
+            raise ValueError("tensor %s has %d bytes, more than a bucket (%d): raise bucket_bytes" % (name, nb, bucket_bytes))
+        off = (end + align - 1) // align * align
+        if entries and off + nb > bucket_bytes:
+            yield entries, end
+            entries, off = [], 0
+        entries.append((name, t, off))
+        end = off + nb
+    if entries:
+        yield entries, end
+
+
+_TORCH_DT = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
+
+
+def _torch_meta(entries):
+    names, dtypes, shapes, offsets = [], [], [], []
+    for name, t, off in entries:
+        dt = _TORCH_DT.get(str(t.dtype))
+        if dt is None:
+            raise TypeError("tensor %s: unsupported dtype %s (bfloat16, float16 or float32)" % (name, t.dtype))
+        names.append(name)
+        dtypes.append(dt)
+        shapes.append(list(t.shape))
+        offsets.append(off)
+    return names, dtypes, shapes, offsets
+
+
+def _pack_into(buf, entries):
+    """Copies each tensor's bytes into the uint8 CUDA buffer at its offset (on the current stream)."""
+    for _name, t, off in entries:
+        src = t.detach().contiguous().reshape(-1)
+        nb = src.numel() * src.element_size()
+        if nb:
+            buf[off:off + nb].copy_(src.view(buf.dtype) if src.device == buf.device else src.to(buf.device).view(buf.dtype),
+                                    non_blocking=True)
+
+
+class _Call:
+    """An HTTP call on a thread (the server blocks in NCCL until this side takes part)."""
+
+    def __init__(self, fn, *args):
+        import threading
+
+        self.result, self.error = None, None
+        self._t = threading.Thread(target=self._run, args=(fn,) + args, daemon=True)
+        self._t.start()
+
+    def _run(self, fn, *args):
+        try:
+            self.result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised by join()
+            self.error = e
+
+    def join(self):
+        self._t.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class NcclGroup:
+    """The trainer's side of the weight-transfer communicator (rank 0 of world_size)."""
+
+    def __init__(self, comm, device, world_size, staging_bytes):
+        self.comm = comm
+        self.device = device
+        self.world_size = world_size
+        self.staging_bytes = staging_bytes
+
+
+def _ipc_handle(buf):
+    """(base64 cudaIpcMemHandle of buf's allocation, byte offset of buf in it)."""
+    import base64
+
+    st = buf.untyped_storage()
+    share = st._share_cuda_()  # (device, handle, size, offset_bytes, ref_counter..., event...)
+    handle, offset = share[1], int(share[3])
+    return base64.b64encode(bytes(handle)).decode(), offset + buf.storage_offset() * buf.element_size()
 
 
 def _nbytes(t):
