@@ -118,6 +118,13 @@ typedef struct {
 
 const char *kern_op_name(kern_op_kind kind);
 
+#define KERN_MAX_HEAD_DIM 1024
+#define KERN_MAX_MARKOV_RANK 4096
+
+/* Checks op against the contract above (static shape only). Returns 0, or -1 with the failed check
+ * in why. Every backend runs it before an op; a failure is a bug (the op was built wrong). */
+int kern_validate(const kern_op *op, char *why, size_t whylen);
+
 /* ---- CPU execution -------------------------------------------------------------------------- */
 
 /* A fixed pool of worker threads, created once. kern_pool_run calls fn(ctx, tid, nthreads) on every

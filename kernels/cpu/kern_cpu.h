@@ -111,7 +111,7 @@ void kern_cpu_confidence(kern_pool *pool, const kern_op *op);
 /* Reads the int32 row count in buf[i], checking 0 <= n <= max. */
 int32_t kern_cpu_count(const kern_op *op, int i, int32_t max);
 
-/* Upper bounds that keep per-row scratch on the stack. */
-#define KERN_MAX_HEAD_DIM 1024
+/* Upper bounds that keep per-row scratch on the stack: KERN_MAX_HEAD_DIM, KERN_MAX_MARKOV_RANK
+ * (kernels/kern.h, enforced by kern_validate). */
 
 #endif

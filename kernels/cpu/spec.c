@@ -32,7 +32,6 @@ static void load_row(const void *w, int dt, int r, int32_t id, float *out)
     }
 }
 
-#define KERN_MAX_MARKOV_RANK 4096
 
 #define KERN_MAX_THREADS 256
 

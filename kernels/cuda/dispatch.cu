@@ -122,7 +122,7 @@ extern "C" int kern_cuda_take_error(kern_cuda_ctx *c, char *msg, size_t msglen)
 extern "C" void kern_cuda_exec(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 {
     char why[192];
-    if (kern_cuda_validate(op, why, sizeof why) != 0) {
+    if (kern_validate(op, why, sizeof why) != 0) {
         fprintf(stderr, "graphswap: malformed %s op: check '%s' failed\n", op ? kern_op_name(op->kind) : "?", why);
         abort();
     }

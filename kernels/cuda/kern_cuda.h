@@ -63,10 +63,6 @@ void kern_cuda_ctx_destroy(kern_cuda_ctx *ctx);
 /* Device memory the context holds, in bytes. */
 size_t kern_cuda_ctx_bytes(const kern_cuda_ctx *ctx);
 
-/* Checks op against the kern.h contract (parameters, extents, alignment, unused slots). Returns 0,
- * or -1 with the failed check in why. */
-int kern_cuda_validate(const kern_op *op, char *why, size_t whylen);
-
 /* Validates op (a malformed op aborts: it is a bug, as on the CPU) and enqueues it on stream. Safe
  * inside stream capture. A CUDA or cuBLAS error aborts with a message. */
 void kern_cuda_exec(kern_cuda_ctx *ctx, const kern_op *op, cudaStream_t stream);

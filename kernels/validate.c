@@ -1,12 +1,14 @@
-/* kernels/cuda/validate.c — kern_cuda_validate: the kern.h contract of each op kind, checked on the
- * host before anything is launched (the same checks as the CPU dispatch: parameters, buffer extents,
- * alignment, unused slots, aliasing). Data-dependent bounds are checked by the kernels. */
+/* kernels/validate.c — kern_validate: the kern.h contract of each op kind (parameters, buffer
+ * extents, alignment, unused slots, aliasing), checked on the host before an op runs, by every
+ * backend (the CPU dispatch aborts on a failure; the CUDA dispatch before launching). Data-dependent
+ * bounds (token ids, block ids, gather indices, row counts) are checked by the kernels as they read
+ * them. */
 #include <stdio.h>
 
-#include "kernels/cuda/kern_cuda.h"
+#include "kernels/kern.h"
 
-#define KC_MAX_HEAD_DIM 1024   /* as the CPU backend */
-#define KC_MAX_MARKOV_RANK 4096
+#define KC_MAX_HEAD_DIM KERN_MAX_HEAD_DIM
+#define KC_MAX_MARKOV_RANK KERN_MAX_MARKOV_RANK
 
 typedef struct {
     const kern_op *op;
@@ -74,7 +76,7 @@ static int disjoint(const kern_buf *a, size_t na, const kern_buf *b, size_t nb)
 
 static int is_dtype(int32_t d) { return d == KERN_DT_F32 || d == KERN_DT_BF16; }
 
-int kern_cuda_validate(const kern_op *op, char *why, size_t whylen)
+int kern_validate(const kern_op *op, char *why, size_t whylen)
 {
     vctx vv = {.op = op, .why = why, .whylen = whylen, .failed = 0};
     vctx *v = &vv;
