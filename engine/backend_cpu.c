@@ -1,9 +1,8 @@
 /* engine/backend_cpu.c — the CPU backend: the reference implementation of the backend contract.
  *
- * Arena: one anonymous mapping reserved up front (MAP_NORESERVE: untouched pages cost nothing) and
- * handed out by bumping. Allocations are never reused: free() marks an entry retired and leaves its
- * address range dead, so a stale baked pointer can always be told apart from a live one. The entry
- * table is sorted by address by construction (bump order), so lookups are a binary search.
+ * Arena: one anonymous mapping reserved up front (MAP_NORESERVE: untouched pages cost nothing),
+ * handed out by the shared allocation table (engine/arena.h): ranges are never reused, so a stale
+ * baked pointer can always be told apart from a live one.
  *
  * Plans: a deep copy of the tape. Replay runs the copied ops in order with their baked pointers —
  * the same semantics as a CUDA graph. In checked mode every pointer of every op is verified against
@@ -15,21 +14,13 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "engine/arena.h"
 #include "engine/backend.h"
 
 typedef struct {
-    uint8_t *ptr;
-    size_t bytes;
-    char tag[48];
-    int live;
-} cpu_alloc;
-
-typedef struct {
-    uint8_t *base;
-    size_t cap, used;
-    cpu_alloc *allocs;
-    size_t n_allocs, cap_allocs;
-    size_t live_bytes;
+    eng_arena arena;
+    void *region;
+    size_t region_bytes;
     kern_pool *pool;
 } cpu_impl;
 
@@ -42,88 +33,36 @@ static cpu_impl *impl_of(eng_backend *be) { return (cpu_impl *)be->impl; }
 
 static void *cpu_alloc_fn(eng_backend *be, size_t bytes, const char *tag)
 {
-    cpu_impl *c = impl_of(be);
-    size_t align = bytes >= (1u << 20) ? 4096 : 64;
-    size_t off = (c->used + align - 1) & ~(align - 1);
-    if (bytes == 0) bytes = 1;
-    if (off > c->cap || bytes > c->cap - off) return NULL;
-    if (c->n_allocs == c->cap_allocs) {
-        size_t ncap = c->cap_allocs ? c->cap_allocs * 2 : 256;
-        cpu_alloc *na = realloc(c->allocs, ncap * sizeof *na);
-        if (!na) return NULL;
-        c->allocs = na;
-        c->cap_allocs = ncap;
-    }
-    cpu_alloc *a = &c->allocs[c->n_allocs++];
-    a->ptr = c->base + off;
-    a->bytes = bytes;
-    snprintf(a->tag, sizeof a->tag, "%s", tag ? tag : "");
-    a->live = 1;
-    c->used = off + bytes;
-    c->live_bytes += bytes;
-    return a->ptr; /* fresh pages of an anonymous mapping are zero */
-}
-
-/* Index of the allocation whose range starts at or before p, or -1. */
-static long cpu_find(const cpu_impl *c, const void *p)
-{
-    const uint8_t *q = p;
-    long lo = 0, hi = (long)c->n_allocs - 1, best = -1;
-    while (lo <= hi) {
-        long mid = lo + (hi - lo) / 2;
-        if (c->allocs[mid].ptr <= q) {
-            best = mid;
-            lo = mid + 1;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return best;
+    /* fresh pages of an anonymous mapping are zero */
+    return eng_arena_take(&impl_of(be)->arena, bytes, bytes >= (1u << 20) ? 4096 : 64, tag);
 }
 
 static void cpu_free_fn(eng_backend *be, void *ptr)
 {
-    cpu_impl *c = impl_of(be);
     if (!ptr) return;
-    long i = cpu_find(c, ptr);
-    if (i < 0 || c->allocs[i].ptr != ptr || !c->allocs[i].live) {
+    const eng_arena_entry *x = eng_arena_retire(&impl_of(be)->arena, ptr);
+    if (!x) {
         fprintf(stderr, "graphswap: bug: free of %p which is not a live arena allocation\n", ptr);
         abort();
     }
-    c->allocs[i].live = 0;
-    c->live_bytes -= c->allocs[i].bytes;
     /* give the pages back but keep the range reserved: it is never handed out again */
     size_t pg = 4096;
-    uintptr_t b = ((uintptr_t)c->allocs[i].ptr + pg - 1) & ~(uintptr_t)(pg - 1);
-    uintptr_t e = ((uintptr_t)c->allocs[i].ptr + c->allocs[i].bytes) & ~(uintptr_t)(pg - 1);
+    uintptr_t b = ((uintptr_t)x->ptr + pg - 1) & ~(uintptr_t)(pg - 1);
+    uintptr_t e = ((uintptr_t)x->ptr + x->bytes) & ~(uintptr_t)(pg - 1);
     if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
 static int cpu_contains(eng_backend *be, const void *ptr, size_t bytes)
 {
-    cpu_impl *c = impl_of(be);
-    long i = cpu_find(c, ptr);
-    if (i < 0) return 0;
-    const cpu_alloc *a = &c->allocs[i];
-    size_t off = (size_t)((const uint8_t *)ptr - a->ptr);
-    return a->live && off <= a->bytes && bytes <= a->bytes - off;
+    return eng_arena_contains(&impl_of(be)->arena, ptr, bytes);
 }
 
 static int cpu_alloc_info(eng_backend *be, const void *ptr, eng_alloc_info *out)
 {
-    cpu_impl *c = impl_of(be);
-    long i = cpu_find(c, ptr);
-    if (i < 0) return -1;
-    const cpu_alloc *a = &c->allocs[i];
-    if ((const uint8_t *)ptr >= a->ptr + a->bytes) return -1;
-    out->ptr = a->ptr;
-    out->bytes = a->bytes;
-    out->tag = a->tag;
-    out->live = a->live;
-    return 0;
+    return eng_arena_info(&impl_of(be)->arena, ptr, out);
 }
 
-static size_t cpu_bytes_in_use(eng_backend *be) { return impl_of(be)->live_bytes; }
+static size_t cpu_bytes_in_use(eng_backend *be) { return impl_of(be)->arena.live_bytes; }
 
 static void cpu_memcpy(eng_backend *be, void *dst, const void *src, size_t n)
 {
@@ -204,8 +143,8 @@ static void cpu_destroy(eng_backend *be)
     cpu_impl *c = impl_of(be);
     if (c) {
         kern_pool_destroy(c->pool);
-        if (c->base) munmap(c->base, c->cap);
-        free(c->allocs);
+        if (c->region) munmap(c->region, c->region_bytes);
+        eng_arena_release(&c->arena);
         free(c);
     }
     free(be);
@@ -244,18 +183,18 @@ eng_backend *eng_backend_cpu_create(const eng_backend_config *cfg, char *err, si
     be->ops = &cpu_ops;
     be->impl = c;
     be->checked = cfg->checked;
-    c->cap = (cfg->arena_bytes + 4095) & ~(size_t)4095;
-    void *m = mmap(NULL, c->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    size_t cap = (cfg->arena_bytes + 4095) & ~(size_t)4095;
+    void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
-        snprintf(err, errlen, "cannot reserve %zu bytes for the CPU arena", c->cap);
-        c->base = NULL;
+        snprintf(err, errlen, "cannot reserve %zu bytes for the CPU arena", cap);
         cpu_destroy(be);
         return NULL;
     }
-    c->base = m;
+    c->region = m;
+    c->region_bytes = cap;
+    eng_arena_init(&c->arena, m, cap);
 #ifdef MADV_HUGEPAGE
-    madvise(c->base, c->cap, MADV_HUGEPAGE); /* fewer TLB misses when streaming weights */
+    madvise(m, cap, MADV_HUGEPAGE); /* fewer TLB misses when streaming weights */
 #endif
     c->pool = kern_pool_create(cfg->threads);
     if (!c->pool) {

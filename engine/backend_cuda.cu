@@ -9,28 +9,19 @@
 
 #include <cuda_runtime_api.h>
 
+#include "engine/arena.h"
 #include "engine/backend_cuda.h"
 #include "kernels/cuda/kern_cuda.h"
 
 #define STAGE_SEGS 8
 
 typedef struct {
-    uint8_t *ptr;
-    size_t bytes;
-    char tag[48];
-    int live;
-} cu_alloc;
-
-typedef struct {
     int device;
     cudaStream_t stream;
     kern_cuda_ctx *kctx;
-    /* arena */
+    /* arena: one cudaMalloc'd region, the shared allocation table (engine/arena.h) */
     uint8_t *base;
-    size_t cap, used;
-    cu_alloc *allocs;
-    size_t n_allocs, cap_allocs;
-    size_t live_bytes;
+    eng_arena arena;
     /* staging ring: pinned host memory and a device mirror of the same size (upload_convert) */
     uint8_t *pinned, *dstage;
     size_t stage_bytes, seg_bytes;
@@ -68,82 +59,33 @@ static void *cu_alloc_fn(eng_backend *be, size_t bytes, const char *tag)
 {
     cu_impl *c = impl_of(be);
     size_t align = bytes >= (1u << 20) ? ((size_t)2 << 20) : 256;
-    size_t off = (c->used + align - 1) & ~(align - 1);
-    if (bytes == 0) bytes = 1;
-    if (off > c->cap || bytes > c->cap - off) return NULL;
-    if (c->n_allocs == c->cap_allocs) {
-        size_t ncap = c->cap_allocs ? c->cap_allocs * 2 : 256;
-        cu_alloc *na = (cu_alloc *)realloc(c->allocs, ncap * sizeof *na);
-        if (!na) return NULL;
-        c->allocs = na;
-        c->cap_allocs = ncap;
-    }
+    void *p = eng_arena_take(&c->arena, bytes, align, tag);
+    if (!p) return NULL;
     cu_enter(c);
-    cu_alloc *a = &c->allocs[c->n_allocs++];
-    a->ptr = c->base + off;
-    a->bytes = bytes;
-    snprintf(a->tag, sizeof a->tag, "%s", tag ? tag : "");
-    a->live = 1;
-    c->used = off + bytes;
-    c->live_bytes += bytes;
-    CU(cudaMemsetAsync(a->ptr, 0, bytes, c->stream)); /* zeroed, ordered before any later use */
-    return a->ptr;
-}
-
-static long cu_find(const cu_impl *c, const void *p)
-{
-    const uint8_t *q = (const uint8_t *)p;
-    long lo = 0, hi = (long)c->n_allocs - 1, best = -1;
-    while (lo <= hi) {
-        long mid = lo + (hi - lo) / 2;
-        if (c->allocs[mid].ptr <= q) {
-            best = mid;
-            lo = mid + 1;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return best;
+    CU(cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream)); /* zeroed, ordered before any later use */
+    return p;
 }
 
 static void cu_free_fn(eng_backend *be, void *ptr)
 {
-    cu_impl *c = impl_of(be);
     if (!ptr) return;
-    long i = cu_find(c, ptr);
-    if (i < 0 || c->allocs[i].ptr != ptr || !c->allocs[i].live) {
+    if (!eng_arena_retire(&impl_of(be)->arena, ptr)) { /* the range is never handed out again */
         fprintf(stderr, "graphswap: bug: free of %p which is not a live arena allocation\n", ptr);
         abort();
     }
-    c->allocs[i].live = 0; /* the range is never handed out again */
-    c->live_bytes -= c->allocs[i].bytes;
 }
 
 static int cu_contains(eng_backend *be, const void *ptr, size_t bytes)
 {
-    cu_impl *c = impl_of(be);
-    long i = cu_find(c, ptr);
-    if (i < 0) return 0;
-    const cu_alloc *a = &c->allocs[i];
-    size_t off = (size_t)((const uint8_t *)ptr - a->ptr);
-    return a->live && off <= a->bytes && bytes <= a->bytes - off;
+    return eng_arena_contains(&impl_of(be)->arena, ptr, bytes);
 }
 
 static int cu_alloc_info(eng_backend *be, const void *ptr, eng_alloc_info *out)
 {
-    cu_impl *c = impl_of(be);
-    long i = cu_find(c, ptr);
-    if (i < 0) return -1;
-    const cu_alloc *a = &c->allocs[i];
-    if ((const uint8_t *)ptr >= a->ptr + a->bytes) return -1;
-    out->ptr = a->ptr;
-    out->bytes = a->bytes;
-    out->tag = a->tag;
-    out->live = a->live;
-    return 0;
+    return eng_arena_info(&impl_of(be)->arena, ptr, out);
 }
 
-static size_t cu_bytes_in_use(eng_backend *be) { return impl_of(be)->live_bytes; }
+static size_t cu_bytes_in_use(eng_backend *be) { return impl_of(be)->arena.live_bytes; }
 
 /* ---- staging ring ---------------------------------------------------------------------------------------- */
 
@@ -404,7 +346,7 @@ static void cu_destroy(eng_backend *be)
         for (int i = 0; i < STAGE_SEGS; i++)
             if (c->seg_done[i]) cudaEventDestroy(c->seg_done[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
-        free(c->allocs);
+        eng_arena_release(&c->arena);
         free(c);
     }
     free(be);
@@ -497,7 +439,7 @@ static int cu_start(cu_impl *c, const eng_backend_config *cfg, int ndev, char *e
         c->base = NULL;
         return -1;
     }
-    c->cap = cap;
+    eng_arena_init(&c->arena, c->base, cap);
     ring_drained(c);
     return 0;
 }
@@ -530,8 +472,8 @@ eng_backend *eng_backend_cuda_create(const eng_backend_config *cfg, char *err, s
 
 void *eng_backend_cuda_stream(eng_backend *be) { return (void *)impl_of(be)->stream; }
 
-size_t eng_backend_cuda_arena_capacity(eng_backend *be) { return impl_of(be)->cap; }
-size_t eng_backend_cuda_arena_used(eng_backend *be) { return impl_of(be)->used; }
+size_t eng_backend_cuda_arena_capacity(eng_backend *be) { return impl_of(be)->arena.cap; }
+size_t eng_backend_cuda_arena_used(eng_backend *be) { return impl_of(be)->arena.used; }
 
 void eng_backend_cuda_describe(eng_backend *be, char *out, size_t outlen)
 {
