@@ -285,6 +285,7 @@ void eng_finish_seq(eng_engine *e, int slot, eng_finish why)
     e->bt_dirty = 1;
     s->req = NULL;
     s->n_blocks = s->n_tokens = s->n_computed = s->n_hashed = 0;
+    s->no_register = 0;
     e->n_running--;
     e->stats.finished++;
     r->finish = why;
@@ -462,7 +463,7 @@ void eng_register_blocks(eng_engine *e)
     const int bs = c->block_size;
     for (int s = 0; s < c->max_seqs; s++) {
         eng_seq *q = &e->seqs[s];
-        if (!q->req) continue;
+        if (!q->req || q->no_register) continue;
         const int32_t *bt = e->h_bt + (size_t)s * (size_t)e->io.max_blocks;
         while ((q->n_hashed + 1) * bs <= q->n_computed) {
             const int32_t *toks = q->tokens + (size_t)q->n_hashed * (size_t)bs;

@@ -15,6 +15,7 @@ typedef struct {
     int n_tokens, n_computed, n_blocks;
     int n_hashed;   /* leading blocks registered in (or taken from) the prefix cache */
     uint64_t chain; /* chain hash after those blocks */
+    int no_register; /* its KV spans a weight update ("keep"): never register its blocks */
 } eng_seq;
 
 struct eng_engine {

@@ -369,14 +369,19 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
         if (*v) snprintf(w->version, sizeof w->version, "%s", v);
         else snprintf(w->version, sizeof w->version, "%llu", (unsigned long long)w->version_num);
         eng_kvpool_reset_cache(&e->kv);
-        if (e->ws_pause == ENG_PAUSE_RECOMPUTE)
-            for (int s = 0; s < e->cfg.max_seqs; s++) {
-                eng_seq *q = &e->seqs[s];
-                if (!q->req) continue;
+        for (int s = 0; s < e->cfg.max_seqs; s++) {
+            eng_seq *q = &e->seqs[s];
+            if (!q->req) continue;
+            if (e->ws_pause == ENG_PAUSE_RECOMPUTE) {
                 q->n_computed = 0; /* every known token is prefilled again under the new weights */
                 q->n_hashed = 0;
                 q->chain = ENG_KV_ROOT_HASH;
+            } else {
+                /* "keep": its later blocks attend to KV of the old weights, so they must never be
+                 * shared (a new request with the same prefix could otherwise match them) */
+                q->no_register = 1;
             }
+        }
     } else if (version && *version) {
         snprintf(w->version, sizeof w->version, "%s", version);
     }

@@ -349,6 +349,37 @@ static void test_recompute_and_keep(void **state)
         eng_run_until_idle(x.e);
         assert_int_equal(q.r.n_out, 12);
         assert_int_equal(q.r.n_versions, 2); /* tokens from version 0 and version 1 */
+        if (mode == 1) {
+            /* I6: the "keep" sequence's blocks span both versions and must never be shared: a new
+             * request with its prefix gets no prefix-cache hit and W1's cold output */
+            const eng_stats *st = eng_get_stats(x.e);
+            uint64_t hits0 = st->prefix_cache_hits;
+            int32_t full[32];
+            memcpy(full, q.prompt, 8 * sizeof(int32_t));
+            memcpy(full + 8, q.out, 12 * sizeof(int32_t));
+            req b, c;
+            memset(&b, 0, sizeof b);
+            b.r.prompt = full;
+            b.r.n_prompt = 20;
+            b.r.max_tokens = 6;
+            b.r.ignore_eos = 1;
+            b.r.out_tokens = b.out;
+            b.r.out_logprobs = b.lp;
+            assert_int_equal(eng_submit(x.e, &b.r, NULL, err, sizeof err), 0);
+            eng_run_until_idle(x.e);
+            assert_int_equal(st->prefix_cache_hits, hits0);
+            rt y;
+            open_rt(&y, T1, NULL);
+            memset(&c, 0, sizeof c);
+            c.r = b.r;
+            memset(&c.r.cancel, 0, sizeof c.r.cancel);
+            c.r.out_tokens = c.out;
+            c.r.out_logprobs = c.lp;
+            assert_int_equal(eng_submit(y.e, &c.r, NULL, err, sizeof err), 0);
+            eng_run_until_idle(y.e);
+            assert_memory_equal(b.out, c.out, 6 * sizeof(int32_t));
+            close_rt(&y);
+        }
         if (mode == 0) {
             rt y;
             open_rt(&y, T1, NULL);
