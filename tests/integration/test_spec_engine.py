@@ -178,5 +178,24 @@ check([core(o) for o in s1] == [core(o) for o in s2], "seeded speculative sampli
 s3 = gen_batch(T, [sreq[2]], "--draft", D)
 check(core(s3[0]) == core(s1[2]), "seeded speculative sampling alone differs from batched")
 
+# a drafter that does not fit its target is refused with a clear error
+def refused(model, draft, words):
+    p = subprocess.run([BIN, "generate", "--model", model, "--draft", draft, "--prompt-ids", "1,2", "--max-tokens", "2"],
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode != 0 and all(w in p.stderr for w in words), p.stderr.strip()
+
+
+Tq3b, Dq3a = os.path.join(TMP, "T_q3b"), os.path.join(TMP, "D_q3a")
+ok, msg = refused(Tq3b, Dq3a, ["hidden_size", "does not match"])
+check(ok, "drafter with another hidden size not refused clearly: %s" % msg)
+T5 = mk("T_5layers", "--arch", "qwen3", "--layers", "5", "--hidden", "64", "--vocab", "384", "--seed", "31")
+ok, msg = refused(T5, Dq3a, ["num_target_layers"])
+check(ok, "drafter trained on another layer count not refused clearly: %s" % msg)
+T_voc = mk("T_vocab", "--arch", "qwen3", "--layers", "4", "--hidden", "64", "--vocab", "400", "--seed", "32")
+ok, msg = refused(T_voc, Dq3a, ["vocab_size"])
+check(ok, "drafter with another vocabulary not refused clearly: %s" % msg)
+ok, msg = refused(Dq3a, Dq3a, ["drafter"])
+check(ok, "a drafter served as the target not refused clearly: %s" % msg)
+
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)
