@@ -28,14 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_util.h"
 #include "server/cli.h"
-
-static double bs_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- a minimal HTTP/1.1 client -------------------------------------------------------------------- */
 
@@ -45,106 +39,16 @@ typedef struct {
     const char *api_key;
 } bs_target;
 
-typedef struct {
-    int fd;
-    char buf[65536];
-    size_t pos, len;
-} bs_conn;
-
-static int bs_connect(const bs_target *t, bs_conn *c)
-{
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_socktype = SOCK_STREAM;
-    char port[16];
-    snprintf(port, sizeof port, "%d", t->port);
-    c->fd = -1;
-    c->pos = c->len = 0;
-    if (getaddrinfo(t->host, port, &hints, &res) != 0) return -1;
-    for (struct addrinfo *a = res; a; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd < 0) continue;
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            c->fd = fd;
-            break;
-        }
-        close(fd);
-    }
-    freeaddrinfo(res);
-    return c->fd >= 0 ? 0 : -1;
-}
-
-static void bs_close(bs_conn *c)
-{
-    if (c->fd >= 0) close(c->fd);
-    c->fd = -1;
-    c->pos = c->len = 0;
-}
-
-static int bs_fill(bs_conn *c)
-{
-    if (c->pos < c->len) return 1;
-    ssize_t r;
-    do r = recv(c->fd, c->buf, sizeof c->buf, 0);
-    while (r < 0 && errno == EINTR);
-    if (r <= 0) return 0;
-    c->pos = 0;
-    c->len = (size_t)r;
-    return 1;
-}
-
-/* A line without its CRLF into out (truncated to cap-1). Returns its length, or -1 at EOF. */
-static long bs_line(bs_conn *c, char *out, size_t cap)
-{
-    size_t k = 0;
-    for (;;) {
-        if (!bs_fill(c)) return -1;
-        char ch = c->buf[c->pos++];
-        if (ch == '\n') break;
-        if (k + 1 < cap) out[k++] = ch;
-    }
-    if (k && out[k - 1] == '\r') k--;
-    out[k] = 0;
-    return (long)k;
-}
-
-static int bs_read(bs_conn *c, char *out, size_t n)
-{
-    while (n) {
-        if (!bs_fill(c)) return -1;
-        size_t k = c->len - c->pos < n ? c->len - c->pos : n;
-        memcpy(out, c->buf + c->pos, k);
-        c->pos += k;
-        out += k;
-        n -= k;
-    }
-    return 0;
-}
-
-static int bs_send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Called with each piece of the body as it arrives (after de-chunking). */
 typedef void (*bs_sink)(void *ctx, const char *p, size_t n);
 
 /* Sends one request and reads the whole response, feeding the body to sink. Returns the HTTP status,
  * or -1 on a connection failure (the connection is closed then). */
-static int bs_request(const bs_target *t, bs_conn *c, const char *method, const char *path, const char *body,
+static int bs_request(const bs_target *t, bench_conn *c, const char *method, const char *path, const char *body,
                       bs_sink sink, void *ctx)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
-        if (c->fd < 0 && bs_connect(t, c) != 0) return -1;
+        if (c->fd < 0 && bench_connect(c, t->host, t->port) != 0) return -1;
         size_t bl = body ? strlen(body) : 0;
         char auth[512] = "";
         if (t->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->api_key);
@@ -156,58 +60,58 @@ static int bs_request(const bs_target *t, bs_conn *c, const char *method, const 
                           "%sConnection: keep-alive\r\n\r\n",
                           method, path, t->host, t->port, bl, auth);
         if (bl) memcpy(req + hn, body, bl);
-        int sent = bs_send_all(c->fd, req, (size_t)hn + bl);
+        int sent = bench_send_all(c->fd, req, (size_t)hn + bl);
         free(req);
         char line[8192];
-        long ln = sent == 0 ? bs_line(c, line, sizeof line) : -1;
+        long ln = sent == 0 ? bench_line(c, line, sizeof line) : -1;
         if (ln < 0) { /* a kept-alive connection the server closed meanwhile: reconnect once */
-            bs_close(c);
+            bench_close(c);
             continue;
         }
         int status = 0;
         if (sscanf(line, "HTTP/%*s %d", &status) != 1) {
-            bs_close(c);
+            bench_close(c);
             return -1;
         }
         long long clen = -1;
         int chunked = 0, close_after = 0;
-        while ((ln = bs_line(c, line, sizeof line)) > 0) {
+        while ((ln = bench_line(c, line, sizeof line)) > 0) {
             if (strncasecmp(line, "Content-Length:", 15) == 0) clen = atoll(line + 15);
             else if (strncasecmp(line, "Transfer-Encoding:", 18) == 0 && strstr(line, "chunked")) chunked = 1;
             else if (strncasecmp(line, "Connection:", 11) == 0 && strstr(line, "close")) close_after = 1;
         }
         if (ln < 0) {
-            bs_close(c);
+            bench_close(c);
             return -1;
         }
         char data[65536];
         if (chunked) {
             for (;;) {
-                if (bs_line(c, line, sizeof line) < 0) {
-                    bs_close(c);
+                if (bench_line(c, line, sizeof line) < 0) {
+                    bench_close(c);
                     return -1;
                 }
                 size_t n = strtoul(line, NULL, 16);
                 if (n == 0) {
-                    bs_line(c, line, sizeof line); /* the CRLF after the last chunk */
+                    bench_line(c, line, sizeof line); /* the CRLF after the last chunk */
                     break;
                 }
                 while (n) {
                     size_t k = n < sizeof data ? n : sizeof data;
-                    if (bs_read(c, data, k) != 0) {
-                        bs_close(c);
+                    if (bench_read(c, data, k) != 0) {
+                        bench_close(c);
                         return -1;
                     }
                     if (sink) sink(ctx, data, k);
                     n -= k;
                 }
-                bs_line(c, line, sizeof line);
+                bench_line(c, line, sizeof line);
             }
         } else if (clen >= 0) {
             while (clen > 0) {
                 size_t k = (size_t)clen < sizeof data ? (size_t)clen : sizeof data;
-                if (bs_read(c, data, k) != 0) {
-                    bs_close(c);
+                if (bench_read(c, data, k) != 0) {
+                    bench_close(c);
                     return -1;
                 }
                 if (sink) sink(ctx, data, k);
@@ -215,13 +119,13 @@ static int bs_request(const bs_target *t, bs_conn *c, const char *method, const 
             }
         } else { /* until close */
             for (;;) {
-                if (!bs_fill(c)) break;
+                if (!bench_fill(c)) break;
                 if (sink) sink(ctx, c->buf + c->pos, c->len - c->pos);
                 c->pos = c->len;
             }
             close_after = 1;
         }
-        if (close_after) bs_close(c);
+        if (close_after) bench_close(c);
         return status;
     }
     return -1;
@@ -263,7 +167,7 @@ static void bs_event(bs_stream *s, const char *ev, size_t n)
     if (n < 6 || memcmp(ev, "data: ", 6) != 0) return;
     if (n >= 12 && memcmp(ev + 6, "[DONE]", 6) == 0) {
         s->done = 1;
-        s->e2e = bs_now() - s->t0;
+        s->e2e = bench_now() - s->t0;
         return;
     }
     char tmp[8192];
@@ -274,7 +178,7 @@ static void bs_event(bs_stream *s, const char *ev, size_t n)
     const char *u = strstr(tmp, "\"completion_tokens\":");
     if (u) s->tokens = atol(u + 20);
     else if (!strstr(tmp, "\"choices\":[]") && s->events++ == 0)
-        s->ttft = bs_now() - s->t0;
+        s->ttft = bench_now() - s->t0;
 }
 
 static void bs_stream_sink(void *ctx, const char *p, size_t n)
@@ -301,7 +205,7 @@ typedef struct {
 static void *bs_worker(void *arg)
 {
     bs_run *r = arg;
-    bs_conn c = {.fd = -1};
+    bench_conn c = {.fd = -1};
     char *body = malloc((size_t)r->prompt_len * 12 + 512);
     if (!body) return NULL;
     int i;
@@ -322,14 +226,14 @@ static void *bs_worker(void *arg)
         bs_stream s;
         memset(&s, 0, sizeof s);
         s.ok = 1;
-        s.t0 = bs_now();
+        s.t0 = bench_now();
         int st = bs_request(r->t, &c, "POST", "/v1/completions", body, bs_stream_sink, &s);
         r->ok[i] = st == 200 && s.ok && s.done;
         r->ttft[i] = s.ttft;
-        r->e2e[i] = s.done ? s.e2e : bs_now() - s.t0;
+        r->e2e[i] = s.done ? s.e2e : bench_now() - s.t0;
         r->tokens[i] = s.tokens;
     }
-    bs_close(&c);
+    bench_close(&c);
     free(body);
     return NULL;
 }
@@ -357,11 +261,11 @@ static void run_level(const bs_target *t, int conc, int n, int prompt_len, int m
     r.ok = calloc((size_t)n, sizeof *r.ok);
     pthread_t *th = calloc((size_t)conc, sizeof *th);
     if (!r.ttft || !r.e2e || !r.tokens || !r.ok || !th) srv_die("out of memory");
-    double t0 = bs_now();
+    double t0 = bench_now();
     for (int i = 0; i < conc; i++)
         if (pthread_create(&th[i], NULL, bs_worker, &r) != 0) srv_die("cannot start client thread %d", i);
     for (int i = 0; i < conc; i++) pthread_join(th[i], NULL);
-    double wall = bs_now() - t0;
+    double wall = bench_now() - t0;
     int ok = 0;
     long toks = 0;
     double *tt = calloc((size_t)n, sizeof *tt), *ee = calloc((size_t)n, sizeof *ee);
@@ -417,13 +321,13 @@ static double http_latency(const bs_target *t, int prompt_len, int max_tokens, i
     for (int j = 0; j < prompt_len; j++) k += (size_t)sprintf(body + k, "%s%d", j ? "," : "", p[j]);
     sprintf(body + k, "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}", max_tokens);
     double *v = calloc((size_t)reps, sizeof *v);
-    bs_conn c = {.fd = -1};
+    bench_conn c = {.fd = -1};
     int n = 0;
     for (int i = 0; i < reps + 1; i++) { /* the first run warms the connection and caches */
         bs_buf b = {0};
-        double t0 = bs_now();
+        double t0 = bench_now();
         int st = bs_request(t, &c, "POST", "/v1/completions", body, bs_collect, &b);
-        double dt = bs_now() - t0;
+        double dt = bench_now() - t0;
         if (st == 200 && b.p) {
             const char *u = strstr(b.p, "\"completion_tokens\":");
             if (u) *out_tokens = atol(u + 20);
@@ -431,7 +335,7 @@ static double http_latency(const bs_target *t, int prompt_len, int max_tokens, i
         }
         free(b.p);
     }
-    bs_close(&c);
+    bench_close(&c);
     double m = median(v, n);
     free(v);
     free(body);
@@ -460,10 +364,10 @@ static double inproc_latency(srv_runtime *rt, int prompt_len, int max_tokens, in
         r.out_logprobs = lps;
         char err[256];
         int busy;
-        double t0 = bs_now();
+        double t0 = bench_now();
         if (eng_submit(rt->e, &r, &busy, err, sizeof err) != 0) srv_die("in-process request: %s", err);
         eng_run_until_idle(rt->e);
-        if (i > 0) v[n++] = bs_now() - t0;
+        if (i > 0) v[n++] = bench_now() - t0;
     }
     double m = median(v, n);
     free(v);
@@ -474,79 +378,6 @@ static double inproc_latency(srv_runtime *rt, int prompt_len, int max_tokens, in
 }
 
 /* ---- own server ------------------------------------------------------------------------------------------ */
-
-typedef struct {
-    pid_t pid;
-    int err_fd;
-} bs_child;
-
-/* Starts `graphswap serve --model DIR --port 0 [extra]` and reads its port from stderr. */
-static int start_server(const char *model, const char *threads, bs_child *ch, bs_target *t)
-{
-    int pfd[2];
-    if (pipe(pfd) != 0) return -1;
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        dup2(pfd[1], 2);
-        close(pfd[0]);
-        close(pfd[1]);
-        char *args[12];
-        int k = 0;
-        args[k++] = (char *)"graphswap";
-        args[k++] = (char *)"serve";
-        args[k++] = (char *)"--model";
-        args[k++] = (char *)model;
-        args[k++] = (char *)"--port";
-        args[k++] = (char *)"0";
-        if (threads) {
-            args[k++] = (char *)"--threads";
-            args[k++] = (char *)threads;
-        }
-        args[k] = NULL;
-        execv("/proc/self/exe", args);
-        _exit(127);
-    }
-    close(pfd[1]);
-    ch->pid = pid;
-    ch->err_fd = pfd[0];
-    char line[4096];
-    size_t k = 0;
-    double t0 = bs_now();
-    while (bs_now() - t0 < 300) {
-        char c;
-        ssize_t r = read(pfd[0], &c, 1);
-        if (r <= 0) break;
-        if (c != '\n') {
-            if (k + 1 < sizeof line) line[k++] = c;
-            continue;
-        }
-        line[k] = 0;
-        k = 0;
-        fprintf(stderr, "%s\n", line);
-        const char *u = strstr(line, "http://");
-        if (u) {
-            const char *colon = strrchr(u + 7, ':');
-            if (colon) {
-                snprintf(t->host, sizeof t->host, "127.0.0.1");
-                t->port = atoi(colon + 1);
-                return 0;
-            }
-        }
-    }
-    return -1;
-}
-
-static void stop_server(bs_child *ch)
-{
-    kill(ch->pid, SIGTERM);
-    char buf[4096];
-    while (read(ch->err_fd, buf, sizeof buf) > 0) {
-    }
-    close(ch->err_fd);
-    int st;
-    waitpid(ch->pid, &st, 0);
-}
 
 /* ---- the command ------------------------------------------------------------------------------------------- */
 
@@ -593,7 +424,7 @@ int srv_bench_serve(int argc, char **argv)
     if (!url && !model) srv_die("give --url of a running server or --model DIR to start one");
     signal(SIGPIPE, SIG_IGN);
     bs_target t = {.api_key = api_key};
-    bs_child child = {.pid = -1};
+    bench_child child = {.pid = -1};
     if (url) {
         const char *h = strncmp(url, "http://", 7) == 0 ? url + 7 : url;
         const char *colon = strchr(h, ':'), *slash = strchr(h, '/');
@@ -602,19 +433,23 @@ int srv_bench_serve(int argc, char **argv)
         memcpy(t.host, h, hl);
         t.host[hl] = 0;
         t.port = colon ? atoi(colon + 1) : 80;
-    } else if (start_server(model, threads, &child, &t) != 0) {
-        srv_die("could not start graphswap serve --model %s", model);
+    } else {
+        const char *extra[] = {threads ? "--threads" : NULL, threads, NULL};
+        if (bench_start_server(model, extra, 300, &child) != 0)
+            srv_die("could not start graphswap serve --model %s", model);
+        snprintf(t.host, sizeof t.host, "127.0.0.1");
+        t.port = child.port;
     }
 
     /* the model folder for the in-process comparison: --model, or /v1/models "root" */
     char root[4096] = "";
     {
-        bs_conn c = {.fd = -1};
+        bench_conn c = {.fd = -1};
         bs_buf b = {0};
         int st = bs_request(&t, &c, "GET", "/v1/models", NULL, bs_collect, &b);
-        bs_close(&c);
+        bench_close(&c);
         if (st != 200) {
-            if (child.pid > 0) stop_server(&child);
+            bench_stop_server(&child);
             srv_die("GET /v1/models on %s:%d failed (status %d)", t.host, t.port, st);
         }
         cJSON *o = cJSON_Parse(b.p);
@@ -644,7 +479,7 @@ int srv_bench_serve(int argc, char **argv)
     long tok_http = 0, tok_1 = 0;
     double h_full = http_latency(&t, prompt_len, max_tokens, reps, &tok_http);
     double h_one = http_latency(&t, prompt_len, 1, reps, &tok_1);
-    if (child.pid > 0) stop_server(&child);
+    bench_stop_server(&child);
     printf("\nHTTP overhead (non-streaming, median of %d):\n", reps);
     if (no_inproc || !root[0]) {
         printf("  max_tokens %d: HTTP %.2f ms; max_tokens 1: HTTP %.2f ms (no in-process comparison)\n", max_tokens,
@@ -670,6 +505,6 @@ int srv_bench_serve(int argc, char **argv)
     if (tok_http != max_tokens) printf("  (note: the HTTP run generated %ld tokens)\n", tok_http);
     if (h_full < p_full || h_one < p_one)
         printf("  (a negative overhead is below the noise of this machine%s)\n",
-               child.pid > 0 ? "" : "; with --url the server's idle threads share the cores with the in-process run");
+               url ? "; with --url the server's idle threads share the cores with the in-process run" : "");
     return 0;
 }

@@ -38,16 +38,11 @@
 
 #include "models/mkmodel.h"
 #include "models/safetensors.h"
+#include "bench/bench_util.h"
 #include "server/cli.h"
 
 int srv_bench_update(int argc, char **argv);
 
-static double bu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- the checkpoint: every tensor of every *.safetensors file, mmap'd --------------------------- */
 
@@ -158,83 +153,8 @@ static char *bucket_header(const bu_ckpt *c, size_t a, size_t b, size_t *len)
 
 typedef struct {
     int port;
-    int fd;
-    char buf[65536];
-    size_t pos, len;
+    bench_conn c;
 } bu_conn;
-
-static int bu_connect(bu_conn *c)
-{
-    c->pos = c->len = 0;
-    c->fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (c->fd < 0) return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)c->port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(c->fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(c->fd);
-        c->fd = -1;
-        return -1;
-    }
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return 0;
-}
-
-static void bu_disconnect(bu_conn *c)
-{
-    if (c->fd >= 0) close(c->fd);
-    c->fd = -1;
-}
-
-static int bu_getc(bu_conn *c)
-{
-    if (c->pos == c->len) {
-        ssize_t r;
-        do r = recv(c->fd, c->buf, sizeof c->buf, 0);
-        while (r < 0 && errno == EINTR);
-        if (r <= 0) return -1;
-        c->pos = 0;
-        c->len = (size_t)r;
-    }
-    return (unsigned char)c->buf[c->pos++];
-}
-
-static long bu_line(bu_conn *c, char *out, size_t cap)
-{
-    size_t k = 0;
-    for (;;) {
-        int ch = bu_getc(c);
-        if (ch < 0) return -1;
-        if (ch == '\n') break;
-        if (k + 1 < cap) out[k++] = (char)ch;
-    }
-    if (k && out[k - 1] == '\r') k--;
-    out[k] = 0;
-    return (long)k;
-}
-
-static int bu_writev_all(int fd, struct iovec *iov, int n)
-{
-    while (n > 0) {
-        ssize_t w = writev(fd, iov, n > 1024 ? 1024 : n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        size_t left = (size_t)w;
-        while (n > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
-    }
-    return 0;
-}
 
 /* One request: head + body pieces (iov[1..n-1]; iov[0] is filled with the head here). Returns the
  * HTTP status and the response body (malloc'd, NUL-terminated) in *resp; -1 on a connection error. */
@@ -251,46 +171,46 @@ static int bu_request(bu_conn *c, const char *method, const char *path, const ch
                       method, path, c->port, ctype, blen);
     iov[0].iov_base = head;
     iov[0].iov_len = (size_t)hn;
-    if (c->fd < 0 && bu_connect(c) != 0) return -1;
-    if (bu_writev_all(c->fd, iov, n_iov) != 0) {
-        bu_disconnect(c);
+    if (c->c.fd < 0 && bench_connect(&c->c, "127.0.0.1", c->port) != 0) return -1;
+    if (bench_writev_all(c->c.fd, iov, n_iov) != 0) {
+        bench_close(&c->c);
         return -1;
     }
     char line[8192];
-    if (bu_line(c, line, sizeof line) < 0) {
-        bu_disconnect(c);
+    if (bench_line(&c->c, line, sizeof line) < 0) {
+        bench_close(&c->c);
         return -1;
     }
     int status = 0;
     if (sscanf(line, "HTTP/%*s %d", &status) != 1) {
-        bu_disconnect(c);
+        bench_close(&c->c);
         return -1;
     }
     long long clen = -1;
     int close_after = 0;
     long ln;
-    while ((ln = bu_line(c, line, sizeof line)) > 0) {
+    while ((ln = bench_line(&c->c, line, sizeof line)) > 0) {
         if (strncasecmp(line, "Content-Length:", 15) == 0) clen = atoll(line + 15);
         else if (strncasecmp(line, "Connection:", 11) == 0 && strstr(line, "close")) close_after = 1;
     }
     if (ln < 0 || clen < 0 || clen > (1 << 26)) {
-        bu_disconnect(c);
+        bench_close(&c->c);
         return -1;
     }
     char *body = malloc((size_t)clen + 1);
     if (!body) srv_die("out of memory");
     for (long long i = 0; i < clen; i++) {
-        int ch = bu_getc(c);
+        int ch = bench_getc(&c->c);
         if (ch < 0) {
             free(body);
-            bu_disconnect(c);
+            bench_close(&c->c);
             return -1;
         }
         body[i] = (char)ch;
     }
     body[clen] = 0;
     *resp = body;
-    if (close_after) bu_disconnect(c);
+    if (close_after) bench_close(&c->c);
     return status;
 }
 
@@ -308,107 +228,13 @@ static cJSON *bu_json(bu_conn *c, const char *method, const char *path, const ch
 
 /* ---- the server child ---------------------------------------------------------------------------- */
 
-typedef struct {
-    pid_t pid;
-    int err_fd;
-    pthread_t drain;
-    int port;
-} bu_child;
-
-static void *drain_stderr(void *arg)
+static void start_server(const char *model, uint64_t max_bucket, const char *threads, bench_child *ch)
 {
-    bu_child *ch = arg;
-    char buf[4096];
-    ssize_t r;
-    while ((r = read(ch->err_fd, buf, sizeof buf)) > 0) {
-        if (fwrite(buf, 1, (size_t)r, stderr) != (size_t)r) break;
-    }
-    return NULL;
-}
-
-static void start_server(const char *model, uint64_t max_bucket, const char *threads, bu_child *ch)
-{
-    int pfd[2];
-    if (pipe(pfd) != 0) srv_die("pipe: %s", strerror(errno));
     char mb[32];
     snprintf(mb, sizeof mb, "%llu", (unsigned long long)max_bucket);
-    pid_t pid = fork();
-    if (pid < 0) srv_die("fork: %s", strerror(errno));
-    if (pid == 0) {
-        dup2(pfd[1], 2);
-        close(pfd[0]);
-        close(pfd[1]);
-        char *args[20];
-        int k = 0;
-        args[k++] = (char *)"graphswap";
-        args[k++] = (char *)"serve";
-        args[k++] = (char *)"--model";
-        args[k++] = (char *)model;
-        args[k++] = (char *)"--host";
-        args[k++] = (char *)"127.0.0.1";
-        args[k++] = (char *)"--port";
-        args[k++] = (char *)"0";
-        args[k++] = (char *)"--max-bucket-bytes";
-        args[k++] = mb;
-        args[k++] = (char *)"--kv-cache-mb";
-        args[k++] = (char *)"64";
-        args[k++] = (char *)"--max-seqs";
-        args[k++] = (char *)"4";
-        args[k++] = (char *)"--max-model-len";
-        args[k++] = (char *)"512";
-        if (threads) {
-            args[k++] = (char *)"--threads";
-            args[k++] = (char *)threads;
-        }
-        args[k] = NULL;
-        execv("/proc/self/exe", args);
-        _exit(127);
-    }
-    close(pfd[1]);
-    ch->pid = pid;
-    ch->err_fd = pfd[0];
-    ch->port = 0;
-    char line[4096];
-    size_t k = 0;
-    double t0 = bu_now();
-    while (bu_now() - t0 < 600) {
-        char c;
-        ssize_t r = read(pfd[0], &c, 1);
-        if (r <= 0) break;
-        if (c != '\n') {
-            if (k + 1 < sizeof line) line[k++] = c;
-            continue;
-        }
-        line[k] = 0;
-        k = 0;
-        fprintf(stderr, "%s\n", line);
-        const char *u = strstr(line, "http://127.0.0.1:");
-        if (u) {
-            ch->port = atoi(u + 17);
-            break;
-        }
-    }
-    if (ch->port <= 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        srv_die("the server did not start");
-    }
-    if (pthread_create(&ch->drain, NULL, drain_stderr, ch) != 0) srv_die("cannot start a thread");
-}
-
-static void stop_server(bu_child *ch)
-{
-    kill(ch->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 3000; i++) { /* 60 s, then SIGKILL */
-        if (waitpid(ch->pid, &st, WNOHANG) == ch->pid) goto done;
-        usleep(20000);
-    }
-    kill(ch->pid, SIGKILL);
-    waitpid(ch->pid, &st, 0);
-done:
-    pthread_join(ch->drain, NULL);
-    close(ch->err_fd);
+    const char *extra[] = {"--max-bucket-bytes", mb, "--kv-cache-mb", "64", "--max-seqs", "4", "--max-model-len",
+                           "512", threads ? "--threads" : NULL, threads, NULL};
+    if (bench_start_server(model, extra, 600, ch) != 0) srv_die("the server did not start");
 }
 
 /* VmRSS of a process in bytes (0 when unreadable). */
@@ -455,9 +281,9 @@ static double memcpy_gbs(void)
     memset(b, 2, n);
     double best = 0;
     for (int it = 0; it < 5; it++) {
-        double t0 = bu_now();
+        double t0 = bench_now();
         memcpy(it & 1 ? a : b, it & 1 ? b : a, n);
-        double g = (double)n / (bu_now() - t0) / 1e9;
+        double g = (double)n / (bench_now() - t0) / 1e9;
         if (g > best) best = g;
     }
     volatile char sink = a[12345] + b[54321];
@@ -574,10 +400,10 @@ int srv_bench_update(int argc, char **argv)
         o.tokenizer = 0;
         o.seed = 1;
         char err[1024];
-        double t0 = bu_now();
+        double t0 = bench_now();
         fprintf(stderr, "bench update: writing a ~0.5 GB checkpoint to %s ...\n", gen);
         if (mdl_mkmodel(&o, gen, err, sizeof err) != 0) srv_die("%s", err);
-        fprintf(stderr, "bench update: written in %.1f s\n", bu_now() - t0);
+        fprintf(stderr, "bench update: written in %.1f s\n", bench_now() - t0);
         model = gen;
     }
 
@@ -593,10 +419,10 @@ int srv_bench_update(int argc, char **argv)
     max_bucket += (uint64_t)1 << 20; /* headers */
 
     const double mc = memcpy_gbs();
-    bu_child ch;
+    bench_child ch;
     start_server(model, max_bucket, threads, &ch);
     g_child = ch.pid;
-    bu_conn conn = {.port = ch.port, .fd = -1};
+    bu_conn conn = {.port = ch.port, .c = {.fd = -1}};
     cJSON *o = bu_json(&conn, "GET", "/v1/weights", NULL, 200);
     cJSON_Delete(o);
     usleep(200000);
@@ -630,7 +456,7 @@ int srv_bench_update(int argc, char **argv)
         for (int u = 0; u < updates; u++) {
             char begin[160];
             snprintf(begin, sizeof begin, "{\"mode\":\"full\",\"model\":\"target\",\"pause\":\"wait\",\"version\":\"bench-%d-%d\"}", s, u);
-            double t0 = bu_now();
+            double t0 = bench_now();
             cJSON_Delete(bu_json(&conn, "POST", "/v1/weights/begin", begin, 200));
             for (size_t b = 0; b < nb; b++) {
                 const size_t a = first[b], e = first[b + 1];
@@ -652,9 +478,9 @@ int srv_bench_update(int argc, char **argv)
                 free(iov);
                 free(hdr);
             }
-            double tf = bu_now();
+            double tf = bench_now();
             cJSON *fin = bu_json(&conn, "POST", "/v1/weights/finish", "{}", 200);
-            double t1 = bu_now();
+            double t1 = bench_now();
             cJSON_Delete(fin);
             gbs[u] = (double)ck.bytes / (t1 - t0) / 1e9;
             cJSON *info = bu_json(&conn, "GET", "/v1/weights", NULL, 200);
@@ -694,8 +520,8 @@ int srv_bench_update(int argc, char **argv)
         free(gbs);
         free(first);
     }
-    bu_disconnect(&conn);
-    stop_server(&ch);
+    bench_close(&conn.c);
+    bench_stop_server(&ch);
     g_child = 0;
     ckpt_close(&ck);
     printf("\nGB/s: tensor bytes / wall time from begin to the finish answer (one keep-alive connection);\n"

@@ -1,0 +1,43 @@
+/* bench/bench_util.h — what the HTTP benchmarks share: a monotonic clock, a keep-alive HTTP/1.1
+ * connection's byte plumbing, and the `graphswap serve` child they start on a free loopback port. */
+#ifndef GS_BENCH_UTIL_H
+#define GS_BENCH_UTIL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+double bench_now(void); /* monotonic seconds */
+
+typedef struct {
+    int fd; /* -1: not connected */
+    char buf[65536];
+    size_t pos, len;
+} bench_conn;
+
+int bench_connect(bench_conn *c, const char *host, int port); /* TCP_NODELAY; 0 or -1 */
+void bench_close(bench_conn *c);
+int bench_fill(bench_conn *c);                          /* 1 when buffered bytes are available */
+int bench_getc(bench_conn *c);                          /* next byte, -1 at EOF / error */
+long bench_line(bench_conn *c, char *out, size_t cap);  /* a line without CRLF; -1 at EOF */
+int bench_read(bench_conn *c, char *out, size_t n);     /* exactly n bytes; 0 or -1 */
+int bench_writev_all(int fd, struct iovec *iov, int n); /* consumes iov; 0 or -1 */
+int bench_send_all(int fd, const char *p, size_t n);
+
+/* `graphswap serve --model M --host 127.0.0.1 --port 0 [extra...]` started from this binary; its
+ * stderr is echoed (a thread keeps draining it, so a chatty server never blocks on the pipe). */
+typedef struct {
+    pid_t pid;
+    int err_fd;
+    int port;
+    pthread_t drain;
+} bench_child;
+
+/* extra: NULL-terminated further arguments. Returns 0 once the server printed its port (within
+ * timeout_s), else -1 (the child is killed). */
+int bench_start_server(const char *model, const char *const *extra, double timeout_s, bench_child *ch);
+/* SIGTERM, wait up to 60 s, then SIGKILL. */
+void bench_stop_server(bench_child *ch);
+
+#endif
