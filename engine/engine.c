@@ -33,7 +33,7 @@ const char *eng_finish_name(eng_finish f)
     }
 }
 
-static void *xalloc(eng_backend *be, size_t bytes, const char *tag, char *err, size_t errlen)
+void *eng_xalloc(eng_backend *be, size_t bytes, const char *tag, char *err, size_t errlen)
 {
     void *p = be->ops->alloc(be, bytes, tag);
     if (!p) snprintf(err, errlen, "out of device memory allocating %s (%zu bytes)", tag, bytes);
@@ -102,14 +102,14 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
 
     /* plan-visible buffers: all allocated here, before the first capture (I1) */
     const size_t i32 = sizeof(int32_t);
-    if (!(e->io.tok = xalloc(be, (size_t)R * i32, "step.tok", err, errlen)) ||
-        !(e->io.pos = xalloc(be, (size_t)R * i32, "step.pos", err, errlen)) ||
-        !(e->io.slot = xalloc(be, (size_t)R * i32, "step.slot", err, errlen)) ||
-        !(e->io.kv_len = xalloc(be, (size_t)R * i32, "step.kv_len", err, errlen)) ||
-        !(e->io.n_rows = xalloc(be, i32, "step.n_rows", err, errlen)) ||
-        !(e->io.logit_idx = xalloc(be, (size_t)LR * i32, "step.logit_idx", err, errlen)) ||
-        !(e->io.n_logits = xalloc(be, i32, "step.n_logits", err, errlen)) ||
-        !(e->io.block_tables = xalloc(be, (size_t)S * (size_t)e->io.max_blocks * i32, "step.block_tables", err, errlen)))
+    if (!(e->io.tok = eng_xalloc(be, (size_t)R * i32, "step.tok", err, errlen)) ||
+        !(e->io.pos = eng_xalloc(be, (size_t)R * i32, "step.pos", err, errlen)) ||
+        !(e->io.slot = eng_xalloc(be, (size_t)R * i32, "step.slot", err, errlen)) ||
+        !(e->io.kv_len = eng_xalloc(be, (size_t)R * i32, "step.kv_len", err, errlen)) ||
+        !(e->io.n_rows = eng_xalloc(be, i32, "step.n_rows", err, errlen)) ||
+        !(e->io.logit_idx = eng_xalloc(be, (size_t)LR * i32, "step.logit_idx", err, errlen)) ||
+        !(e->io.n_logits = eng_xalloc(be, i32, "step.n_logits", err, errlen)) ||
+        !(e->io.block_tables = eng_xalloc(be, (size_t)S * (size_t)e->io.max_blocks * i32, "step.block_tables", err, errlen)))
         goto fail;
     e->io.kcache = calloc((size_t)mc->layers, sizeof(float *));
     e->io.vcache = calloc((size_t)mc->layers, sizeof(float *));
@@ -117,9 +117,9 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
     for (int l = 0; l < mc->layers; l++) {
         char tag[48];
         snprintf(tag, sizeof tag, "kv.k.%d", l);
-        if (!(e->io.kcache[l] = xalloc(be, e->io.kv_layer_bytes, tag, err, errlen))) goto fail;
+        if (!(e->io.kcache[l] = eng_xalloc(be, e->io.kv_layer_bytes, tag, err, errlen))) goto fail;
         snprintf(tag, sizeof tag, "kv.v.%d", l);
-        if (!(e->io.vcache[l] = xalloc(be, e->io.kv_layer_bytes, tag, err, errlen))) goto fail;
+        if (!(e->io.vcache[l] = eng_xalloc(be, e->io.kv_layer_bytes, tag, err, errlen))) goto fail;
     }
     if (mdl_workspace_alloc(m, be, R, LR, &e->ws, err, errlen) != 0) goto fail;
     if (draft && mdl_workspace_add_features(m, be, &e->ws, draft->cfg.target_ids, draft->cfg.n_target_ids, err,

@@ -76,6 +76,8 @@ struct eng_engine {
 
 
 /* engine.c helpers the speculative step reuses */
+/* An arena allocation for a plan-visible buffer, or NULL with err naming it. */
+void *eng_xalloc(eng_backend *be, size_t bytes, const char *tag, char *err, size_t errlen);
 void eng_retire_and_admit(eng_engine *e);
 void eng_add_rows(eng_engine *e, int slot, int count, int *rows);
 /* Adds the rows of every sequence with exactly one known token left (decode = 1) or more (decode =

@@ -25,13 +25,6 @@
 #include "engine/engine_internal.h"
 #include "spec_decode/verify.h"
 
-static void *xalloc(eng_backend *be, size_t bytes, const char *tag, char *err, size_t errlen)
-{
-    void *p = be->ops->alloc(be, bytes, tag);
-    if (!p) snprintf(err, errlen, "out of device memory allocating %s (%zu bytes)", tag, bytes);
-    return p;
-}
-
 static double now_ns(void)
 {
     struct timespec ts;
@@ -48,19 +41,19 @@ int spec_init(eng_engine *e, char *err, size_t errlen)
     const int R = c->max_step_tokens, S = c->max_seqs;
     const size_t i32 = sizeof(int32_t);
     mdl_draft_io *io = &e->dio;
-    if (!(io->c_idx = xalloc(be, (size_t)R * i32, "draft.c_idx", err, errlen)) ||
-        !(io->c_pos = xalloc(be, (size_t)R * i32, "draft.c_pos", err, errlen)) ||
-        !(io->c_slot = xalloc(be, (size_t)R * i32, "draft.c_slot", err, errlen)) ||
-        !(io->c_n = xalloc(be, i32, "draft.c_n", err, errlen)) ||
-        !(io->d_tok = xalloc(be, (size_t)R * i32, "draft.d_tok", err, errlen)) ||
-        !(io->d_pos = xalloc(be, (size_t)R * i32, "draft.d_pos", err, errlen)) ||
-        !(io->d_slot = xalloc(be, (size_t)R * i32, "draft.d_slot", err, errlen)) ||
-        !(io->d_kv_len = xalloc(be, (size_t)R * i32, "draft.d_kv_len", err, errlen)) ||
-        !(io->d_n = xalloc(be, i32, "draft.d_n", err, errlen)) ||
-        !(io->d_logit_idx = xalloc(be, (size_t)R * i32, "draft.d_logit_idx", err, errlen)) ||
-        !(io->d_n_logits = xalloc(be, i32, "draft.d_n_logits", err, errlen)) ||
-        !(io->d_anchor = xalloc(be, (size_t)S * i32, "draft.d_anchor", err, errlen)) ||
-        !(io->d_nseq = xalloc(be, i32, "draft.d_nseq", err, errlen)))
+    if (!(io->c_idx = eng_xalloc(be, (size_t)R * i32, "draft.c_idx", err, errlen)) ||
+        !(io->c_pos = eng_xalloc(be, (size_t)R * i32, "draft.c_pos", err, errlen)) ||
+        !(io->c_slot = eng_xalloc(be, (size_t)R * i32, "draft.c_slot", err, errlen)) ||
+        !(io->c_n = eng_xalloc(be, i32, "draft.c_n", err, errlen)) ||
+        !(io->d_tok = eng_xalloc(be, (size_t)R * i32, "draft.d_tok", err, errlen)) ||
+        !(io->d_pos = eng_xalloc(be, (size_t)R * i32, "draft.d_pos", err, errlen)) ||
+        !(io->d_slot = eng_xalloc(be, (size_t)R * i32, "draft.d_slot", err, errlen)) ||
+        !(io->d_kv_len = eng_xalloc(be, (size_t)R * i32, "draft.d_kv_len", err, errlen)) ||
+        !(io->d_n = eng_xalloc(be, i32, "draft.d_n", err, errlen)) ||
+        !(io->d_logit_idx = eng_xalloc(be, (size_t)R * i32, "draft.d_logit_idx", err, errlen)) ||
+        !(io->d_n_logits = eng_xalloc(be, i32, "draft.d_n_logits", err, errlen)) ||
+        !(io->d_anchor = eng_xalloc(be, (size_t)S * i32, "draft.d_anchor", err, errlen)) ||
+        !(io->d_nseq = eng_xalloc(be, i32, "draft.d_nseq", err, errlen)))
         return -1;
     /* the drafter's KV cache: same blocks and positions as the target's, its own geometry */
     io->kv_layer_bytes = (size_t)e->io.num_blocks * (size_t)c->block_size * (size_t)dc->kv_heads *
@@ -74,9 +67,9 @@ int spec_init(eng_engine *e, char *err, size_t errlen)
     for (int l = 0; l < dc->layers; l++) {
         char tag[48];
         snprintf(tag, sizeof tag, "draft.kv.k.%d", l);
-        if (!(io->kcache[l] = xalloc(be, io->kv_layer_bytes, tag, err, errlen))) return -1;
+        if (!(io->kcache[l] = eng_xalloc(be, io->kv_layer_bytes, tag, err, errlen))) return -1;
         snprintf(tag, sizeof tag, "draft.kv.v.%d", l);
-        if (!(io->vcache[l] = xalloc(be, io->kv_layer_bytes, tag, err, errlen))) return -1;
+        if (!(io->vcache[l] = eng_xalloc(be, io->kv_layer_bytes, tag, err, errlen))) return -1;
     }
     if (mdl_draft_ws_alloc(d, be, R, &e->dws, err, errlen) != 0) return -1;
 
