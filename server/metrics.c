@@ -69,39 +69,6 @@ void srv_metrics_publish(srv_metrics *m, const eng_engine *e)
     for (int i = 0; i < 64; i++) atomic_store(&m->spec_accepted_per_pos[i], st->spec_accepted_per_pos[i]);
 }
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} mbuf;
-
-static void mb_printf(mbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void mb_printf(mbuf *b, const char *fmt, ...)
-{
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int w = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-        va_end(ap);
-        if (w < 0) {
-            b->oom = 1;
-            return;
-        }
-        if ((size_t)w < b->cap - b->n) {
-            b->n += (size_t)w;
-            return;
-        }
-        size_t nc = b->cap * 2 + (size_t)w + 1;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-}
 
 /* Prometheus label value escaping: backslash, double quote and newline. */
 static void label_escape(const char *in, char *out, size_t cap)
@@ -121,62 +88,61 @@ static void label_escape(const char *in, char *out, size_t cap)
     out[k] = 0;
 }
 
-static void header(mbuf *b, const char *name, const char *type, const char *help)
+static void header(srv_buf *b, const char *name, const char *type, const char *help)
 {
-    mb_printf(b, "# HELP graphswap:%s %s\n# TYPE graphswap:%s %s\n", name, help, name, type);
+    srv_buf_printf(b, "# HELP graphswap:%s %s\n# TYPE graphswap:%s %s\n", name, help, name, type);
 }
 
-static void hist(mbuf *b, const char *name, const char *help, const srv_hist *h, const char *lbl)
+static void hist(srv_buf *b, const char *name, const char *help, const srv_hist *h, const char *lbl)
 {
     header(b, name, "histogram", help);
     uint64_t cum = 0;
     for (int i = 0; i < h->n; i++) {
         cum += h->bucket[i];
-        mb_printf(b, "graphswap:%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, h->le[i], (unsigned long long)cum);
+        srv_buf_printf(b, "graphswap:%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, h->le[i], (unsigned long long)cum);
     }
     cum += h->bucket[h->n];
-    mb_printf(b, "graphswap:%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)cum);
-    mb_printf(b, "graphswap:%s_sum{%s} %.9g\n", name, lbl, h->sum);
-    mb_printf(b, "graphswap:%s_count{%s} %llu\n", name, lbl, (unsigned long long)h->count);
+    srv_buf_printf(b, "graphswap:%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)cum);
+    srv_buf_printf(b, "graphswap:%s_sum{%s} %.9g\n", name, lbl, h->sum);
+    srv_buf_printf(b, "graphswap:%s_count{%s} %llu\n", name, lbl, (unsigned long long)h->count);
 }
 
 char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len)
 {
-    mbuf b = {malloc(8192), 0, 8192, 0};
-    if (!b.p) return NULL;
+    srv_buf b = {0};
     char esc[512], lbl[600];
     label_escape(model_name, esc, sizeof esc);
     snprintf(lbl, sizeof lbl, "model_name=\"%s\"", esc);
 
     header(&b, "num_requests_running", "gauge", "Number of requests in model execution batches.");
-    mb_printf(&b, "graphswap:num_requests_running{%s} %d\n", lbl, atomic_load(&m->running));
+    srv_buf_printf(&b, "graphswap:num_requests_running{%s} %d\n", lbl, atomic_load(&m->running));
     header(&b, "num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
-    mb_printf(&b, "graphswap:num_requests_waiting{%s} %d\n", lbl, atomic_load(&m->waiting));
+    srv_buf_printf(&b, "graphswap:num_requests_waiting{%s} %d\n", lbl, atomic_load(&m->waiting));
     int used = atomic_load(&m->kv_in_use), total = atomic_load(&m->kv_total);
     header(&b, "kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
-    mb_printf(&b, "graphswap:kv_cache_usage_perc{%s} %.6g\n", lbl, total > 0 ? (double)used / total : 0.0);
+    srv_buf_printf(&b, "graphswap:kv_cache_usage_perc{%s} %.6g\n", lbl, total > 0 ? (double)used / total : 0.0);
 
     header(&b, "prompt_tokens_total", "counter", "Number of prefill tokens processed.");
-    mb_printf(&b, "graphswap:prompt_tokens_total{%s} %llu\n", lbl, (unsigned long long)atomic_load(&m->prompt_tokens));
+    srv_buf_printf(&b, "graphswap:prompt_tokens_total{%s} %llu\n", lbl, (unsigned long long)atomic_load(&m->prompt_tokens));
     header(&b, "generation_tokens_total", "counter", "Number of generation tokens processed.");
-    mb_printf(&b, "graphswap:generation_tokens_total{%s} %llu\n", lbl,
+    srv_buf_printf(&b, "graphswap:generation_tokens_total{%s} %llu\n", lbl,
               (unsigned long long)atomic_load(&m->generation_tokens));
     header(&b, "prefix_cache_queries_total", "counter",
            "Prefix cache queries, in terms of number of queried tokens.");
-    mb_printf(&b, "graphswap:prefix_cache_queries_total{%s} %llu\n", lbl,
+    srv_buf_printf(&b, "graphswap:prefix_cache_queries_total{%s} %llu\n", lbl,
               (unsigned long long)atomic_load(&m->prefix_queries));
     header(&b, "prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.");
-    mb_printf(&b, "graphswap:prefix_cache_hits_total{%s} %llu\n", lbl, (unsigned long long)atomic_load(&m->prefix_hits));
+    srv_buf_printf(&b, "graphswap:prefix_cache_hits_total{%s} %llu\n", lbl, (unsigned long long)atomic_load(&m->prefix_hits));
 
     /* speculative decoding (zero without a drafter); mean acceptance length = 1 + accepted / drafts */
     header(&b, "spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.");
-    mb_printf(&b, "graphswap:spec_decode_num_drafts_total{%s} %llu\n", lbl,
+    srv_buf_printf(&b, "graphswap:spec_decode_num_drafts_total{%s} %llu\n", lbl,
               (unsigned long long)atomic_load(&m->spec_drafts));
     header(&b, "spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.");
-    mb_printf(&b, "graphswap:spec_decode_num_draft_tokens_total{%s} %llu\n", lbl,
+    srv_buf_printf(&b, "graphswap:spec_decode_num_draft_tokens_total{%s} %llu\n", lbl,
               (unsigned long long)atomic_load(&m->spec_draft_tokens));
     header(&b, "spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.");
-    mb_printf(&b, "graphswap:spec_decode_num_accepted_tokens_total{%s} %llu\n", lbl,
+    srv_buf_printf(&b, "graphswap:spec_decode_num_accepted_tokens_total{%s} %llu\n", lbl,
               (unsigned long long)atomic_load(&m->spec_accepted));
     header(&b, "spec_decode_num_accepted_tokens_per_pos_total", "counter",
            "Accepted tokens per draft position.");
@@ -184,14 +150,14 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len)
     for (int i = 0; i < 64; i++)
         if (atomic_load(&m->spec_accepted_per_pos[i])) npos = i + 1;
     for (int i = 0; i < npos; i++)
-        mb_printf(&b, "graphswap:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n", lbl, i,
+        srv_buf_printf(&b, "graphswap:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n", lbl, i,
                   (unsigned long long)atomic_load(&m->spec_accepted_per_pos[i]));
 
     pthread_mutex_lock(&m->mu);
     header(&b, "request_success_total", "counter", "Count of successfully processed requests.");
     static const char *reasons[4] = {NULL, "length", "stop", "abort"}; /* indexed by eng_finish */
     for (int f = ENG_FINISH_LENGTH; f <= ENG_FINISH_ABORT; f++)
-        mb_printf(&b, "graphswap:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lbl, reasons[f],
+        srv_buf_printf(&b, "graphswap:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lbl, reasons[f],
                   (unsigned long long)m->finished[f]);
     hist(&b, "time_to_first_token_seconds", "Histogram of time to first token in seconds.", &m->ttft, lbl);
     hist(&b, "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &m->itl, lbl);

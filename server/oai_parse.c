@@ -180,35 +180,11 @@ static int parse_prompts(const srv_state *s, const cJSON *p, int add_special, sr
 
 /* ---- chat ------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = (b->n + n + 1) * 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+static void sb_str(srv_buf *b, const char *s) { srv_buf_add(b, s, strlen(s)); }
 
 /* The text of a message's content: a string, or a list of {"type":"text","text":...} parts
  * (concatenated). Appends to b. */
-static int content_text(const cJSON *content, int idx, int may_be_null, sbuf *b, srv_err *e)
+static int content_text(const cJSON *content, int idx, int may_be_null, srv_buf *b, srv_err *e)
 {
     if (!content || cJSON_IsNull(content)) {
         if (may_be_null) return 0;
@@ -240,7 +216,7 @@ static int content_text(const cJSON *content, int idx, int may_be_null, sbuf *b,
 }
 
 /* Trims ASCII whitespace on both sides of b[from..) in place (Llama-3's template trims content). */
-static void sb_trim_from(sbuf *b, size_t from)
+static void sb_trim_from(srv_buf *b, size_t from)
 {
     if (b->oom || !b->p) return;
     size_t a = from, z = b->n;
@@ -263,7 +239,7 @@ int srv_chat_encode(const srv_state *s, const cJSON *messages, int add_generatio
     if (!messages) return srv_errf(e, 400, "messages", "messages is required");
     if (!cJSON_IsArray(messages)) return srv_errf(e, 400, "messages", "messages must be a list of message objects");
     if (cJSON_GetArraySize(messages) < 1) return srv_errf(e, 400, "messages", "messages must not be empty");
-    sbuf b = {0};
+    srv_buf b = {0};
     if (s->chat == MDL_CHAT_LLAMA3) sb_str(&b, "<|begin_of_text|>");
     int i = 0;
     const cJSON *m;

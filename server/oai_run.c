@@ -619,31 +619,8 @@ static cJSON *full_response(const srv_job *j)
 
 /* ---- streaming -------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} obuf;
-
-static void ob_add(obuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n > b->cap) {
-        size_t nc = (b->n + n) * 2 + 256;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-}
-
 /* Appends "data: <json>\n\n" and frees o. */
-static void ob_event(obuf *b, cJSON *o)
+static void ob_event(srv_buf *b, cJSON *o)
 {
     char *t = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
@@ -651,9 +628,9 @@ static void ob_event(obuf *b, cJSON *o)
         b->oom = 1;
         return;
     }
-    ob_add(b, "data: ", 6);
-    ob_add(b, t, strlen(t));
-    ob_add(b, "\n\n", 2);
+    srv_buf_add(b, "data: ", 6);
+    srv_buf_add(b, t, strlen(t));
+    srv_buf_add(b, "\n\n", 2);
     free(t);
 }
 
@@ -664,7 +641,7 @@ typedef struct {
 } stream_out;
 
 /* Writes b as one HTTP chunk (one write). */
-static void so_flush(stream_out *so, obuf *b)
+static void so_flush(stream_out *so, srv_buf *b)
 {
     if (so->broken || b->n == 0) {
         b->n = 0;
@@ -677,10 +654,10 @@ static void so_flush(stream_out *so, obuf *b)
     if (so->chunked) {
         char hdr[24];
         int hn = snprintf(hdr, sizeof hdr, "%zx\r\n", b->n);
-        obuf f = {0};
-        ob_add(&f, hdr, (size_t)hn);
-        ob_add(&f, b->p, b->n);
-        ob_add(&f, "\r\n", 2);
+        srv_buf f = {0};
+        srv_buf_add(&f, hdr, (size_t)hn);
+        srv_buf_add(&f, b->p, b->n);
+        srv_buf_add(&f, "\r\n", 2);
         if (f.oom || mg_write(so->c, f.p, f.n) != (int)f.n) so->broken = 1;
         free(f.p);
     } else if (mg_write(so->c, b->p, b->n) != (int)b->n) {
@@ -691,7 +668,7 @@ static void so_flush(stream_out *so, obuf *b)
 
 /* The first event of each choice: the chat role, or (completions) the echoed prompt and/or
  * prompt_token_ids (immutable request data: no lock). */
-static void first_events(const srv_job *j, obuf *b)
+static void first_events(const srv_job *j, srv_buf *b)
 {
     const int chat = j->g.api == SRV_API_CHAT;
     if (!chat && !j->g.echo && !j->g.return_token_ids) return;
@@ -752,7 +729,7 @@ static int snap_choice(const srv_job *j, const srv_choice *ch, choice_snap *sn)
 }
 
 /* The event for a snapshot (no lock held); advances the handler's cursors. */
-static void emit_choice(srv_job *j, srv_choice *ch, choice_snap *sn, size_t echo_len, obuf *b)
+static void emit_choice(srv_job *j, srv_choice *ch, choice_snap *sn, size_t echo_len, srv_buf *b)
 {
     const int chat = j->g.api == SRV_API_CHAT;
     cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion");
@@ -794,7 +771,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     stream_out so = {c, strcmp(ri->http_version ? ri->http_version : "", "1.1") == 0, 0};
-    obuf b = {0};
+    srv_buf b = {0};
     pthread_mutex_lock(&j->mu);
     /* errors before the first token are plain HTTP errors: wait for the engine to accept the job */
     if (wait_until(j, pred_not_queued, 0, deadline) != 0) {
@@ -864,7 +841,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
             cJSON_AddItemToObject(o, "weight_version", versions_json(j, -1));
             ob_event(&b, o);
         }
-        ob_add(&b, "data: [DONE]\n\n", 14);
+        srv_buf_add(&b, "data: [DONE]\n\n", 14);
     }
     pthread_mutex_unlock(&j->mu);
     so_flush(&so, &b);

@@ -237,6 +237,16 @@ char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, sr
 /* Reads and parses the body as a JSON object; NULL with e filled. */
 cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e);
 
+/* A growable byte buffer (responses, SSE batches, the metrics page, rendered chat templates). Out of
+ * memory sets oom and makes later appends no-ops; the contents stay NUL-terminated. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} srv_buf;
+void srv_buf_add(srv_buf *b, const char *s, size_t n);
+void srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* UTF-8. srv_utf8_stable_len: the length of the longest prefix of s[0..n) that does not end inside
  * a sequence that more bytes could still complete (a streaming writer may send that prefix now). */
 size_t srv_utf8_stable_len(const char *s, size_t n);

@@ -8,6 +8,8 @@
  *     per maximal invalid subpart, as Python's errors="replace" does), so the concatenation of the
  *     streamed deltas equals the non-streamed text.
  */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,4 +135,49 @@ char *srv_decode(const srv_state *s, const int32_t *ids, int n, int skip_special
     out[need] = 0;
     *len = need;
     return out;
+}
+
+void srv_buf_add(srv_buf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t nc = (b->n + n + 1) * 2 + 256;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+void srv_buf_printf(srv_buf *b, const char *fmt, ...)
+{
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (w < 0) {
+        b->oom = 1;
+        return;
+    }
+    if ((size_t)w < sizeof small) {
+        srv_buf_add(b, small, (size_t)w);
+        return;
+    }
+    char *big = malloc((size_t)w + 1);
+    if (!big) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)w + 1, fmt, ap);
+    va_end(ap);
+    srv_buf_add(b, big, (size_t)w);
+    free(big);
 }
