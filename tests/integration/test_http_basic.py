@@ -102,14 +102,16 @@ def _kill_all():
 
 
 class Server:
-    """A `graphswap serve` child on 127.0.0.1 with --port 0 (the bound port is read from stderr)."""
+    """A `graphswap serve` child with --port 0 (the bound port is read from stderr). It listens on
+    127.0.0.1 unless `host` says otherwise; tests always connect through 127.0.0.1."""
 
-    def __init__(self, C, binary, model, args=(), env=None):
+    def __init__(self, C, binary, model, args=(), env=None, host="127.0.0.1"):
         self.C = C
         self.log = []
-        cmd = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0"] + list(args)
+        cmd = [binary, "serve", "--model", model, "--host", host, "--port", "0"] + list(args)
         e = dict(os.environ)
         e.pop("GRAPHSWAP_API_KEY", None)
+        e.pop("GRAPHSWAP_ADMIN_KEY", None)
         if env:
             e.update(env)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -122,7 +124,7 @@ class Server:
             for raw in self.proc.stderr:
                 line = raw.decode("utf-8", "replace")
                 self.log.append(line)
-                m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+                m = re.search(r"on http://\S+:(\d+)", line)
                 if m and self.port is None:
                     self.port = int(m.group(1))
                     got.set()

@@ -16,7 +16,6 @@
     /v1/*, /tokenize, /detokenize; the right key works; /health and /metrics stay public
 """
 
-import json
 import os
 import socket
 import sys

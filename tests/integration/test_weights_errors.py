@@ -29,7 +29,6 @@ import random
 import re
 import socket
 import struct
-import subprocess
 import sys
 import threading
 
@@ -40,43 +39,6 @@ import test_http_basic as H  # noqa: E402
 import test_weights_update as W  # noqa: E402
 
 MAX_BUCKET = 1 << 20
-
-
-class AnyHostServer(H.Server):
-    """H.Server with another --host (the port is read from the start line whatever the host)."""
-
-    def __init__(self, C, binary, model, host, args=(), env=None):  # noqa: C901 (mirrors H.Server)
-        self.C = C
-        self.log = []
-        cmd = [binary, "serve", "--model", model, "--host", host, "--port", "0"] + list(args)
-        e = dict(os.environ)
-        e.pop("GRAPHSWAP_API_KEY", None)
-        e.pop("GRAPHSWAP_ADMIN_KEY", None)
-        if env:
-            e.update(env)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=e)
-        H._servers.append(self)
-        self.port = None
-        got = threading.Event()
-
-        def drain():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace")
-                self.log.append(line)
-                m = re.search(r"on http://\S+:(\d+)", line)
-                if m and self.port is None:
-                    self.port = int(m.group(1))
-                    got.set()
-            got.set()
-
-        self.drainer = threading.Thread(target=drain, daemon=True)
-        self.drainer.start()
-        got.wait(H.START_TIMEOUT)
-        if self.port is None:
-            self.kill()
-            C.fail("server did not start: %s\n%s" % (" ".join(cmd), "".join(self.log)[-3000:]))
-            sys.exit(C.finish())
 
 
 def raw_http(port, head, body=b"", shut_wr=False, timeout=30):
@@ -505,7 +467,7 @@ def test_security(C, binary, ck):
         srv.stop()
         srv.kill()
     # a non-loopback listener without an admin key: weight routes are off (reached via 127.0.0.1)
-    srv = AnyHostServer(C, binary, ck["T0"], "0.0.0.0")
+    srv = H.Server(C, binary, ck["T0"], host="0.0.0.0")
     try:
         for method, path, body in WEIGHT_ROUTES:
             r = H.request(srv, method, path, body)
