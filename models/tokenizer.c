@@ -26,11 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- shared with the other models/tokenizer_*.c files (no separate header by design) ---- */
-int mdl_tok_int_nfc(const char *s, size_t len, char **out, size_t *out_len);
-uint32_t mdl_tok_int_byte_cp(uint8_t b);
-int mdl_tok_int_cp_byte(uint32_t cp);
-size_t mdl_tok_int_utf8_check(const unsigned char *s, size_t len);
+#include "models/tokenizer_internal.h"
 
 #define MDL_TOK_MAX_ID (1 << 24)              /* ids are < 16M (largest real vocabularies ~260k) */
 #define MDL_TOK_MAX_FILE (1024ull * 1024 * 1024) /* tokenizer.json larger than 1 GiB is refused */
@@ -111,31 +107,23 @@ size_t mdl_tok_int_utf8_check(const unsigned char *s, size_t len) {
     return len;
 }
 
-/* Decodes one code point from valid UTF-8 at s (len > 0). Returns its length. */
-static size_t utf8_dec(const unsigned char *s, size_t len, uint32_t *cp) {
+size_t mdl_tok_int_utf8_dec(const unsigned char *s, size_t len, uint32_t *cp) {
     unsigned char c = s[0];
-    if (c < 0x80 || len < 2) {
-        *cp = c;
-        return 1;
+    size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (n > len) n = 1; /* truncated: the lead byte alone */
+    switch (n) {
+    case 2: *cp = ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F); break;
+    case 3: *cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F); break;
+    case 4:
+        *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) | ((uint32_t)(s[2] & 0x3F) << 6) |
+              (s[3] & 0x3F);
+        break;
+    default: *cp = c;
     }
-    if (c < 0xE0) {
-        *cp = ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F);
-        return 2;
-    }
-    if (c < 0xF0 || len < 4) {
-        if (len < 3) {
-            *cp = c;
-            return 1;
-        }
-        *cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-        return 3;
-    }
-    *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-          ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-    return 4;
+    return n;
 }
 
-static size_t utf8_enc(uint32_t cp, char *o) {
+size_t mdl_tok_int_utf8_enc(uint32_t cp, char *o) {
     if (cp < 0x80) {
         o[0] = (char)cp;
         return 1;
@@ -890,7 +878,7 @@ static int load_model(mdl_tokenizer *t, const cJSON *model, int32_t *idcap, char
     if (cJSON_IsString(unk)) t->unk_id = vocab_get(t, unk->valuestring, strlen(unk->valuestring));
     for (int b = 0; b < 256; b++) {
         char s[8];
-        size_t l = utf8_enc(mdl_tok_int_byte_cp((uint8_t)b), s);
+        size_t l = mdl_tok_int_utf8_enc(mdl_tok_int_byte_cp((uint8_t)b), s);
         t->byte_id[b] = vocab_get(t, s, l);
         snprintf(s, sizeof s, "<0x%02X>", b);
         t->byte_fb[b] = t->byte_fallback ? vocab_get(t, s, strlen(s)) : -1;
@@ -1052,7 +1040,7 @@ static int finish_tables(mdl_tokenizer *t, char *err, size_t errlen) {
         bool ok = true;
         while (i < len) {
             uint32_t cp;
-            i += utf8_dec(s + i, len - i, &cp);
+            i += mdl_tok_int_utf8_dec(s + i, len - i, &cp);
             int b = mdl_tok_int_cp_byte(cp);
             if (b < 0) {
                 ok = false;
@@ -1383,7 +1371,7 @@ static int find_spans(enc_ctx *c, const pcre2_code *re, const char *s, size_t le
         if (ms == me && have_last && last_end == me) {
             if (from >= len) break;
             uint32_t cp;
-            from += utf8_dec((const unsigned char *)s + from, len - from, &cp);
+            from += mdl_tok_int_utf8_dec((const unsigned char *)s + from, len - from, &cp);
             continue;
         }
         if (prev != ms && span_push(c, out, prev, ms, false)) return -1;
@@ -1520,7 +1508,7 @@ static int bpe_piece(enc_ctx *c, const unsigned char *s, size_t len) {
             c->bl_cap = nc;
         }
         size_t o = 0;
-        for (size_t i = 0; i < len; i++) o += utf8_enc(mdl_tok_int_byte_cp(s[i]), c->bl + o);
+        for (size_t i = 0; i < len; i++) o += mdl_tok_int_utf8_enc(mdl_tok_int_byte_cp(s[i]), c->bl + o);
         int32_t id = vocab_get(t, c->bl, o);
         if (id >= 0) return emit(c, id);
     }
@@ -1541,7 +1529,7 @@ static int bpe_piece(enc_ctx *c, const unsigned char *s, size_t len) {
         if (t->byte_fallback) {
             /* the reference falls back on the bytes of the byte-level character's UTF-8 */
             char u[4];
-            size_t ul = utf8_enc(mdl_tok_int_byte_cp(s[i]), u), k;
+            size_t ul = mdl_tok_int_utf8_enc(mdl_tok_int_byte_cp(s[i]), u), k;
             for (k = 0; k < ul; k++)
                 if (t->byte_fb[(unsigned char)u[k]] < 0) break;
             if (k == ul) {
@@ -1700,7 +1688,7 @@ static int added_pass(enc_ctx *c, int level, const added_set *set, const char *s
             while (ns > 0) {
                 size_t p = prev_char(s, ns);
                 uint32_t cp;
-                utf8_dec((const unsigned char *)s + p, ns - p, &cp);
+                mdl_tok_int_utf8_dec((const unsigned char *)s + p, ns - p, &cp);
                 if (!is_white_space(cp)) break;
                 ns = p;
             }
@@ -1709,7 +1697,7 @@ static int added_pass(enc_ctx *c, int level, const added_set *set, const char *s
         if (hit->rstrip) {
             while (me < len) {
                 uint32_t cp;
-                size_t l = utf8_dec((const unsigned char *)s + me, len - me, &cp);
+                size_t l = mdl_tok_int_utf8_dec((const unsigned char *)s + me, len - me, &cp);
                 if (!is_white_space(cp)) break;
                 me += l;
             }

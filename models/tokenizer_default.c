@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
-uint32_t mdl_tok_int_byte_cp(uint8_t b); /* tokenizer.c */
+#include "models/tokenizer_internal.h"
 
 #define DEFAULT_MAX_MERGES 1000
 #define N_SPECIAL 3
@@ -172,15 +172,6 @@ static int byte_id_cmp(const void *a, const void *b) {
     return x < y ? -1 : (x > y);
 }
 
-static size_t enc_cp(uint32_t cp, char *o) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    o[0] = (char)(0xC0 | (cp >> 6)); /* byte-level characters are all < U+0800 */
-    o[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-}
 
 typedef struct {
     tstr *tok;   /* id -> string */
@@ -248,7 +239,7 @@ static int train(size_t max_merges, trained *tr, char *err, size_t errlen) {
     for (int i = 0; i < 256; i++) {
         byte_id[order[i]] = i;
         char buf[4];
-        size_t l = enc_cp(mdl_tok_int_byte_cp(order[i]), buf);
+        size_t l = mdl_tok_int_utf8_enc(mdl_tok_int_byte_cp(order[i]), buf);
         tr->tok[i].s = malloc(l + 1);
         if (!tr->tok[i].s) goto oom;
         memcpy(tr->tok[i].s, buf, l);

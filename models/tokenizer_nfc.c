@@ -7,14 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const uint32_t mdl_tok_int_ccc_tab[];
-extern const size_t mdl_tok_int_ccc_n;
-extern const uint32_t mdl_tok_int_decomp_tab[][3];
-extern const size_t mdl_tok_int_decomp_n;
-extern const uint32_t mdl_tok_int_comp_tab[][3];
-extern const size_t mdl_tok_int_comp_n;
-
-int mdl_tok_int_nfc(const char *s, size_t len, char **out, size_t *out_len);
+#include "models/tokenizer_internal.h"
 
 enum {
     SBASE = 0xAC00, LBASE = 0x1100, VBASE = 0x1161, TBASE = 0x11A7,
@@ -100,32 +93,6 @@ static int decompose(u32buf *b, uint32_t cp, int depth) {
     return 0;
 }
 
-static size_t dec1(const unsigned char *s, size_t len, uint32_t *cp) {
-    unsigned char c = s[0];
-    if (c < 0x80 || len < 2) {
-        *cp = c;
-        return 1;
-    }
-    if (c < 0xE0) {
-        *cp = ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F);
-        return 2;
-    }
-    if (c < 0xF0) {
-        if (len < 3) {
-            *cp = c;
-            return 1;
-        }
-        *cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-        return 3;
-    }
-    if (len < 4) {
-        *cp = c;
-        return 1;
-    }
-    *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-          ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-    return 4;
-}
 
 /* s must be valid UTF-8. Returns 0 when s is already NFC (*out untouched), 1 with a malloc'ed
  * normalized copy in *out / *out_len, -1 when out of memory. */
@@ -141,7 +108,7 @@ int mdl_tok_int_nfc(const char *s, size_t len, char **out, size_t *out_len) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        i += dec1(u + i, len - i, &cp);
+        i += mdl_tok_int_utf8_dec(u + i, len - i, &cp);
         if (decompose(&b, cp, 0)) goto oom;
     }
     /* canonical ordering: stable sort of each run of non-starters by combining class */
@@ -182,22 +149,7 @@ int mdl_tok_int_nfc(const char *s, size_t len, char **out, size_t *out_len) {
     if (!r) goto oom;
     size_t rl = 0;
     for (size_t i = 0; i < b.n; i++) {
-        uint32_t cp = b.v[i];
-        if (cp < 0x80) {
-            r[rl++] = (char)cp;
-        } else if (cp < 0x800) {
-            r[rl++] = (char)(0xC0 | (cp >> 6));
-            r[rl++] = (char)(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            r[rl++] = (char)(0xE0 | (cp >> 12));
-            r[rl++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-            r[rl++] = (char)(0x80 | (cp & 0x3F));
-        } else {
-            r[rl++] = (char)(0xF0 | (cp >> 18));
-            r[rl++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-            r[rl++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-            r[rl++] = (char)(0x80 | (cp & 0x3F));
-        }
+        rl += mdl_tok_int_utf8_enc(b.v[i], r + rl);
     }
     free(b.v);
     if (rl == len && memcmp(r, s, len) == 0) {
