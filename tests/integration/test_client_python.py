@@ -67,7 +67,15 @@ def main():
         C.check(greedy(hot, [1, 2, 3]) == 503, "generation not refused while inconsistent")
         info = a.update_weights(tensors_f32(T1), version="step-2")
         C.check(info["state"] == "ready" and a.verify(b) == [], "a complete update did not repair the server")
-        C.check(gc.to_safetensors([("x", np.ones((2, 3), np.float16))])[:8] != b"", "serialiser")
+        # the client's serialiser, read back by the independent reader of tests/reference
+        x, y = np.arange(6, dtype=np.float16).reshape(2, 3), np.linspace(-1, 1, 5, dtype=np.float32)
+        path = os.path.join(tmp, "client.safetensors")
+        with open(path, "wb") as f:
+            f.write(gc.to_safetensors([("x", x), ("y", y)]))
+        back, _ = ref_model.read_safetensors(path)
+        C.check([(t.name, t.dtype, t.shape) for t in back] == [("x", "F16", (2, 3)), ("y", "F32", (5,))] and
+                np.array_equal(back[0].to_f64(), x.astype(np.float64)) and
+                np.array_equal(back[1].to_f64(), y.astype(np.float64)), "to_safetensors round trip")
         H.sanitizer_clean(C, hot)
     finally:
         H._kill_all()
