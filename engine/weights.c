@@ -415,6 +415,8 @@ int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status)
 
 void eng_weights_get_info(const eng_engine *e, eng_weights_info *out) { *out = e->winfo; }
 
+eng_wstate eng_weights_state(const eng_engine *e) { return e->winfo.state; }
+
 void eng_weights_set_version(eng_engine *e, const char *version)
 {
     snprintf(e->winfo.version, sizeof e->winfo.version, "%s", version);

@@ -70,6 +70,7 @@ int eng_weights_validate(eng_engine *e, const mdl_st_tensor *t, size_t n, const 
 int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t errlen, int *status);
 int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status);
 void eng_weights_get_info(const eng_engine *e, eng_weights_info *out);
+eng_wstate eng_weights_state(const eng_engine *e);
 /* Renames the current version (SGLang /update_weight_version); the weights are unchanged. */
 void eng_weights_set_version(eng_engine *e, const char *version);
 /* Disk transport: streams a checkpoint folder into the open session in buckets of about

@@ -54,8 +54,7 @@ static void *engine_main(void *arg)
             return NULL;
         }
         if ((draining || !srv_engine_frozen(s)) && eng_num_running(e) + eng_num_waiting(e) > 0) eng_step(e);
-        srv_metrics_publish(&s->met, e);
-        srv_weights_publish(s);
+        srv_metrics_publish(&s->met, e); /* (the weight state changes only in commands: published there) */
     }
 }
 

@@ -110,12 +110,7 @@ void srv_weights_publish(srv_state *s)
     pthread_mutex_unlock(&s->wmu);
 }
 
-int srv_engine_frozen(srv_state *s)
-{
-    eng_weights_info w;
-    eng_weights_get_info(s->rt.e, &w);
-    return s->paused || w.state == ENG_W_UPDATING;
-}
+int srv_engine_frozen(srv_state *s) { return s->paused || eng_weights_state(s->rt.e) == ENG_W_UPDATING; }
 
 static void add_sum(const char *name, const char *hex, void *u) { cJSON_AddStringToObject(u, name, hex); }
 
