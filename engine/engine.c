@@ -109,8 +109,12 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
         !(e->io.n_rows = eng_xalloc(be, i32, "step.n_rows", err, errlen)) ||
         !(e->io.logit_idx = eng_xalloc(be, (size_t)LR * i32, "step.logit_idx", err, errlen)) ||
         !(e->io.n_logits = eng_xalloc(be, i32, "step.n_logits", err, errlen)) ||
-        !(e->io.block_tables = eng_xalloc(be, (size_t)S * (size_t)e->io.max_blocks * i32, "step.block_tables", err, errlen)))
+        !(e->io.block_tables = eng_xalloc(be, (size_t)S * (size_t)e->io.max_blocks * i32, "step.block_tables", err, errlen)) ||
+        !(e->io.samp = eng_xalloc(be, (size_t)LR * sizeof(kern_sample_params), "step.samp", err, errlen)) ||
+        !(e->io.samp_out = eng_xalloc(be, (size_t)LR * sizeof(kern_sample_out), "step.samp_out", err, errlen)) ||
+        !(e->io.bans = eng_xalloc(be, (size_t)LR * ENG_MAX_BANS * i32, "step.bans", err, errlen)))
         goto fail;
+    e->io.n_bans = LR * ENG_MAX_BANS;
     e->io.kcache = calloc((size_t)mc->layers, sizeof(float *));
     e->io.vcache = calloc((size_t)mc->layers, sizeof(float *));
     if (!e->io.kcache || !e->io.vcache) goto oom;
@@ -134,15 +138,16 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
     e->h_logit_idx = calloc((size_t)LR, i32);
     e->logit_seq = calloc((size_t)LR, i32);
     e->h_bt = calloc((size_t)S * (size_t)e->io.max_blocks, i32);
-    e->h_logits = malloc((size_t)LR * (size_t)mc->vocab * sizeof(float));
+    e->h_samp = calloc((size_t)LR, sizeof *e->h_samp);
+    e->h_samp_out = calloc((size_t)LR, sizeof *e->h_samp_out);
+    e->h_bans = calloc((size_t)e->io.n_bans, i32);
     e->seqs = calloc((size_t)S, sizeof *e->seqs);
     e->token_store = malloc((size_t)S * (size_t)c->max_model_len * i32);
     e->queue = calloc((size_t)c->queue_cap, sizeof *e->queue);
     if (!e->h_tok || !e->h_pos || !e->h_slot || !e->h_kv_len || !e->h_logit_idx || !e->logit_seq ||
-        !e->h_bt || !e->h_logits || !e->seqs || !e->token_store || !e->queue ||
+        !e->h_bt || !e->h_samp || !e->h_samp_out || !e->h_bans || !e->seqs || !e->token_store || !e->queue ||
         eng_kvpool_init(&e->kv, (int)nb, c->block_size) != 0)
         goto oom;
-    if (eng_sampler_scratch_init(&e->ss, mc->vocab) != 0) goto oom;
     for (int s = 0; s < S; s++) e->seqs[s].tokens = e->token_store + (size_t)s * (size_t)c->max_model_len;
     e->bt_dirty = 1;
 
@@ -190,7 +195,6 @@ void eng_destroy(eng_engine *e)
     if (e->ws_has_target) mdl_session_end(&e->ws_target);
     if (e->ws_has_draft) mdl_session_end(&e->ws_draft);
     eng_tape_free(&e->tape);
-    eng_sampler_scratch_free(&e->ss);
     free(e->io.kcache);
     free(e->io.vcache);
     free(e->h_tok);
@@ -200,7 +204,9 @@ void eng_destroy(eng_engine *e)
     free(e->h_logit_idx);
     free(e->logit_seq);
     free(e->h_bt);
-    free(e->h_logits);
+    free(e->h_samp);
+    free(e->h_samp_out);
+    free(e->h_bans);
     free(e->seqs);
     free(e->token_store);
     eng_kvpool_free(&e->kv);
@@ -423,10 +429,28 @@ void eng_retire_and_admit(eng_engine *e)
     admit(e);
 }
 
+void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter, int32_t draft)
+{
+    kern_sample_params *p = &e->h_samp[j];
+    const int nb = eng_banned_ids(e, r, counter);
+    assert(e->n_bans_used + nb <= e->io.n_bans);
+    p->temperature = r->sp.temperature;
+    p->top_p = r->sp.top_p;
+    p->min_p = r->sp.min_p;
+    p->top_k = r->sp.top_k;
+    p->seed = r->sp.seed;
+    p->counter = (uint64_t)counter;
+    p->draft = draft;
+    p->n_logprobs = r->sp.logprobs;
+    p->ban_off = e->n_bans_used;
+    p->n_ban = nb;
+    memcpy(e->h_bans + e->n_bans_used, e->banned, (size_t)nb * sizeof(int32_t));
+    e->n_bans_used += nb;
+}
+
 void eng_run_target(eng_engine *e, int rows, int nl)
 {
     const eng_config *c = &e->cfg;
-    const int V = e->m->cfg.vocab;
     eng_backend *be = e->be;
     int32_t n_rows = rows, n_logits = nl;
     const size_t i32 = sizeof(int32_t);
@@ -437,6 +461,9 @@ void eng_run_target(eng_engine *e, int rows, int nl)
     be->ops->upload(be, e->io.n_rows, &n_rows, i32);
     be->ops->upload(be, e->io.logit_idx, e->h_logit_idx, (size_t)nl * i32);
     be->ops->upload(be, e->io.n_logits, &n_logits, i32);
+    be->ops->upload(be, e->io.samp, e->h_samp, (size_t)nl * sizeof(kern_sample_params));
+    if (e->n_bans_used > 0) be->ops->upload(be, e->io.bans, e->h_bans, (size_t)e->n_bans_used * i32);
+    e->n_bans_used = 0;
     if (e->bt_dirty) {
         be->ops->upload(be, e->io.block_tables, e->h_bt, (size_t)c->max_seqs * (size_t)e->io.max_blocks * i32);
         e->bt_dirty = 0;
@@ -450,10 +477,26 @@ void eng_run_target(eng_engine *e, int rows, int nl)
         be->ops->run(be, &e->tape);
         e->stats.eager_runs++;
     }
-    if (nl > 0) be->ops->download(be, e->h_logits, e->ws.logits, (size_t)nl * (size_t)V * sizeof(float));
+    if (nl > 0) be->ops->download(be, e->h_samp_out, e->io.samp_out, (size_t)nl * sizeof(kern_sample_out));
     be->ops->synchronize(be);
     e->stats.steps++;
     e->stats.rows += (uint64_t)rows;
+}
+
+eng_finish eng_emit_sampled(eng_engine *e, int s, int j)
+{
+    eng_request *r = e->seqs[s].req;
+    const kern_sample_out *o = &e->h_samp_out[j];
+    assert(o->n_top == r->sp.logprobs);
+    r->out_logprobs[r->n_out] = o->logprob;
+    if (r->sp.logprobs > 0) {
+        eng_toplp *top = r->out_top + (size_t)r->n_out * (size_t)r->sp.logprobs;
+        for (int k = 0; k < r->sp.logprobs; k++) {
+            top[k].id = o->top[k].id;
+            top[k].logprob = o->top[k].logprob;
+        }
+    }
+    return eng_append_token(e, s, o->tok);
 }
 
 void eng_register_blocks(eng_engine *e)
@@ -508,7 +551,6 @@ int eng_step(eng_engine *e)
 {
     if (e->winfo.state == ENG_W_UPDATING) return e->n_running + e->q_len; /* no step in a session (I7) */
     if (e->draft) return spec_step(e);
-    const int V = e->m->cfg.vocab;
     eng_retire_and_admit(e);
     if (e->n_running == 0) return e->q_len;
 
@@ -517,6 +559,10 @@ int eng_step(eng_engine *e)
     eng_schedule_rows(e, 1, &rows, &nl);
     eng_schedule_rows(e, 0, &rows, &nl);
     assert(rows > 0);
+    for (int j = 0; j < nl; j++) {
+        const eng_request *r = e->seqs[e->logit_seq[j]].req;
+        eng_set_sample_row(e, j, r, r->n_out, -1);
+    }
     eng_run_target(e, rows, nl);
 
     /* advance computed counts for every scheduled row; register newly completed full blocks */
@@ -524,14 +570,7 @@ int eng_step(eng_engine *e)
     eng_register_blocks(e);
     for (int j = 0; j < nl; j++) {
         int s = e->logit_seq[j];
-        eng_request *r = e->seqs[s].req;
-        int nb = eng_banned_ids(e, r, r->n_out);
-        float lp;
-        eng_toplp *top = r->sp.logprobs > 0 ? r->out_top + (size_t)r->n_out * (size_t)r->sp.logprobs : NULL;
-        int32_t tok = eng_sample(e->h_logits + (size_t)j * (size_t)V, &r->sp, (uint64_t)r->n_out,
-                                 e->banned, nb, &e->ss, &lp, top);
-        r->out_logprobs[r->n_out] = lp;
-        eng_finish f = eng_append_token(e, s, tok);
+        eng_finish f = eng_emit_sampled(e, s, j);
         if (f != ENG_FINISH_NONE) eng_finish_seq(e, s, f);
     }
     return e->n_running + e->q_len;

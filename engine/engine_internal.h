@@ -8,6 +8,8 @@
 #include "engine/weights.h"
 
 #define MAX_BUCKETS 16
+/* min_tokens bans of one token: the model's eos ids and the request's stop ids (at most 64) */
+#define ENG_MAX_BANS (MDL_MAX_EOS + 64)
 
 typedef struct {
     eng_request *req; /* NULL: free slot */
@@ -27,8 +29,11 @@ struct eng_engine {
     /* host mirrors of the step parameters */
     int32_t *h_tok, *h_pos, *h_slot, *h_kv_len, *h_logit_idx, *h_bt;
     int bt_dirty;
-    float *h_logits; /* [max_seqs, V] */
     int32_t *logit_seq; /* slot of each logits row */
+    kern_sample_params *h_samp; /* [LR] sampling parameters of each logits row */
+    kern_sample_out *h_samp_out; /* [LR] what the step chose for each logits row */
+    int32_t *h_bans;             /* [io.n_bans] */
+    int n_bans_used;             /* filled this step */
     /* plans */
     int n_buckets;
     int bucket_rows[MAX_BUCKETS];
@@ -42,8 +47,7 @@ struct eng_engine {
     /* waiting FIFO */
     eng_request **queue;
     int q_head, q_len;
-    eng_sampler_scratch ss;
-    int32_t banned[MDL_MAX_EOS + 64 + 1];
+    int32_t banned[ENG_MAX_BANS];
     eng_stats stats;
     /* speculative decoding (draft == NULL: off); see spec_decode/spec_step.c */
     mdl_model *draft;
@@ -87,9 +91,15 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl);
 eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok);
 void eng_finish_seq(eng_engine *e, int slot, eng_finish why);
 int eng_bucket_index(const eng_engine *e, int rows);
-/* Uploads the target step parameters for `rows` rows and `nl` logits rows, runs the target (plan
- * or eager) and downloads the logits into h_logits. */
+/* Sampling parameters of logits row j (h_samp[j], bans appended to h_bans): the token becomes
+ * output index `counter` of r; draft >= 0 makes it a speculative verify row. */
+void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter, int32_t draft);
+/* Uploads the target step parameters for `rows` rows and `nl` logits rows (h_samp filled by the
+ * caller), runs the target (plan or eager; the tape ends with KOP_SAMPLE) and downloads the
+ * chosen tokens into h_samp_out: no logits cross back to the host. */
 void eng_run_target(eng_engine *e, int rows, int nl);
+/* Appends the token chosen for logits row j (h_samp_out[j]) to sequence s, with its logprobs. */
+eng_finish eng_emit_sampled(eng_engine *e, int s, int j);
 /* Registers newly completed full blocks in the prefix cache (after n_computed is final). */
 void eng_register_blocks(eng_engine *e);
 /* min_tokens: writes the ids banned for the token at output index n_out of r into e->banned and

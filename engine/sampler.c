@@ -1,5 +1,7 @@
 #include "engine/sampler.h"
 
+#include "kernels/kern.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,34 +26,9 @@ void eng_sampler_scratch_free(eng_sampler_scratch *s)
     s->idx = NULL;
 }
 
-void eng_philox(uint64_t counter, uint64_t key, uint32_t out[4])
-{
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int r = 0; r < 10; r++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1;
-        c3 = (uint32_t)p0;
-        c0 = n0;
-        c2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
+void eng_philox(uint64_t counter, uint64_t key, uint32_t out[4]) { kern_philox(counter, key, out); }
 
-double eng_uniform(uint64_t seed, uint64_t counter)
-{
-    uint32_t w[4];
-    eng_philox(counter, seed, w);
-    uint64_t bits = ((uint64_t)w[0] << 21) ^ (uint64_t)w[1]; /* 53 random bits */
-    bits &= (1ull << 53) - 1;
-    return (double)bits * (1.0 / 9007199254740992.0);
-}
+double eng_uniform(uint64_t seed, uint64_t counter) { return kern_uniform(seed, counter); }
 
 /* descending by value, ties by ascending id: a total order, so results never depend on qsort */
 static const float *g_cmp_vals;
@@ -61,6 +38,12 @@ static int cmp_desc(const void *a, const void *b)
     float x = g_cmp_vals[i], y = g_cmp_vals[j];
     if (x > y) return -1;
     if (x < y) return 1;
+    return (i > j) - (i < j);
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
     return (i > j) - (i < j);
 }
 
@@ -78,8 +61,6 @@ static int is_banned(int32_t id, const int32_t *banned, int n)
     return 0;
 }
 
-/* Candidates of the filtered distribution at sp's temperature: s->idx[0..n) sorted by logit
- * (descending, ties by id), s->prob[0..n) unnormalised weights; *z their sum. */
 /* a is worse than b: lower logit, or the same logit and a higher id (ties keep the lowest id) */
 static int worse(const float *lg, int32_t a, int32_t b) { return lg[a] < lg[b] || (lg[a] == lg[b] && a > b); }
 
@@ -113,10 +94,10 @@ static void top_k_select(int32_t *idx, int n, int k, const float *lg)
     sort_desc(idx, (size_t)k, lg);
 }
 
-/* Candidates of the filtered distribution at sp's temperature: s->idx[0..n) with unnormalised
- * weights s->prob[0..n) (relative to the best logit); *z their sum. Sorted by logit (descending,
- * ties by id) when top-k or top-p needs an order; in id order otherwise, which avoids sorting the
- * whole vocabulary for every sampled token (plain temperature / min-p sampling). */
+/* Candidates of the filtered distribution at sp's temperature: s->idx[0..n) in id order with
+ * unnormalised weights s->prob[0..n) (relative to the best logit); *z their sum. top-k and top-p
+ * sort by logit (descending, ties by id) to cut, then put the survivors back in id order, the
+ * order draws walk (KOP_SAMPLE's contract). */
 static int filtered(const float *logits, const eng_sampling *sp, const int32_t *banned, int n_banned,
                     eng_sampler_scratch *s, double *z_out)
 {
@@ -146,8 +127,8 @@ static int filtered(const float *logits, const eng_sampling *sp, const int32_t *
         double c = 0;
         int keep = n;
         for (int j = 0; j < n; j++) {
-            c += s->prob[j] / z;
-            if (c >= sp->top_p) {
+            c += s->prob[j];
+            if (c >= (double)sp->top_p * z) {
                 keep = j + 1;
                 break;
             }
@@ -162,6 +143,10 @@ static int filtered(const float *logits, const eng_sampling *sp, const int32_t *
                 s->prob[keep++] = s->prob[j];
             }
         n = keep;
+    }
+    if (sp->top_k > 0 || use_top_p) { /* draws walk the kept candidates in id order */
+        qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_id);
+        for (int j = 0; j < n; j++) s->prob[j] = (float)exp(((double)logits[s->idx[j]] - (double)lmax) * inv_t);
     }
     double zz = 0;
     for (int j = 0; j < n; j++) zz += s->prob[j];

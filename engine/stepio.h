@@ -9,6 +9,9 @@
  *   n_logits                 int32 [1]
  *   block_tables             int32 [S*B]  physical KV block of (slot, logical block)
  *   kcache[l], vcache[l]     f32 [num_blocks * block_size * n_kv_heads * head_dim] per layer
+ *   samp, samp_out           [S] per logits row: KOP_SAMPLE parameters in, chosen token out
+ *                            (the step's only read-back; NULL samp: the tape ends at the logits)
+ *   bans                     int32 [n_bans] the rows' min_tokens bans (ranges named in samp)
  */
 #ifndef GS_ENG_STEPIO_H
 #define GS_ENG_STEPIO_H
@@ -16,11 +19,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kern.h"
+
 typedef struct {
     int32_t *tok, *pos, *slot, *kv_len, *n_rows, *logit_idx, *n_logits, *block_tables;
     int max_rows, max_seqs, max_blocks, block_size, num_blocks;
     float **kcache, **vcache; /* host array of per-layer device pointers */
     size_t kv_layer_bytes;
+    kern_sample_params *samp;
+    kern_sample_out *samp_out;
+    int32_t *bans;
+    int n_bans;
 } eng_step_io;
 
 #endif

@@ -16,6 +16,7 @@ const char *kern_op_name(kern_op_kind kind)
     case KOP_COPY_COLS: return "copy_cols";
     case KOP_DRAFT_SELECT: return "draft_select";
     case KOP_CONFIDENCE: return "confidence";
+    case KOP_SAMPLE: return "sample";
     case KOP_COUNT: break;
     }
     return "unknown";

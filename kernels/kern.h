@@ -98,8 +98,113 @@ typedef enum {
      *      3 anchor i32[max_seqs], 4 w f32[H+r], 5 b f32[1], 6 conf f32[max_seqs*W], 7 n_seqs
      * p: 0 W, 1 H, 2 r, 3 wdt, 4 max_seqs, 5 V                                                  */
     KOP_CONFIDENCE,
+    /* Token choice on the device: row j < *n of logits (one kern_sample_params each) gives one
+     * kern_sample_out, so a step only reads back the chosen tokens (never the [rows, V] logits).
+     * Per row, with l = logits[j, :], C0 = ids not in bans[ban_off .. ban_off + n_ban):
+     *   order  "i better than k": l[i] > l[k], or l[i] == l[k] and i < k (a total order; as a 64-bit
+     *          key: kern_sample_key(l[i], i), larger is better).
+     *   raw    lse = log(sum_{all i} exp(l[i])) (no bans, no temperature); out.logprob =
+     *          l[tok] - lse; out.top = the n_logprobs best ids of all V (best first) with their raw
+     *          logprobs; out.n_top = n_logprobs.
+     *   greedy (temperature <= 1e-5): tok = best of C0; a verify row (draft >= 0) sets
+     *          accepted = (tok == draft).
+     *   sampling: lmax = max l over C0; weight w[i] = (float)exp(((double)l[i] - lmax) * (1.0 / T))
+     *          (T = temperature as double);
+     *          C1 = the top_k best of C0 when 0 < top_k < |C0|, else C0;
+     *          C2 = when 0 < top_p < 1, the shortest best-first prefix of C1 whose weight sum
+     *               (double) reaches top_p * (weight sum of C1); else C1;
+     *          C3 = { i in C2 : w[i] >= min_p } when min_p > 0, else C2;   zz = sum_{C3} w (double).
+     *          draft < 0: u = kern_uniform(seed, counter); tok = the first i of C3 in id order whose
+     *            running weight sum (id order) exceeds u * zz (the last of C3 if rounding leaves none).
+     *          draft >= 0 (speculative verify; the draft distribution is a point mass):
+     *            p = w[draft] / zz if draft in C3, else 0; accept when
+     *            kern_uniform(seed, KERN_ACCEPT_COUNTER(counter)) < p (tok = draft, accepted = 1);
+     *            else tok = the draw above from C3 without draft (zz minus w[draft]), accepted = 0;
+     *            tok = draft when C3 holds nothing else.
+     * Weight sums may be added in any order: backends agree except when u * zz or top_p * z lands
+     * within rounding of a boundary.
+     * buf: 0 logits f32[max_rows, V], 1 params kern_sample_params[max_rows], 2 bans i32[n_bans],
+     *      3 out kern_sample_out[max_rows], 4 n i32[1]
+     * p: 0 V, 1 max_rows, 2 n_bans (capacity of buf 2, >= 0)                                    */
+    KOP_SAMPLE,
     KOP_COUNT
 } kern_op_kind;
+
+/* ---- KOP_SAMPLE records (plain data, the same layout in C and CUDA) --------------------------- */
+#define KERN_SAMPLE_MAX_TOP 20
+/* counter space of the speculative acceptance test for output token t, disjoint from sampling's t */
+#define KERN_ACCEPT_COUNTER(t) ((1ull << 40) + (uint64_t)(t))
+
+typedef struct {
+    float temperature; /* <= 1e-5: greedy */
+    float top_p;       /* off unless 0 < top_p < 1 */
+    float min_p;       /* off unless > 0 */
+    int32_t top_k;     /* off unless > 0 */
+    uint64_t seed;
+    uint64_t counter;  /* the token's index in its request */
+    int32_t draft;     /* -1: sample; >= 0: verify this draft token */
+    int32_t n_logprobs; /* 0 .. KERN_SAMPLE_MAX_TOP */
+    int32_t ban_off, n_ban;
+} kern_sample_params; /* 48 bytes */
+
+typedef struct {
+    int32_t id;
+    float logprob;
+} kern_toplp;
+
+typedef struct {
+    int32_t tok;
+    int32_t accepted;
+    float logprob; /* raw logprob of tok */
+    int32_t n_top;
+    kern_toplp top[KERN_SAMPLE_MAX_TOP];
+} kern_sample_out; /* 176 bytes */
+
+/* Functions of the contract that CUDA device code calls too: one source for both backends. */
+#if defined(__CUDACC__)
+#define KERN_HD __host__ __device__
+#else
+#define KERN_HD
+#endif
+
+/* Philox4x32-10 of (counter, key) -> 4 words. */
+static inline KERN_HD void kern_philox(uint64_t counter, uint64_t key, uint32_t out[4])
+{
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1;
+        c3 = (uint32_t)p0;
+        c0 = n0;
+        c2 = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+/* Uniform double in [0, 1) for (seed, counter): 53 bits of one Philox block, exact in a double. */
+static inline KERN_HD double kern_uniform(uint64_t seed, uint64_t counter)
+{
+    uint32_t w[4];
+    kern_philox(counter, seed, w);
+    uint64_t bits = (((uint64_t)w[0] << 21) ^ (uint64_t)w[1]) & ((1ull << 53) - 1);
+    return (double)bits * (1.0 / 9007199254740992.0);
+}
+
+/* The order key of (logit, id): larger = better; ties in the logit go to the lower id. Total over
+ * every bit pattern (NaNs included), so selections never depend on evaluation order. */
+static inline KERN_HD uint64_t kern_sample_key(float l, int32_t id)
+{
+    union { float f; uint32_t u; } v = { .f = l };
+    uint32_t o = (v.u & 0x80000000u) ? ~v.u : (v.u | 0x80000000u);
+    return ((uint64_t)o << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
+}
 
 #define KERN_MAX_BUFS 8
 #define KERN_MAX_P 8

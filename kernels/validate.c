@@ -238,6 +238,16 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 7, 4, 4);
         break;
     }
+    case KOP_SAMPLE: {
+        if (!REQ(p[0] > 0 && p[1] > 0 && p[2] >= 0)) break;
+        need_buf(v, 0, bytes3(v, p[1], p[0], 4), 4);
+        need_buf(v, 1, bytes3(v, p[1], (int64_t)sizeof(kern_sample_params), 1), 8);
+        if (p[2] > 0) need_buf(v, 2, bytes3(v, p[2], 1, 4), 4);
+        need_buf(v, 3, bytes3(v, p[1], (int64_t)sizeof(kern_sample_out), 1), 4);
+        need_buf(v, 4, 4, 4);
+        unused_from(v, 5);
+        break;
+    }
     default:
         fail(v, "unknown op kind", __LINE__);
     }

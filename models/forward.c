@@ -8,6 +8,7 @@
  *               x += attn Wo^T (+b)
  *               h = rmsnorm(x) ; gu = h Wgu^T ; act = silu(gate) * up ; x += act Wdown^T
  *   xs = x[logit_idx] ; xs = rmsnorm(xs) ; logits = xs Wlm^T    [n_logits, V]
+ *   tokens = sample(logits, samp)  (when io->samp: the engine's steps; tests may stop at logits)
  * Row counts come from io->n_rows / io->n_logits at run time; `rows` / `logit_rows` only size the
  * extents baked for the plan bucket.
  */
@@ -54,7 +55,7 @@ int mdl_workspace_alloc(const mdl_model *m, eng_backend *be, int max_rows, int m
     return 0;
 }
 
-size_t mdl_forward_ops(const mdl_model *m) { return 4 + 11 * (size_t)m->cfg.layers; }
+size_t mdl_forward_ops(const mdl_model *m) { return 5 + 11 * (size_t)m->cfg.layers; }
 
 static kern_buf B(void *p, size_t bytes)
 {
@@ -272,6 +273,18 @@ void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_ste
     emit_gather(t, ws->x, rows, io->logit_idx, ws->xs, logit_rows, H, io->n_logits);
     emit_rmsnorm(t, m, ws->xs, m->final_norm, ws->xs, logit_rows, io->n_logits);
     emit_matmul(t, m, ws->xs, H, m->lm_head, -1, ws->logits, c->vocab, logit_rows, io->n_logits, 0);
+    if (io->samp) {
+        kern_op op = {.kind = KOP_SAMPLE};
+        op.buf[0] = B(ws->logits, (size_t)logit_rows * (size_t)c->vocab * F4);
+        op.buf[1] = B(io->samp, (size_t)logit_rows * sizeof(kern_sample_params));
+        if (io->n_bans > 0) op.buf[2] = B(io->bans, (size_t)io->n_bans * sizeof(int32_t));
+        op.buf[3] = B(io->samp_out, (size_t)logit_rows * sizeof(kern_sample_out));
+        op.buf[4] = B(io->n_logits, sizeof(int32_t));
+        op.p[0] = c->vocab;
+        op.p[1] = logit_rows;
+        op.p[2] = io->n_bans;
+        eng_tape_push(t, &op);
+    }
 }
 
 /* ---- drafters ----------------------------------------------------------------------------------- */

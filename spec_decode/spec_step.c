@@ -13,8 +13,9 @@
  * non-causal over its context); (2) the target verifies [anchor, d1..dn] causally alongside any
  * prefill chunks; (3) acceptance (greedy: d_i == target argmax at slot i-1; sampling: accept with
  * probability p(d_i) since the drafter is greedy, i.e. a point mass q, else resample from p with d_i
- * removed; bonus from p at the first unverified slot); (4) the drafter's context step for every
- * position the target just committed.
+ * removed; bonus from p at the first unverified slot) — decided for every slot by the verify
+ * plan's KOP_SAMPLE op, on the device; the host only walks to the first rejection; (4) the
+ * drafter's context step for every position the target just committed.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -23,7 +24,6 @@
 #include <time.h>
 
 #include "engine/engine_internal.h"
-#include "spec_decode/verify.h"
 
 static double now_ns(void)
 {
@@ -214,23 +214,10 @@ static void run_context(eng_engine *e, int rows)
     be->ops->synchronize(be);
 }
 
-/* Emits the token chosen at verify slot `slot_row` for sequence s (logprobs from that row).
- * Returns the finish reason it triggers. */
-static eng_finish emit(eng_engine *e, int s, int logit_row, int32_t tok)
-{
-    eng_request *r = e->seqs[s].req;
-    const int V = e->m->cfg.vocab;
-    float lp;
-    eng_toplp *top = r->sp.logprobs > 0 ? r->out_top + (size_t)r->n_out * (size_t)r->sp.logprobs : NULL;
-    eng_logprobs(e->h_logits + (size_t)logit_row * (size_t)V, V, tok, r->sp.logprobs, &lp, top);
-    r->out_logprobs[r->n_out] = lp;
-    return eng_append_token(e, s, tok);
-}
-
 int spec_step(eng_engine *e)
 {
     const eng_config *c = &e->cfg;
-    const int V = e->m->cfg.vocab, W = e->spec_W;
+    const int W = e->spec_W;
     eng_retire_and_admit(e);
     if (e->n_running == 0) return e->q_len;
 
@@ -284,12 +271,18 @@ int spec_step(eng_engine *e)
             e->h_slot[rows] = s;
             e->h_kv_len[rows] = start + i + 1;
             e->h_logit_idx[nl] = rows;
+            /* slot i verifies draft i (the token at output index n_out + i); slot nd: the bonus */
+            eng_set_sample_row(e, nl, q->req, q->req->n_out + i, i < nd ? e->h_drafts[j * W + i] : -1);
             e->logit_seq[nl++] = s;
         }
     }
-    const int verify_rows = rows;
+    const int verify_rows = rows, verify_nl = nl;
     eng_schedule_rows(e, 0, &rows, &nl); /* prefill chunks (decode-ready sequences are verified above) */
     assert(rows > 0);
+    for (int j = verify_nl; j < nl; j++) {
+        const eng_request *r = e->seqs[e->logit_seq[j]].req;
+        eng_set_sample_row(e, j, r, r->n_out, -1);
+    }
     eng_run_target(e, rows, nl);
     double t2 = now_ns();
 
@@ -303,13 +296,9 @@ int spec_step(eng_engine *e)
         e->seqs[e->h_slot[r]].n_computed++;
     }
     /* prefill sequences that completed their prompt sample their first token */
-    for (int j = 0; j < nl; j++) {
-        if (e->h_logit_idx[j] < verify_rows) continue;
+    for (int j = verify_nl; j < nl; j++) {
         const int s = e->logit_seq[j];
-        eng_request *r = e->seqs[s].req;
-        int nb = eng_banned_ids(e, r, r->n_out);
-        int32_t tok = eng_choose(e->h_logits + (size_t)j * (size_t)V, &r->sp, (uint64_t)r->n_out, e->banned, nb, &e->ss);
-        eng_finish f = emit(e, s, j, tok);
+        eng_finish f = eng_emit_sampled(e, s, j);
         if (f != ENG_FINISH_NONE) eng_finish_seq(e, s, f);
     }
     /* acceptance; logits row of verify row i of sequence j is sp_row0[j] + i (all rows have one) */
@@ -325,19 +314,14 @@ int spec_step(eng_engine *e)
         eng_finish f = ENG_FINISH_NONE;
         int n_out0 = r->n_out;
         for (int i = 0; i <= nd && f == ENG_FINISH_NONE; i++) {
-            const float *lg = e->h_logits + (size_t)(row0 + i) * (size_t)V;
-            const int t = r->n_out; /* output index of the token chosen at this slot */
-            int nb = eng_banned_ids(e, r, t);
-            int32_t tok;
-            int accepted = 0;
-            if (i == nd) /* every draft accepted (or none proposed): bonus from the target */
-                tok = eng_choose(lg, &r->sp, (uint64_t)t, e->banned, nb, &e->ss);
-            else
-                tok = spec_verify_slot(lg, &r->sp, d[i], (uint64_t)t, e->banned, nb, &e->ss, &accepted);
-            acc += accepted;
-            const int accepted_here = accepted;
-            if (!accepted_here) bonus = tok;
-            f = emit(e, s, row0 + i, tok);
+            /* the op decided every slot at once (slot i as output index n_out0 + i); the first
+             * rejection, or the bonus slot nd, ends the walk */
+            const kern_sample_out *o = &e->h_samp_out[row0 + i];
+            assert(r->n_out == n_out0 + i);
+            const int accepted_here = i < nd && o->accepted;
+            acc += accepted_here;
+            if (!accepted_here) bonus = o->tok;
+            f = eng_emit_sampled(e, s, row0 + i);
             if (!accepted_here) break;
         }
         /* statistics, trace, acceptance length (tokens emitted by this step) */

@@ -39,6 +39,7 @@ void kern_cpu_exec(kern_pool *pool, const kern_op *op)
     case KOP_COPY_COLS: kern_cpu_copy_cols(pool, op); break;
     case KOP_DRAFT_SELECT: kern_cpu_draft_select(pool, op); break;
     case KOP_CONFIDENCE: kern_cpu_confidence(pool, op); break;
+    case KOP_SAMPLE: kern_cpu_sample(pool, op); break;
     default: kern_cpu_fail(op, "unknown op kind", __FILE__, __LINE__);
     }
 }

@@ -6,6 +6,7 @@
  *   matmul.c        KOP_MATMUL           norm_rope.c    KOP_RMSNORM, KOP_QK_NORM_ROPE
  *   attention.c     KOP_KV_WRITE, KOP_ATTENTION
  *   elementwise.c   KOP_EMBED, KOP_SILU_MUL, KOP_ADD, KOP_GATHER_ROWS
+ *   spec.c          KOP_COPY_COLS, KOP_DRAFT_SELECT, KOP_CONFIDENCE;  sample.c  KOP_SAMPLE
  *   simd.c          picks the instruction set once; simd_{scalar,avx2,avx512}.c instantiate
  *                   simd_body.inc, the one source of every reduction (dot products, GEMV tiles).
  *
@@ -107,6 +108,7 @@ void kern_cpu_gather_rows(kern_pool *pool, const kern_op *op);
 void kern_cpu_copy_cols(kern_pool *pool, const kern_op *op);
 void kern_cpu_draft_select(kern_pool *pool, const kern_op *op);
 void kern_cpu_confidence(kern_pool *pool, const kern_op *op);
+void kern_cpu_sample(kern_pool *pool, const kern_op *op);
 
 /* Reads the int32 row count in buf[i], checking 0 <= n <= max. */
 int32_t kern_cpu_count(const kern_op *op, int i, int32_t max);

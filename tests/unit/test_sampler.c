@@ -1,13 +1,20 @@
 /* tests/unit/test_sampler.c — Philox, greedy, filters, reproducibility and the sampled distribution.
  * The distribution test is a chi-square goodness of fit against softmax(logits / T) computed here
- * independently, with fixed seeds (so it is deterministic, and a wrong sampler fails it). */
+ * independently, with fixed seeds (so it is deterministic, and a wrong sampler fails it).
+ * The KOP_SAMPLE op (kernels/cpu/sample.c: radix selection, what the engine runs) is checked row
+ * by row against the sort-based host reference (engine/sampler.c, spec_decode/verify.c). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "engine/sampler.h"
+#include "kernels/kern.h"
+#include "spec_decode/verify.h"
 
 static void test_philox_known_answer(void **state)
 {
@@ -113,12 +120,131 @@ static void test_distribution(void **state)
     assert_true(chi_square(&sp, e, 200000) > 100);
 }
 
+/* xorshift for test data (deterministic) */
+static uint64_t rng_state = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+static float rndf(void) { return (float)rnd() / 4294967296.0f; }
+
+/* Many rows of every mode through one KOP_SAMPLE op vs the reference, field by field. Logits are
+ * rounded to a coarse grid in some rows so that exact ties (broken by id) are common. */
+static void test_sample_op_matches_reference(void **state)
+{
+    (void)state;
+    enum { V = 3001, ROWS = 64, ROUNDS = 12, NB = 256 };
+    float *logits = malloc(sizeof(float) * V * ROWS);
+    kern_sample_params *prm = calloc(ROWS, sizeof *prm);
+    kern_sample_out *out = calloc(ROWS, sizeof *out);
+    int32_t *bans = malloc(sizeof(int32_t) * NB);
+    assert_non_null(logits);
+    assert_non_null(prm);
+    assert_non_null(out);
+    assert_non_null(bans);
+    eng_sampler_scratch ss;
+    assert_int_equal(eng_sampler_scratch_init(&ss, V), 0);
+    kern_pool *pool = kern_pool_create(2);
+    int n_acc = 0, n_rej = 0, n_sampled_not_best = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        int ban_used = 0;
+        for (int j = 0; j < ROWS; j++) {
+            float *l = logits + (size_t)j * V;
+            const float scale = 1.0f + 6.0f * rndf();
+            const int coarse = rnd() % 3 == 0;
+            for (int i = 0; i < V; i++) {
+                float x = (rndf() * 2 - 1) * scale;
+                l[i] = coarse ? roundf(x * 4) / 4 : x;
+            }
+            kern_sample_params *p = &prm[j];
+            memset(p, 0, sizeof *p);
+            const int mode = (int)(rnd() % 8);
+            p->temperature = mode == 0 ? 0.0f : 0.3f + 1.5f * rndf();
+            p->top_k = (mode == 2 || mode == 5) ? 1 + (int)(rnd() % 60) : (mode == 7 ? V : 0);
+            p->top_p = (mode == 3 || mode == 5 || mode == 6) ? 0.05f + 0.9f * rndf() : 1.0f;
+            p->min_p = (mode == 4 || mode == 6) ? 0.3f * rndf() : 0.0f;
+            p->seed = rnd();
+            p->counter = rnd() % 1000;
+            p->n_logprobs = (int)(rnd() % 3) * 10;
+            p->draft = -1;
+            const int kind = (int)(rnd() % 4); /* verify rows: the argmax, a random id, a banned id */
+            p->ban_off = ban_used;
+            p->n_ban = rnd() % 4 == 0 ? 1 + (int)(rnd() % 6) : 0;
+            for (int b = 0; b < p->n_ban; b++) bans[ban_used++] = (int32_t)(rnd() % V);
+            if (kind == 1) {
+                int32_t best = 0;
+                for (int i = 1; i < V; i++)
+                    if (l[i] > l[best]) best = i;
+                p->draft = best;
+            } else if (kind == 2) {
+                p->draft = (int32_t)(rnd() % V);
+            } else if (kind == 3 && p->n_ban > 0) {
+                p->draft = bans[p->ban_off];
+            }
+        }
+        int32_t n = ROWS;
+        kern_op op = {.kind = KOP_SAMPLE};
+        op.buf[0] = (kern_buf){logits, sizeof(float) * V * ROWS};
+        op.buf[1] = (kern_buf){prm, sizeof *prm * ROWS};
+        op.buf[2] = (kern_buf){bans, sizeof(int32_t) * NB};
+        op.buf[3] = (kern_buf){out, sizeof *out * ROWS};
+        op.buf[4] = (kern_buf){&n, sizeof n};
+        op.p[0] = V;
+        op.p[1] = ROWS;
+        op.p[2] = NB;
+        memset(out, 0xA5, sizeof *out * ROWS); /* poisoned: every field must be written */
+        kern_cpu_exec(pool, &op);
+        for (int j = 0; j < ROWS; j++) {
+            const float *l = logits + (size_t)j * V;
+            const kern_sample_params *p = &prm[j];
+            eng_sampling sp = {.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
+                               .min_p = p->min_p, .seed = p->seed, .logprobs = p->n_logprobs};
+            const int32_t *ban = bans + p->ban_off;
+            float lp;
+            eng_toplp top[ENG_MAX_LOGPROBS];
+            int32_t tok;
+            int acc = 0;
+            if (p->draft >= 0) {
+                tok = spec_verify_slot(l, &sp, p->draft, p->counter, ban, p->n_ban, &ss, &acc);
+                eng_logprobs(l, V, tok, p->n_logprobs, &lp, top);
+                if (acc) n_acc++;
+                else n_rej++;
+            } else {
+                tok = eng_sample(l, &sp, p->counter, ban, p->n_ban, &ss, &lp, top);
+                if (tok != eng_choose(l, &(eng_sampling){.temperature = 0}, 0, ban, p->n_ban, &ss)) n_sampled_not_best++;
+            }
+            if (out[j].tok != tok || out[j].accepted != acc)
+                fail_msg("round %d row %d: op tok %d acc %d, reference tok %d acc %d (T %g k %d p %g min_p %g "
+                         "draft %d bans %d)", round, j, out[j].tok, out[j].accepted, tok, acc, p->temperature,
+                         p->top_k, p->top_p, p->min_p, p->draft, p->n_ban);
+            assert_true(out[j].logprob == lp);
+            assert_int_equal(out[j].n_top, p->n_logprobs);
+            for (int k = 0; k < p->n_logprobs; k++) {
+                assert_int_equal(out[j].top[k].id, top[k].id);
+                assert_true(out[j].top[k].logprob == top[k].logprob);
+            }
+        }
+    }
+    /* the rows exercised both branches of verification and real (non-greedy) draws */
+    assert_true(n_acc > 20 && n_rej > 20 && n_sampled_not_best > 50);
+    kern_pool_destroy(pool);
+    eng_sampler_scratch_free(&ss);
+    free(logits);
+    free(prm);
+    free(out);
+    free(bans);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_philox_known_answer),
         cmocka_unit_test(test_greedy_and_logprobs),
         cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_sample_op_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
