@@ -240,6 +240,7 @@ int srv_cmd_bench(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "spec") == 0) return bench_spec(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) return srv_bench_serve(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "update") == 0) return srv_bench_update(argc - 1, argv + 1);
-    fprintf(stderr, "usage: graphswap bench decode|spec|serve|update [options] (graphswap bench decode --help)\n");
+    if (argc >= 2 && strcmp(argv[1], "transfer") == 0) return srv_bench_transfer(argc - 1, argv + 1);
+    fprintf(stderr, "usage: graphswap bench decode|spec|serve|update|transfer [options] (graphswap bench decode --help)\n");
     return (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) ? 0 : 2;
 }

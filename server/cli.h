@@ -54,5 +54,7 @@ int srv_cmd_bench(int argc, char **argv);
 int srv_bench_serve(int argc, char **argv);
 /* bench/bench_update.c: `graphswap bench update` (weight-update throughput over loopback HTTP) */
 int srv_bench_update(int argc, char **argv);
+/* bench/bench_transfer.c: `graphswap bench transfer` (weight-update throughput in the process) */
+int srv_bench_transfer(int argc, char **argv);
 
 #endif
