@@ -62,8 +62,15 @@ static void slot_task_fn(void *vctx, int tid, int nt)
             load_row(op->buf[2].ptr, dt, r, (int32_t)v, wrow);
             t->lg[v] += simd->dot(wrow, t->z, r);
         }
-        if (arg < 0 || t->lg[v] > best) {
-            best = t->lg[v];
+        /* the rule of one sequential scan, whatever the split: a NaN logit 0 wins (nothing compares
+         * greater), any other NaN is never chosen (a thread whose range starts with one must not stop
+         * at it) */
+        const float x = t->lg[v];
+        if (v == 0 && x != x) {
+            best = x;
+            arg = 0;
+        } else if (x == x && !(arg == 0 && best != best) && (arg < 0 || x > best)) {
+            best = x;
             arg = (int32_t)v;
         }
     }

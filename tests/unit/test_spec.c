@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
 #include "spec_decode/verify.h"
 #include <stdlib.h>
@@ -139,6 +140,43 @@ static void test_copy_cols(void **state)
         }
 }
 
+/* NaN logits in draft_select: the answer of one sequential scan (a NaN at id 0 wins, any other NaN
+ * is never chosen) for 1 and 2 threads, also when a thread's range starts with a NaN. */
+static void test_draft_select_nan_any_split(void **state)
+{
+    (void)state;
+    enum { NV = 64 };
+    size_t prev_work = kern_cpu_set_min_parallel_work(0); /* the pool really splits V in two */
+    kern_pool *pool = kern_pool_create(2);
+    for (int c = 0; c < 3; c++) {
+        float lg[NV];
+        for (int v = 0; v < NV; v++) lg[v] = (float)(v % 7);
+        lg[40] = 50.0f;
+        int32_t want = 40;
+        if (c == 0) lg[32] = NAN; /* first element of the second thread's range */
+        if (c == 1) lg[0] = NAN, want = 0;
+        if (c == 2) lg[32] = NAN, lg[33] = NAN, lg[5] = NAN;
+        for (int threads = 1; threads <= 2; threads++) {
+            float buf[NV];
+            memcpy(buf, lg, sizeof buf);
+            int32_t anchor = 0, d = -1, n = 1;
+            kern_op op = {.kind = KOP_DRAFT_SELECT};
+            op.buf[0] = (kern_buf){buf, sizeof buf};
+            op.buf[3] = (kern_buf){&anchor, sizeof anchor};
+            op.buf[4] = (kern_buf){&d, sizeof d};
+            op.buf[5] = (kern_buf){&n, 4};
+            op.p[0] = 1;
+            op.p[1] = NV;
+            op.p[3] = KERN_DT_BF16;
+            op.p[4] = 1;
+            kern_cpu_exec(threads == 2 ? pool : NULL, &op);
+            if (d != want) fail_msg("case %d, %d thread(s): draft %d, want %d", c, threads, d, want);
+        }
+    }
+    kern_pool_destroy(pool);
+    kern_cpu_set_min_parallel_work(prev_work);
+}
+
 /* Markov draft choice and confidence vs a double-precision loop; 1 vs 2 threads bitwise. */
 static void test_draft_select_confidence(void **state)
 {
@@ -232,6 +270,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_cols),
         cmocka_unit_test(test_draft_select_confidence),
+        cmocka_unit_test(test_draft_select_nan_any_split),
         cmocka_unit_test(test_rejection_sampling_preserves_target),
         cmocka_unit_test(test_greedy_accepts_only_argmax),
     };
