@@ -253,6 +253,11 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
         snprintf(err, errlen, "at most 64 stop_token_ids");
         return -1;
     }
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= V) {
+            snprintf(err, errlen, "stop_token_ids[%d] = %d is not a token id in [0, %d)", i, r->stop_ids[i], V);
+            return -1;
+        }
     if (e->winfo.state == ENG_W_INCONSISTENT || e->winfo.state == ENG_W_UNDEFINED) {
         snprintf(err, errlen, "weights are %s: %s", eng_wstate_name(e->winfo.state), e->winfo.reason);
         if (busy) *busy = 2;

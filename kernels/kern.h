@@ -100,14 +100,16 @@ typedef enum {
     KOP_CONFIDENCE,
     /* Token choice on the device: row j < *n of logits (one kern_sample_params each) gives one
      * kern_sample_out, so a step only reads back the chosen tokens (never the [rows, V] logits).
-     * Per row, with l = logits[j, :], C0 = ids not in bans[ban_off .. ban_off + n_ban):
-     *   order  "i better than k": l[i] > l[k], or l[i] == l[k] and i < k (a total order; as a 64-bit
-     *          key: kern_sample_key(l[i], i), larger is better).
+     * Per row, with l = logits[j, :], C0 = ids not in bans[ban_off .. ban_off + n_ban) (ban ids in
+     * [0, V); C0 never empty), min_p <= 1:
+     *   order  "i better than k": kern_sample_key(l[i], i) > kern_sample_key(l[k], k): the larger
+     *          logit, equal logits by the lower id (a total order over every bit pattern: +0 above
+     *          -0, a positive NaN above +inf).
      *   raw    lse = log(sum_{all i} exp(l[i])) (no bans, no temperature); out.logprob =
      *          l[tok] - lse; out.top = the n_logprobs best ids of all V (best first) with their raw
-     *          logprobs; out.n_top = n_logprobs.
+     *          logprobs; out.n_top = min(n_logprobs, V); entries past n_top are not written.
      *   greedy (temperature <= 1e-5): tok = best of C0; a verify row (draft >= 0) sets
-     *          accepted = (tok == draft).
+     *          accepted = (tok == draft); accepted is 0 on every row with draft < 0.
      *   sampling: lmax = max l over C0; weight w[i] = (float)exp(((double)l[i] - lmax) * (1.0 / T))
      *          (T = temperature as double);
      *          C1 = the top_k best of C0 when 0 < top_k < |C0|, else C0;

@@ -152,11 +152,13 @@ static void sample_row(const kern_op *op, int32_t j)
     KERN_CHECK(op, sp->n_ban >= 0 && sp->ban_off >= 0 && (int64_t)sp->ban_off + sp->n_ban <= op->p[2]);
     KERN_CHECK(op, sp->n_logprobs >= 0 && sp->n_logprobs <= KERN_SAMPLE_MAX_TOP);
     KERN_CHECK(op, sp->draft >= -1 && sp->draft < V);
+    KERN_CHECK(op, !(sp->min_p > 1));
 
     row_ctx c = { .l = l, .V = V, .ban = NULL, .nb = sp->n_ban, .lo = 0 };
     int32_t sorted[BAN_SORTED_MAX];
     if (sp->n_ban > 0) {
         const int32_t *ban = (const int32_t *)op->buf[2].ptr + sp->ban_off;
+        for (int i = 0; i < sp->n_ban; i++) KERN_CHECK(op, ban[i] >= 0 && ban[i] < V);
         c.ban = ban;
         if (sp->n_ban <= BAN_SORTED_MAX) {
             memcpy(sorted, ban, (size_t)sp->n_ban * sizeof *sorted);

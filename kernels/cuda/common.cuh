@@ -9,6 +9,7 @@
  *   matmul.cu        KOP_MATMUL (skinny tensor-core kernel, cuBLASLt path, f32 fallback)
  *   attention.cu     KOP_KV_WRITE, KOP_ATTENTION (+ split-sequence combine)
  *   spec.cu          KOP_DRAFT_SELECT, KOP_CONFIDENCE
+ *   sample.cu        KOP_SAMPLE (one block per row, radix selections in shared memory)
  *   convert.cu       dtype conversion for weight loading
  */
 #ifndef GS_KERN_CUDA_COMMON_CUH
@@ -53,6 +54,9 @@ enum {
     KC_ERR_KVLEN,  /* kv_len outside [0, max_blocks * block_size] */
     KC_ERR_INDEX,  /* gather index outside [0, x_rows) */
     KC_ERR_PREV,   /* draft_select / confidence previous token outside [0, V) */
+    KC_ERR_BANS,     /* sample: a row's ban list (ban_off, n_ban) outside the bans buffer */
+    KC_ERR_LOGPROBS, /* sample: n_logprobs outside [0, KERN_SAMPLE_MAX_TOP] */
+    KC_ERR_NO_TOKEN, /* sample: a row's bans leave no token */
     KC_ERR_COUNT
 };
 
@@ -162,6 +166,7 @@ void kc_kv_write(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 void kc_attention(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 void kc_draft_select(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 void kc_confidence(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
+void kc_sample(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 
 /* Grid size for a grid-stride loop over `work` items with 256-thread blocks. */
 static inline unsigned kc_grid_for(const kern_cuda_ctx *c, size_t work)

@@ -35,10 +35,16 @@ extern "C" kern_cuda_ctx *kern_cuda_ctx_create(const kern_cuda_config *cfg, char
         return NULL;
     }
     c->device = cfg->device;
-    c->gx_bytes = cfg->gemm_x_bytes ? cfg->gemm_x_bytes : (size_t)32 << 20;
-    c->gout_bytes = cfg->gemm_out_bytes ? cfg->gemm_out_bytes : (size_t)64 << 20;
-    c->lt_ws_bytes = cfg->gemm_ws_bytes ? cfg->gemm_ws_bytes : (size_t)32 << 20;
-    c->attn_bytes = cfg->attn_bytes ? cfg->attn_bytes : (size_t)16 << 20;
+    /* cuBLASLt state and its GEMM scratch only with fast_gemm: c->lt != NULL is the matmul's switch
+     * (kernels/cuda/matmul.cu); the default, batch-invariant matmul needs no scratch */
+    const int fast = cfg->fast_gemm != 0;
+    c->gx_bytes = !fast ? 0 : cfg->gemm_x_bytes ? cfg->gemm_x_bytes : (size_t)32 << 20;
+    c->gout_bytes = !fast ? 0 : cfg->gemm_out_bytes ? cfg->gemm_out_bytes : (size_t)64 << 20;
+    c->lt_ws_bytes = !fast ? 0 : cfg->gemm_ws_bytes ? cfg->gemm_ws_bytes : (size_t)32 << 20;
+    /* split-attention partials: 128 MiB hold every split of 126 rows at 32 heads x head dim 128 x
+     * 64 splits (the most, reached at max_blocks * block_size >= 4096) in one launch; more rows run
+     * in chunks of rows */
+    c->attn_bytes = cfg->attn_bytes ? cfg->attn_bytes : (size_t)128 << 20;
     c->keys_bytes = cfg->keys_bytes ? cfg->keys_bytes : (size_t)1 << 20;
     cudaError_t e;
     const char *what = "";
@@ -48,9 +54,11 @@ extern "C" kern_cuda_ctx *kern_cuda_ctx_create(const kern_cuda_config *cfg, char
         if ((e = (call)) != cudaSuccess) goto fail;                                                \
     } while (0)
     TRY(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, c->device));
-    TRY(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
-    TRY(cudaMalloc((void **)&c->gx, c->gx_bytes));
-    TRY(cudaMalloc((void **)&c->gout, c->gout_bytes));
+    if (fast) {
+        TRY(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+        TRY(cudaMalloc((void **)&c->gx, c->gx_bytes));
+        TRY(cudaMalloc((void **)&c->gout, c->gout_bytes));
+    }
     TRY(cudaMalloc((void **)&c->attn, c->attn_bytes));
     TRY(cudaMalloc((void **)&c->keys, c->keys_bytes));
     TRY(cudaHostAlloc((void **)&c->err_host, sizeof(kc_err), cudaHostAllocMapped));
@@ -58,7 +66,7 @@ extern "C" kern_cuda_ctx *kern_cuda_ctx_create(const kern_cuda_config *cfg, char
 #undef TRY
     memset(c->err_host, 0, sizeof(kc_err));
     c->dev_bytes = c->lt_ws_bytes + c->gx_bytes + c->gout_bytes + c->attn_bytes + c->keys_bytes;
-    {
+    if (fast) {
         cublasStatus_t s = cublasLtCreate(&c->lt);
         if (s != CUBLAS_STATUS_SUCCESS) {
             snprintf(err, errlen, "cublasLtCreate failed (status %d)", (int)s);
@@ -102,6 +110,9 @@ static const char *err_text(unsigned code)
     case KC_ERR_KVLEN: return "kv_len outside the block table";
     case KC_ERR_INDEX: return "gather index outside the source rows";
     case KC_ERR_PREV: return "previous draft token outside the vocabulary";
+    case KC_ERR_BANS: return "ban list outside the bans buffer";
+    case KC_ERR_LOGPROBS: return "n_logprobs outside [0, KERN_SAMPLE_MAX_TOP]";
+    case KC_ERR_NO_TOKEN: return "every token banned";
     default: return "unknown check";
     }
 }
@@ -139,6 +150,7 @@ extern "C" void kern_cuda_exec(kern_cuda_ctx *c, const kern_op *op, cudaStream_t
     case KOP_COPY_COLS: kc_copy_cols(c, op, s); break;
     case KOP_DRAFT_SELECT: kc_draft_select(c, op, s); break;
     case KOP_CONFIDENCE: kc_confidence(c, op, s); break;
+    case KOP_SAMPLE: kc_sample(c, op, s); break;
     default:
         fprintf(stderr, "graphswap: unknown op kind %d\n", (int)op->kind);
         abort();

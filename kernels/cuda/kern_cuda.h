@@ -3,11 +3,12 @@
  * One context per device owns everything the kernels need besides the op's own buffers, all of it
  * allocated once by kern_cuda_ctx_create (nothing is allocated afterwards, so any sequence of
  * kern_cuda_exec calls can be captured into a CUDA graph and replayed):
- *   - a cuBLASLt handle and its workspace, and a host-side cache of GEMM descriptors + algorithms;
- *   - device scratch: the bf16 copy of a GEMM's activations, the GEMM output tile, split-attention
- *     partials, draft_select argmax keys;
+ *   - device scratch: split-attention partials, draft_select argmax keys;
+ *   - with fast_gemm only: a cuBLASLt handle, its workspace, a host-side cache of GEMM descriptors
+ *     + algorithms, the bf16 copy of a GEMM's activations and the GEMM output tile;
  *   - an error record in mapped pinned host memory that kernels write when a data-dependent check
- *     fails (token id, slot, position, block id, kv_len, gather index or row count out of range).
+ *     fails (token id, slot, position, block id, kv_len, gather index or row count out of range; a
+ *     sample row's ban list, logprobs count or draft out of range).
  *     The CPU backend aborts on those; a kernel cannot, so it skips the bad row and records the
  *     first failure, and the backend reports it (and aborts) at its next synchronize.
  *
@@ -16,17 +17,18 @@
  * returns early for rows >= n: a captured graph replays for any row count. Rows past n are never
  * read or written (GEMM outputs included: cuBLASLt writes into scratch, an epilogue copies live rows).
  *
- * Numerics (results match the CPU reference within bf16 tolerance, not bitwise):
- *   - KOP_MATMUL with bf16 weights and at most KERN_CUDA_SKINNY_ROWS rows (decode, drafts, small
- *     verify steps): a tensor-core kernel (mma.sync m16n8k16 bf16, f32 accumulate) that splits each
- *     f32 activation into two bf16 parts (hi + lo, 16 significant bits) so the activations lose
- *     almost nothing; weights are read once per step at full bandwidth.
- *   - more rows (prefill chunks, large verify steps): cuBLASLt bf16 x bf16 -> f32 with f32
- *     accumulation; the activations are cast to bf16 once (round to nearest even) into scratch.
- *   - f32 weights: CUDA-core f32 kernel for few rows, cuBLASLt f32 (CUBLAS_COMPUTE_32F, no TF32)
- *     for many.
- *   - reductions (norms, dot products, softmax) in f32 with fixed per-launch orders: results are
- *     deterministic run to run for the same op (eager and graph replay are bitwise equal).
+ * Numerics (results match the CPU reference within bf16 tolerance, not bitwise; batch invariant: a
+ * row's result is bitwise the same whatever the plan bucket and the other rows, as kern.h requires
+ * and I9 needs):
+ *   - KOP_MATMUL with bf16 weights (K % 32 == 0, aligned): a tensor-core kernel (mma.sync m16n8k16
+ *     bf16, f32 accumulate) that splits each f32 activation into two bf16 parts (hi + lo, 16
+ *     significant bits) so the activations lose almost nothing, rows tiled 32 at a time; a decode
+ *     step reads the weights once at full bandwidth.
+ *   - f32 weights and other shapes: a CUDA-core f32 kernel, rows tiled the same way.
+ *   - fast_gemm (GS_CUDA_FAST_GEMM=1): more than KERN_CUDA_SKINNY_ROWS rows go to cuBLASLt
+ *     (activations cast to bf16, f32 accumulation): faster prefill, not batch invariant.
+ *   - attention splits a row's keys by its kv_len alone; reductions (norms, dot products, softmax)
+ *     in f32 with fixed orders: deterministic run to run (eager and graph replay are bitwise equal).
  */
 #ifndef GS_KERN_CUDA_H
 #define GS_KERN_CUDA_H
@@ -42,17 +44,25 @@ extern "C" {
 
 #include "kernels/kern.h"
 
-/* Rows up to which bf16 matmuls use the skinny tensor-core kernel instead of cuBLASLt. */
+/* With fast_gemm: rows up to which bf16 matmuls keep the tensor-core kernel instead of cuBLASLt. */
 #define KERN_CUDA_SKINNY_ROWS 32
 
 typedef struct kern_cuda_ctx kern_cuda_ctx;
 
 typedef struct {
     int device;              /* CUDA device ordinal (the caller has made it current) */
-    size_t gemm_x_bytes;     /* bf16 activation scratch for cuBLASLt GEMMs (0: 32 MiB) */
-    size_t gemm_out_bytes;   /* f32 GEMM output scratch (0: 64 MiB) */
-    size_t gemm_ws_bytes;    /* cuBLASLt workspace (0: 32 MiB) */
-    size_t attn_bytes;       /* split-attention partials (0: 16 MiB) */
+    /* 0 (default): KOP_MATMUL is batch invariant — a row's result is bitwise the same for every
+     * max_rows (plan bucket), so greedy output with a drafter equals greedy output without one (I9).
+     * 1: matmuls with max_rows > KERN_CUDA_SKINNY_ROWS use cuBLASLt (bf16-rounded activations):
+     * faster prefill, but a row's result then depends on its plan bucket, so I9 holds only up to
+     * rounding. The cuBLASLt handle, its workspace and the GEMM scratch below exist only then.
+     * The CUDA backend sets it from the environment: GS_CUDA_FAST_GEMM=1. */
+    int fast_gemm;
+    size_t gemm_x_bytes;     /* fast_gemm: bf16 activation scratch for cuBLASLt GEMMs (0: 32 MiB) */
+    size_t gemm_out_bytes;   /* fast_gemm: f32 GEMM output scratch (0: 64 MiB) */
+    size_t gemm_ws_bytes;    /* fast_gemm: cuBLASLt workspace (0: 32 MiB) */
+    size_t attn_bytes;       /* split-attention partials (0: 128 MiB); rows whose partials do not fit
+                                at once are processed in chunks of rows */
     size_t keys_bytes;       /* draft_select argmax keys (0: 1 MiB) */
 } kern_cuda_config;
 
