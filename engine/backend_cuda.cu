@@ -413,6 +413,7 @@ static int cu_start(cu_impl *c, const eng_backend_config *cfg, int ndev, char *e
     kern_cuda_config kc;
     memset(&kc, 0, sizeof kc);
     kc.device = c->device;
+    kc.fast_gemm = env_size("GS_CUDA_FAST_GEMM", 0) == 1; /* cuBLASLt prefill: I9 only up to rounding */
     c->kctx = kern_cuda_ctx_create(&kc, err, errlen);
     if (!c->kctx) return -1;
     c->stage_bytes = env_size("GS_CUDA_STAGING_MB", 64) << 20;

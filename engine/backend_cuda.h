@@ -20,7 +20,8 @@
  *  - synchronize: waits for the stream, then reports a data-dependent check a kernel recorded
  *    (token id, slot, block id, ... out of range) and aborts, as the CPU kernels would have.
  *  - Any CUDA error aborts with a message (fail closed).
- * Environment: GS_CUDA_DEVICE (ordinal, default 0), GS_CUDA_STAGING_MB (pinned staging, default 64).
+ * Environment: GS_CUDA_DEVICE (ordinal, default 0), GS_CUDA_STAGING_MB (pinned staging, default 64),
+ * GS_CUDA_FAST_GEMM=1 (cuBLASLt for large row counts: faster prefill, not batch invariant).
  */
 #ifndef GS_ENG_BACKEND_CUDA_H
 #define GS_ENG_BACKEND_CUDA_H

@@ -10,12 +10,19 @@
  * and the 4 warps are merged through shared memory in a fixed order. exp2 with log2(e) folded into the
  * scale, f32 throughout.
  *
- * Long contexts (flash-decoding): when rows x kv heads alone would leave the GPU mostly idle (decode
- * at small batch), the keys of a row are split into up to `splits` chunks (chunk = ceil(kv_len /
- * splits) rounded up to 64, computed on the device from kv_len, so one captured graph serves every
- * context length); each split writes (m, l, acc) partials to scratch and a combine kernel merges
- * them. The grid is sized from the bucket and the largest possible kv_len; blocks past the live rows
- * or past the row's keys return at once.
+ * Sequence splits (flash-decoding), batch invariant: a row's keys are cut into splits whose number
+ * and ranges are a function of that row's kv_len L only (never of the bucket, the live row count or
+ * the other rows), so a row gets bitwise the same output in a decode step, a verify step or a
+ * prefill chunk (kernels/kern.h, invariant I9): chunk = ATT_CHUNK keys while L <= ATT_CHUNK *
+ * ATT_MAX_SPLITS, else ceil(L / ATT_MAX_SPLITS) rounded up to a multiple of ATT_CHUNK; splits =
+ * ceil(L / chunk) <= ATT_MAX_SPLITS. Computed on the device from kv_len, so one captured graph serves
+ * every context length. grid.y is the most splits any row can need (from max_blocks * block_size);
+ * blocks past their row's split count return at once. A row with one split writes its output
+ * directly (a choice that depends on L only); a row with more writes (m, l, acc) partials to
+ * scratch, and a combine kernel merges its splits in split order. When the partials of all max_rows
+ * rows do not fit the context's attention scratch, the rows are processed in chunks, one (split
+ * kernel, combine) pair per chunk on the same stream, reusing the scratch (stream order makes the
+ * reuse safe, and it is capturable). Nothing is allocated at launch.
  */
 #include <math.h>
 
@@ -71,28 +78,36 @@ void kc_kv_write(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 
 /* ---- KOP_ATTENTION ---------------------------------------------------------------------------------------- */
 #define ATT_WARPS 4
-#define ATT_MIN_CHUNK 64
+/* Keys per split (until the split count reaches ATT_MAX_SPLITS). Small, so that decode at batch 1
+ * still spreads over the GPU (kv_len 512: 8 splits per kv head, what the bucket-based heuristic chose
+ * before); the partials add about G / 64 to the K/V traffic (G query heads per kv head), and rows of
+ * up to 64 keys write none. */
+#define ATT_CHUNK 64
 #define ATT_MAX_SPLITS 64
 
 struct attn_args {
     const float *q, *kc, *vc;
     float *out;
     const int32_t *slot, *kv_len, *bt, *n_rows;
-    float *part_acc; /* [max_rows, nh, splits, hd] */
-    float *part_ml;  /* [max_rows, nh, splits, 2] */
+    float *part_acc; /* [rows of the launch, nh, ystride, hd] */
+    float *part_ml;  /* [rows of the launch, nh, ystride, 2] */
     long long num_blocks, max_seqs;
-    int nh, nkv, hd, q_stride, bs, max_blocks, max_rows, group, hchunks, splits;
+    int nh, nkv, hd, q_stride, bs, max_blocks, max_rows, group, hchunks;
+    int ystride; /* grid.y: the most splits any row can need */
+    int r0;      /* first row of this launch (rows r0 .. r0 + gridDim.x / (nkv * hchunks) - 1) */
     float scale_log2; /* scale * log2(e) */
     kc_err *err;
 };
 
-__device__ __forceinline__ int attn_chunk(int L, int splits)
+/* Keys per split of a row with L > 0 keys: a function of L only (no overflow for any int L). */
+__host__ __device__ __forceinline__ int attn_chunk(int L)
 {
-    if (splits <= 1) return L;
-    int c = (L + splits - 1) / splits;
-    c = (c + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK * ATT_MIN_CHUNK;
-    return c;
+    if (L <= ATT_CHUNK * ATT_MAX_SPLITS) return ATT_CHUNK;
+    const int c = (L - 1) / ATT_MAX_SPLITS + 1;     /* ceil(L / ATT_MAX_SPLITS) */
+    return ((c - 1) / ATT_CHUNK + 1) * ATT_CHUNK; /* rounded up to a multiple of ATT_CHUNK */
 }
+/* Number of splits of a row with L > 0 keys (1 .. ATT_MAX_SPLITS). */
+__host__ __device__ __forceinline__ int attn_splits(int L) { return (L - 1) / attn_chunk(L) + 1; }
 
 /* The row's slot and kv_len, checked. Returns 0 for "no keys" (masked row, empty, or a failed check:
  * reported once), 1 otherwise. */
@@ -121,7 +136,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(attn_args a)
     int b = blockIdx.x;
     const int hc = b % a.hchunks;
     b /= a.hchunks;
-    const int kvh = b % a.nkv, r = b / a.nkv;
+    const int kvh = b % a.nkv, r = a.r0 + b / a.nkv;
     if (r >= n) return;
     const int split = blockIdx.y;
     const int hd = a.hd, h0 = kvh * a.group + hc * G;
@@ -130,13 +145,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(attn_args a)
     int32_t slot, L;
     float *orow = a.out + (size_t)r * (size_t)a.nh * (size_t)hd;
     if (!attn_row(a, r, split == 0 && threadIdx.x == 0, slot, L)) {
-        if (a.splits == 1) /* zeros; with splits the combine kernel writes them */
+        if (split == 0) /* no keys: zeros (the combine skips such rows) */
             for (int e = threadIdx.x; e < gc * hd; e += blockDim.x) orow[(size_t)h0 * hd + e] = 0.0f;
         return;
     }
-    const int chunk = attn_chunk(L, a.splits);
+    const int chunk = attn_chunk(L), nsplit = attn_splits(L);
+    if (split >= nsplit) return; /* past the row's own splits (grid.y is the most any row needs) */
     const int j0 = split * chunk;
-    if (j0 >= L) return;
     const int j1 = j0 + chunk < L ? j0 + chunk : L;
 
     float q[G][NV];
@@ -229,10 +244,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(attn_args a)
             Ls = fmaf(sm_l[w][g], cw, Ls);
             A = fmaf(sm_acc[((size_t)w * G + g) * hd + d], cw, A);
         }
-        if (a.splits == 1) {
+        if (nsplit == 1) {
             orow[(size_t)(h0 + g) * hd + d] = A / Ls;
         } else {
-            const size_t pi = ((size_t)r * a.nh + (size_t)(h0 + g)) * (size_t)a.splits + (size_t)split;
+            const size_t pi = ((size_t)(r - a.r0) * a.nh + (size_t)(h0 + g)) * (size_t)a.ystride + (size_t)split;
             a.part_acc[pi * hd + d] = A;
             if (d == 0) {
                 a.part_ml[2 * pi] = M;
@@ -242,22 +257,20 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(attn_args a)
     }
 }
 
-/* Merges the splits of one (row, head). */
+/* Merges the splits of one (row, head) in split order; rows with no keys or one split were written
+ * by the split kernel. */
 __global__ void __launch_bounds__(128) k_attention_combine(attn_args a)
 {
     const int n = kc_rows(a.n_rows, a.max_rows, a.err, KOP_ATTENTION);
-    const int r = blockIdx.x / a.nh, h = blockIdx.x % a.nh;
+    const int r = a.r0 + (int)(blockIdx.x / (unsigned)a.nh), h = (int)(blockIdx.x % (unsigned)a.nh);
     if (r >= n) return;
     const int hd = a.hd;
     float *o = a.out + (size_t)r * (size_t)a.nh * (size_t)hd + (size_t)h * (size_t)hd;
     int32_t slot, L;
-    if (!attn_row(a, r, 0, slot, L)) {
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
-        return;
-    }
-    const int chunk = attn_chunk(L, a.splits);
-    const int ns = (L + chunk - 1) / chunk;
-    const size_t p0 = ((size_t)r * a.nh + (size_t)h) * (size_t)a.splits;
+    if (!attn_row(a, r, 0, slot, L)) return;
+    const int ns = attn_splits(L);
+    if (ns <= 1) return;
+    const size_t p0 = ((size_t)(r - a.r0) * a.nh + (size_t)h) * (size_t)a.ystride;
     float M = -INFINITY;
     for (int s = 0; s < ns; s++) M = fmaxf(M, a.part_ml[2 * (p0 + s)]);
     float Ls = 0.0f;
@@ -331,33 +344,44 @@ void kc_attention(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
     int G = 1;
     while (G < a.group && G < gmax) G *= 2;
     a.hchunks = (a.group + G - 1) / G;
-    /* sequence splits: only when the rows alone leave most multiprocessors idle */
-    const size_t blocks = (size_t)max_rows * (size_t)nkv * (size_t)a.hchunks;
+    /* sequence splits: grid.y = the most any row can need (attn_splits is nondecreasing up to
+     * ATT_CHUNK * ATT_MAX_SPLITS keys and at most ATT_MAX_SPLITS beyond) */
     const long long max_kv = (long long)a.max_blocks * a.bs;
-    int splits = 1;
-    if (blocks < (size_t)c->sms) {
-        splits = (int)((2 * (size_t)c->sms + blocks - 1) / blocks);
-        const long long by_len = (max_kv + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
-        if (splits > by_len) splits = (int)by_len;
-        if (splits > ATT_MAX_SPLITS) splits = ATT_MAX_SPLITS;
-        const size_t per_split = (size_t)max_rows * (size_t)nh * ((size_t)hd + 2) * sizeof(float);
-        if ((size_t)splits * per_split > c->attn_bytes) splits = (int)(c->attn_bytes / per_split);
-        if (splits < 2) splits = 1;
+    long long ys = (max_kv + ATT_CHUNK - 1) / ATT_CHUNK;
+    if (ys > ATT_MAX_SPLITS) ys = ATT_MAX_SPLITS;
+    if (ys < 1) ys = 1;
+    a.ystride = (int)ys;
+    /* rows per launch: the partials of every row of a launch must fit the scratch */
+    size_t rows_per = (size_t)max_rows;
+    if (ys > 1) {
+        const size_t per_row = (size_t)nh * (size_t)ys * ((size_t)hd + 2) * sizeof(float);
+        rows_per = c->attn_bytes / per_row;
+        if (rows_per == 0) {
+            fprintf(stderr,
+                    "graphswap: CUDA attention scratch (%zu bytes) smaller than one row's split partials (%zu "
+                    "bytes: %d heads x %lld splits x head dim %d); raise kern_cuda_config.attn_bytes\n",
+                    c->attn_bytes, per_row, nh, ys, hd);
+            abort();
+        }
+        if (rows_per > (size_t)max_rows) rows_per = (size_t)max_rows;
     }
-    a.splits = splits;
     a.part_acc = c->attn;
-    a.part_ml = c->attn + (size_t)max_rows * (size_t)nh * (size_t)splits * (size_t)hd;
-    const dim3 grid((unsigned)blocks, (unsigned)splits);
-    switch (NV) {
-    case 1: attn_launch_g<1>(G, grid, a, s); break;
-    case 2: attn_launch_g<2>(G, grid, a, s); break;
-    case 4: attn_launch_g<4>(G, grid, a, s); break;
-    case 8: attn_launch_g<8>(G, grid, a, s); break;
-    default: attn_launch_g<32>(G, grid, a, s); break;
-    }
-    KC_LAUNCHED("attention");
-    if (splits > 1) {
-        k_attention_combine<<<(unsigned)((size_t)max_rows * (size_t)nh), 128, 0, s>>>(a);
-        KC_LAUNCHED("attention combine");
+    a.part_ml = c->attn + rows_per * (size_t)nh * (size_t)ys * (size_t)hd;
+    for (size_t r0 = 0; r0 < (size_t)max_rows; r0 += rows_per) {
+        const size_t rc = (size_t)max_rows - r0 < rows_per ? (size_t)max_rows - r0 : rows_per;
+        a.r0 = (int)r0;
+        const dim3 grid((unsigned)(rc * (size_t)nkv * (size_t)a.hchunks), (unsigned)ys);
+        switch (NV) {
+        case 1: attn_launch_g<1>(G, grid, a, s); break;
+        case 2: attn_launch_g<2>(G, grid, a, s); break;
+        case 4: attn_launch_g<4>(G, grid, a, s); break;
+        case 8: attn_launch_g<8>(G, grid, a, s); break;
+        default: attn_launch_g<32>(G, grid, a, s); break;
+        }
+        KC_LAUNCHED("attention");
+        if (ys > 1) {
+            k_attention_combine<<<(unsigned)(rc * (size_t)nh), 128, 0, s>>>(a);
+            KC_LAUNCHED("attention combine");
+        }
     }
 }

@@ -1,30 +1,46 @@
 /* kernels/cuda/matmul.cu — KOP_MATMUL: out[r, n] (+)= sum_k x[r, k] * W[n, k] + bias[n], r < n_rows.
  *
- * Activations are f32 (the project's contract), weights bf16 (or f32 for f32 checkpoints). Three paths,
- * chosen on the host from the op's static shape (max_rows = the plan bucket), never from the live
- * row count, so eager runs and graph replays of one op take the same path:
+ * Activations are f32 (the project's contract), weights bf16 (or f32 for f32 checkpoints).
  *
- * 1. Skinny tensor-core kernel (bf16 weights, max_rows <= KERN_CUDA_SKINNY_ROWS, K % 32 == 0, 16-byte
- *    aligned x and W): decode, drafts and small verify steps, where a step is bound by reading W once.
- *    The roles are swapped so the weight is the 16-row "A" operand of mma.sync.m16n8k16 and up to 8
- *    activation rows form the "B" operand. Each f32 activation is split into bf16 hi + lo parts and
- *    both are multiplied (2 MMAs), so activations keep ~16 significant bits and the only rounding left
- *    is the f32 accumulation: results are close to the CPU's f32 x bf16 product. Since a dot product
- *    is order-free, thread (g, t) loads 8 consecutive k of its weight rows as one 16-byte vector and
- *    the same 8 k of its activation row; the k-slot <-> k mapping is the same in A and B. A block
- *    owns 16 output features and splits K across its warps; partial tiles are summed through shared
- *    memory in a fixed order (deterministic). Row count read on the device: rows >= n are neither
- *    read (zero B columns) nor written.
- * 2. cuBLASLt (max_rows above the threshold: prefill chunks, large verify steps): per chunk of Mc
- *    rows, the live activation rows are cast to bf16 (round to nearest even; rows >= n zeroed, never
- *    read) into scratch,
- *    one bf16 x bf16 -> f32 GEMM per chunk of Nc output columns (CUBLAS_COMPUTE_32F) writes into an
- *    f32 scratch tile, and an epilogue adds the bias and stores (or accumulates) the live rows only.
+ * Batch invariance (kernels/kern.h, invariant I9): by default a row's result is bitwise the same
+ * whatever the op's max_rows (the plan bucket) and the live row count, so a verify step computes the
+ * same logits for a row as a plain decode step. The path is chosen on the host from K, the weight
+ * dtype and the alignment of x and W only (never from max_rows or the live row count):
+ *
+ * 1. Skinny tensor-core kernel (bf16 weights, K % 32 == 0, 16-byte aligned x and W), for every
+ *    max_rows. The roles are swapped so the weight is the 16-row "A" operand of mma.sync.m16n8k16
+ *    and 8 activation rows form the "B" operand. Each f32 activation is split into bf16 hi + lo
+ *    parts and both are multiplied (2 MMAs), so activations keep ~16 significant bits and the only
+ *    rounding left is the f32 accumulation: results are close to the CPU's f32 x bf16 product.
+ *    Since a dot product is order-free, thread (g, t) loads 8 consecutive k of its weight rows as one
+ *    16-byte vector and the same 8 k of its activation row; the k-slot <-> k mapping is the same in
+ *    A and B. A block owns 16 output features and a tile of up to 32 rows (RG groups of 8: RG = 1, 2
+ *    or 4 from max_rows) and splits K across its warps (warps = min(K / 32, 8): a function of K);
+ *    the grid is (row tiles) x (feature strips) flattened with the row tile fastest, so the blocks
+ *    that read one weight strip run together and the strip is read from HBM about once. Why a row's
+ *    result does not depend on RG, its tile or n_rows: an MMA output element depends only on its own
+ *    A row, B column and accumulator; row r always sits in B column r % 8; every warp walks its k
+ *    chunks (warp, warp + nw, warp + 2 nw, ...) in increasing order whatever RG; the warps' partial
+ *    tiles are summed through shared memory in warp order 0 .. nw-1; rows >= n only ever see zero B
+ *    columns. Rows >= n are neither read nor written.
+ * 2. CUDA-core kernel (f32 weights for every max_rows; bf16 weights when K % 32 != 0 or x / W are
+ *    not 16-byte aligned): one warp per output feature and per tile of 32 rows, rows in groups of 4;
+ *    each row has its own accumulator (lane-strided f32 FMAs in k order, then a fixed butterfly warp
+ *    sum), so its result does not depend on the other rows either.
+ * 3. cuBLASLt, only when the context was created with fast_gemm (GS_CUDA_FAST_GEMM=1), for
+ *    max_rows > KERN_CUDA_SKINNY_ROWS (prefill chunks, large verify steps) and for bf16 weights that
+ *    path 1 cannot take (the choice before batch invariance): faster prefill, but a
+ *    row's result then depends on its plan bucket (bf16-rounded activations, the library's own
+ *    reduction order), so I9 holds only up to rounding. Per chunk of Mc rows, the live activation
+ *    rows are cast to bf16 (round to nearest even; rows >= n zeroed, never read) into scratch, one
+ *    bf16 x bf16 -> f32 GEMM per chunk of Nc output columns (CUBLAS_COMPUTE_32F) writes into an f32
+ *    scratch tile, and an epilogue adds the bias and stores (or accumulates) the live rows only.
  *    f32 weights run the same with f32 inputs (staged the same way) and CUBLAS_COMPUTE_32F (no TF32).
  *    Descriptors and the heuristic's algorithm are cached per shape; workspace and scratch are the
- *    context's (allocated once), so the GEMMs capture into graphs.
- * 3. Fallback (f32 weights with few rows, K % 32 != 0, misalignment, no cuBLASLt algorithm): one warp
- *    per output feature, f32 FMAs, rows in groups of 4.
+ *    context's (allocated once, only with fast_gemm: c->lt != NULL is the switch), so the GEMMs
+ *    capture into graphs. A shape without an algorithm falls back to path 1 or 2.
+ * In every path each output element is summed in one fixed order: eager runs and graph replays of an
+ * op are bitwise equal.
  */
 #include "kernels/cuda/common.cuh"
 
@@ -71,19 +87,27 @@ __device__ __forceinline__ void mm_chunk(float (&acc)[4], const uint4 &a, const 
 }
 
 #define SK_MAX_WARPS 8
+#define SK_TILE_ROWS 32 /* rows per block at most: 4 groups of 8 */
 
+/* Block b: row tile b % tiles (RG * 8 rows from row0), feature strip b / tiles (16 features). */
 template <int RG>
 __global__ void __launch_bounds__(SK_MAX_WARPS * 32)
     k_mm_skinny(const float *__restrict__ x, const uint16_t *__restrict__ w, const float *__restrict__ bias,
-                float *__restrict__ out, const int32_t *n_rows, int K, int N, int max_rows, int accumulate,
-                kc_err *err)
+                float *__restrict__ out, const int32_t *n_rows, int K, int N, int max_rows, int tiles,
+                int accumulate, kc_err *err)
 {
     __shared__ float red[SK_MAX_WARPS][RG][4][32];
-    const int n = kc_rows(n_rows, max_rows, err, KOP_MATMUL);
-    if (n <= 0) return;
+    const int nall = kc_rows(n_rows, max_rows, err, KOP_MATMUL);
+    const int tile = (int)(blockIdx.x % (unsigned)tiles), strip = (int)(blockIdx.x / (unsigned)tiles);
+    const int row0 = tile * (RG * 8);
+    if (nall <= row0) return; /* the whole block (also nall < 0: a bad row count, reported) */
+    /* live rows of this tile; x and out are addressed from the tile's first row */
+    const int n = nall - row0 < RG * 8 ? nall - row0 : RG * 8;
+    x += (size_t)row0 * (size_t)K;
+    out += (size_t)row0 * (size_t)N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int f0 = blockIdx.x * 16 + g, f1 = f0 + 8;
+    const int f0 = strip * 16 + g, f1 = f0 + 8;
     const bool ok0 = f0 < N, ok1 = f1 < N;
     /* 32 k per chunk: 4 x 16 bytes of each weight row, 8 x 16 bytes of each activation row */
     const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (size_t)(ok0 ? f0 : 0) * (size_t)K) + t;
@@ -130,7 +154,7 @@ __global__ void __launch_bounds__(SK_MAX_WARPS * 32)
     for (int i = threadIdx.x; i < RG * 4 * 32; i += blockDim.x) {
         const int l = i & 31, c = (i >> 5) & 3, rg = i >> 7;
         const int row = rg * 8 + 2 * (l & 3) + (c & 1);
-        const int f = blockIdx.x * 16 + (l >> 2) + (c >= 2 ? 8 : 0);
+        const int f = strip * 16 + (l >> 2) + (c >= 2 ? 8 : 0);
         if (row >= n || f >= N) continue;
         float s = red[0][rg][c][l];
         for (int ww = 1; ww < nw; ww++) s += red[ww][rg][c][l];
@@ -140,16 +164,25 @@ __global__ void __launch_bounds__(SK_MAX_WARPS * 32)
     }
 }
 
-/* ---- 3. fallback: one warp per output feature ------------------------------------------------------------ */
+/* ---- CUDA-core kernel: one warp per (output feature, row tile) ------------------------------------------- */
+#define SIMPLE_TILE_ROWS 32
+
+/* Block b: row tile b % tiles (rows row0 .. row0 + 31), features 8 (b / tiles) .. + 7 (one per warp).
+ * Each row has its own accumulator: its result depends on its own x row only. */
 template <bool BF>
 __global__ void __launch_bounds__(256) k_mm_simple(const float *__restrict__ x, const void *__restrict__ w,
                                                    const float *__restrict__ bias, float *__restrict__ out,
-                                                   const int32_t *n_rows, int K, int N, int max_rows, int accumulate,
-                                                   kc_err *err)
+                                                   const int32_t *n_rows, int K, int N, int max_rows, int tiles,
+                                                   int accumulate, kc_err *err)
 {
-    const int n = kc_rows(n_rows, max_rows, err, KOP_MATMUL);
-    const int f = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (n <= 0 || f >= N) return;
+    const int nall = kc_rows(n_rows, max_rows, err, KOP_MATMUL);
+    const int tile = (int)(blockIdx.x % (unsigned)tiles), fb = (int)(blockIdx.x / (unsigned)tiles);
+    const int f = fb * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int row0 = tile * SIMPLE_TILE_ROWS;
+    if (nall <= row0 || f >= N) return;
+    const int n = nall - row0 < SIMPLE_TILE_ROWS ? nall - row0 : SIMPLE_TILE_ROWS; /* rows of this tile */
+    x += (size_t)row0 * (size_t)K;
+    out += (size_t)row0 * (size_t)N;
     const size_t wrow = (size_t)f * (size_t)K;
     for (int r0 = 0; r0 < n; r0 += 4) {
         float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -284,19 +317,45 @@ static kc_mm_entry *mm_entry(kern_cuda_ctx *c, int Mc, int Nc, int K, int wdt, i
     return e;
 }
 
-static void mm_fallback(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+static void mm_simple(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 {
     const int32_t *p = op->p;
-    const unsigned grid = kc_div_up((size_t)p[1], 8);
+    const unsigned tiles = kc_div_up((size_t)p[2], SIMPLE_TILE_ROWS);
+    const unsigned grid = tiles * kc_div_up((size_t)p[1], 8);
     if (p[3] == KERN_DT_BF16)
         k_mm_simple<true><<<grid, 256, 0, s>>>((const float *)op->buf[0].ptr, op->buf[1].ptr,
                                                (const float *)op->buf[2].ptr, (float *)op->buf[3].ptr,
-                                               (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], p[4], c->err_dev);
+                                               (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], (int)tiles, p[4],
+                                               c->err_dev);
     else
         k_mm_simple<false><<<grid, 256, 0, s>>>((const float *)op->buf[0].ptr, op->buf[1].ptr,
                                                 (const float *)op->buf[2].ptr, (float *)op->buf[3].ptr,
-                                                (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], p[4], c->err_dev);
-    KC_LAUNCHED("matmul fallback");
+                                                (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], (int)tiles, p[4],
+                                                c->err_dev);
+    KC_LAUNCHED("matmul simple");
+}
+
+/* The tensor-core kernel over every row: tiles of RG * 8 rows (RG = 1, 2, 4 from max_rows). */
+static void mm_skinny(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    const int32_t *p = op->p;
+    const int K = p[0], N = p[1], M = p[2];
+    const int warps = K / 32 < SK_MAX_WARPS ? K / 32 : SK_MAX_WARPS; /* a function of K only */
+    const int rg = M <= 8 ? 1 : M <= 16 ? 2 : SK_TILE_ROWS / 8;
+    const unsigned tiles = kc_div_up((size_t)M, (size_t)rg * 8);
+    const unsigned grid = tiles * kc_div_up((size_t)N, 16);
+    const float *x = (const float *)op->buf[0].ptr;
+    const uint16_t *w = (const uint16_t *)op->buf[1].ptr;
+    const float *bias = (const float *)op->buf[2].ptr;
+    float *out = (float *)op->buf[3].ptr;
+    const int32_t *nr = (const int32_t *)op->buf[4].ptr;
+    if (rg == 1)
+        k_mm_skinny<1><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, (int)tiles, p[4], c->err_dev);
+    else if (rg == 2)
+        k_mm_skinny<2><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, (int)tiles, p[4], c->err_dev);
+    else
+        k_mm_skinny<4><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, (int)tiles, p[4], c->err_dev);
+    KC_LAUNCHED("matmul skinny");
 }
 
 /* Returns 0 when it enqueued the whole op, -1 when some chunk has no algorithm (nothing enqueued). */
@@ -354,27 +413,14 @@ static int mm_cublaslt(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 void kc_matmul(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 {
     const int32_t *p = op->p;
-    const int K = p[0], N = p[1], M = p[2];
+    const int K = p[0], M = p[2];
     if (M == 0) return;
     const int bf = p[3] == KERN_DT_BF16;
     const int aligned = ((uintptr_t)op->buf[0].ptr % 16) == 0 && ((uintptr_t)op->buf[1].ptr % 16) == 0;
-    if (bf && M <= KERN_CUDA_SKINNY_ROWS && K % 32 == 0 && aligned) {
-        const int warps = K / 32 < SK_MAX_WARPS ? K / 32 : SK_MAX_WARPS;
-        const unsigned grid = kc_div_up((size_t)N, 16);
-        const float *x = (const float *)op->buf[0].ptr;
-        const uint16_t *w = (const uint16_t *)op->buf[1].ptr;
-        const float *bias = (const float *)op->buf[2].ptr;
-        float *out = (float *)op->buf[3].ptr;
-        const int32_t *nr = (const int32_t *)op->buf[4].ptr;
-        if (M <= 8)
-            k_mm_skinny<1><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, p[4], c->err_dev);
-        else if (M <= 16)
-            k_mm_skinny<2><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, p[4], c->err_dev);
-        else
-            k_mm_skinny<4><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, p[4], c->err_dev);
-        KC_LAUNCHED("matmul skinny");
-        return;
-    }
-    if ((bf || M > KERN_CUDA_SKINNY_ROWS) && mm_cublaslt(c, op, s) == 0) return;
-    mm_fallback(c, op, s);
+    const int skinny_ok = bf && K % 32 == 0 && aligned;
+    /* fast_gemm only (the cuBLASLt handle exists only then): large buckets, and bf16 weights the
+     * tensor-core kernel cannot take, go to cuBLASLt; a shape without an algorithm falls through */
+    if (c->lt && (M > KERN_CUDA_SKINNY_ROWS || (bf && !skinny_ok)) && mm_cublaslt(c, op, s) == 0) return;
+    if (skinny_ok) mm_skinny(c, op, s);
+    else mm_simple(c, op, s);
 }
