@@ -7,7 +7,12 @@
 #      `graphswap mkmodel` (the 8B one is generated in the background while the tests run): forward-step
 #      latency at batch 1, 8, 32 with CUDA graphs and eagerly, against the HBM floor measured in the
 #      same run (a large device-to-device copy), and engine tokens/s;
-#   4. a short table last.
+#   4. `graphswap bench spec --backend cuda` (a DFlash drafter for the 0.6B model: the cost of a
+#      speculative step, draft + verify + context, in decode steps) and `graphswap bench transfer
+#      --backend cuda` (weight updates in the process: host -> device through the pinned staging
+#      ring, device -> device as NCCL / CUDA IPC deliver it, the drafter's derived-buffer refill;
+#      against the upload and device-copy rates of the same run), for both models;
+#   5. a short table last.
 # Full results (commit, GPU, driver, date, logs, JSON lines) go to $OUT when set (the device tool's
 # folder), else bench/results/<date>-<gpu>/.
 #
@@ -85,7 +90,7 @@ BENCH="$BUILD/tests/gpu/gs_cuda_bench"
 
 # ---- models (the 8B one in the background) --------------------------------------------------------------
 mkdir -p "$MODELS"
-Q06="$MODELS/qwen3-0.6b" Q8="$MODELS/qwen3-8b"
+Q06="$MODELS/qwen3-0.6b" Q8="$MODELS/qwen3-8b" Q06D="$MODELS/qwen3-0.6b-dflash"
 mk_06() {
   [ -f "$Q06/config.json" ] || "$GS" mkmodel --arch qwen3 --out "$Q06" --hidden 1024 --layers 28 --heads 16 \
     --kv-heads 8 --head-dim 128 --intermediate 3072 --vocab 151936 --max-pos 40960 --tie --no-tokenizer --seed 1
@@ -103,6 +108,10 @@ if [ $QUICK = 0 ]; then
   MK8_PID=$!
 fi
 (time mk_06) >> "$RES/mkmodel.log" 2>&1 || FAILED+=("mkmodel 0.6B")
+# a DFlash drafter shaped like z-lab's Qwen3 ones (block 16, 1 layer here: random weights accept
+# nothing, the figure is the cost of a step)
+[ -f "$Q06D/config.json" ] || "$GS" mkmodel --arch dflash --target "$Q06" --out "$Q06D" --layers 1 --block-size 16 \
+  --seed 3 >> "$RES/mkmodel.log" 2>&1 || FAILED+=("mkmodel 0.6B drafter")
 
 # ---- 2. GPU tests -----------------------------------------------------------------------------------------
 step "GPU tests (ctest -L gpu)"
@@ -123,10 +132,25 @@ run_bench() { # name dir
   [ "$rc" = 0 ] || FAILED+=("bench $1 (rc $rc)")
 }
 [ -f "$Q06/config.json" ] && run_bench qwen3-0.6b "$Q06"
+: > "$RES/bench-spec.txt"
+: > "$RES/bench-transfer.txt"
+if [ -f "$Q06D/config.json" ]; then
+  step "bench spec qwen3-0.6b + dflash b16 (--backend cuda)"
+  timeout 300 "$GS" bench spec --backend cuda --model "$Q06" --draft "$Q06D" --tokens 128 2>&1 | tee -a "$RES/bench-spec.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("bench spec")
+  step "bench transfer qwen3-0.6b + dflash (--backend cuda)"
+  timeout 300 "$GS" bench transfer --backend cuda --model "$Q06" --draft "$Q06D" --bucket-mb 512 2>&1 | tee -a "$RES/bench-transfer.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("bench transfer 0.6B")
+fi
 if [ -n "$MK8_PID" ]; then
   step "waiting for the 8B checkpoint"
   wait "$MK8_PID" || FAILED+=("mkmodel 8B")
   [ -f "$Q8/config.json" ] && run_bench qwen3-8b "$Q8"
+  if [ -f "$Q8/config.json" ]; then
+    step "bench transfer qwen3-8b (--backend cuda)"
+    timeout 300 "$GS" bench transfer --backend cuda --model "$Q8" --bucket-mb 1024 --repeat 2 2>&1 | tee -a "$RES/bench-transfer.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("bench transfer 8B")
+  fi
 fi
 
 # ---- 4. summary -------------------------------------------------------------------------------------------
@@ -155,6 +179,8 @@ if step:
               s["floor_ms"], s["graph_ms"] / s["floor_ms"], s["eager_ms"] / s["graph_ms"],
               "%.0f tok/s" % e["graph_tok_s"] if e else "-", "%.0f tok/s" % e["eager_tok_s"] if e else "-"))
 EOF
+  grep -E "^(batch|  *[0-9]+ )|step / decode" "$RES/bench-spec.txt" 2>/dev/null | head -6
+  grep -E "^(floors|host|device|derived)" "$RES/bench-transfer.txt" 2>/dev/null
   if [ ${#FAILED[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${FAILED[@]}"; else echo "all steps passed"; fi
   echo "results: $RES"
 } | tee "$RES/summary.txt"

@@ -1,12 +1,18 @@
 /* tests/gpu/test_cuda_model.c — whole models on the CUDA backend against the CPU backend.
  *
  *  - logits parity: small random Qwen3 (bf16), Qwen2 (f32, biases) and Llama (bf16, untied) models
- *    run the same steps (a mixed two-sequence prefill, decode steps, a prefill large enough for the
- *    cuBLASLt path) on both backends; logits agree within bf16 tolerance and pick the same token.
+ *    run the same steps (a mixed two-sequence prefill, decode steps, a prefill of two row tiles,
+ *    cuBLASLt under GS_CUDA_FAST_GEMM=1) on both backends; logits agree within bf16 tolerance and
+ *    pick the same token.
  *  - engine: greedy requests through the scheduler give the same tokens on the CPU, on the GPU with
  *    CUDA graphs and on the GPU eagerly; logprobs agree closely.
  *  - speculative decoding on the GPU (DSpark and DFlash drafters: draft_select, confidence,
- *    copy_cols, gather ops in real flows): greedy output equals plain greedy decoding (I9). */
+ *    copy_cols, gather ops in real flows): greedy output equals plain greedy decoding (I9).
+ *  - hot update on the GPU: target + drafter updated in place from disk in small buckets (the
+ *    pinned staging ring, device dtype conversion, the drafter's derived buffers rebuilt into their
+ *    allocations) equal a cold start on the new checkpoint — checksums of every parameter and
+ *    derived buffer, also against a cold start on the CPU backend, and identical generations with the
+ *    plans captured before the update (I2, I4, I5). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,11 +21,14 @@
 #include "../unit/test_util.h"
 #include "engine/backend_cuda.h"
 #include "engine/engine.h"
+#include "engine/weights.h"
 #include "gpu_fwd.h"
 #include "gpu_test.h"
 #include "models/mkmodel.h"
 
 static char g_qwen3[1100], g_qwen2[1100], g_llama[1100], g_dspark[1100], g_dflash[1100];
+static char g_qwen3b[1100], g_dflashb[1100]; /* same shapes, other seed: the update's source */
+static uint64_t g_mk_seed = 7;
 
 static eng_backend *cpu_backend(void)
 {
@@ -93,7 +102,7 @@ static void parity(const char *dir, double rtol_small, double rtol_large)
         gpu_fwd_run(&g, 2, NULL, 2, lg);
         cmp_logits("decode", lc, lg, 2, V, rtol_small);
     }
-    /* a 48-row prefill of slot 2 in a 64-row bucket: the cuBLASLt path; logits of 3 rows */
+    /* a 48-row prefill of slot 2 in a 64-row bucket: two row tiles (cuBLASLt with GS_CUDA_FAST_GEMM=1); logits of 3 rows */
     for (int i = 0; i < 48; i++) tok[i] = (i * 13 + 1) % V, pos[i] = i, slot[i] = 2;
     li[0] = 47;
     li[1] = 20;
@@ -257,6 +266,60 @@ static void test_spec_dflash(void **state)
     spec_vs_plain(g_dflash);
 }
 
+/* checksums as one string "name=hex;..." */
+typedef struct {
+    char buf[1 << 16];
+    size_t n;
+} sums;
+static void add_sum(const char *name, const char *hex, void *u)
+{
+    sums *s = u;
+    s->n += (size_t)snprintf(s->buf + s->n, sizeof s->buf - s->n, "%s=%s;", name, hex);
+}
+static void checksums(rt *x, int draft, sums *s)
+{
+    s->n = 0;
+    s->buf[0] = 0;
+    assert_int_equal(eng_weights_checksums(x->e, draft, add_sum, s), 0);
+}
+
+static void test_hot_update_equals_cold(void **state)
+{
+    (void)state;
+    static batch before, hot_out, cold_out;
+    static sums a, b, c;
+    rt hot, cold, cpu;
+    char err[512];
+    int status;
+    open_rt(&hot, cuda_backend(), g_qwen3, g_dflash, 1);
+    run_batch(&hot, &before); /* the plans have run on the old weights */
+    const uint64_t th = hot.m->hook_runs, dh = hot.d->hook_runs;
+    assert_int_equal(eng_weights_begin(hot.e, 1, ENG_WMODEL_ALL, ENG_PAUSE_ABORT, "v1", NULL, err, sizeof err, &status), 0);
+    if (eng_weights_load_dir(hot.e, g_qwen3b, NULL, 4096, err, sizeof err, &status) != 0 ||
+        eng_weights_load_dir(hot.e, g_dflashb, "draft.", 4096, err, sizeof err, &status) != 0 ||
+        eng_weights_finish(hot.e, NULL, err, sizeof err, &status) != 0)
+        fail_msg("update: %s (status %d)", err, status);
+    assert_int_equal(hot.m->hook_runs - th, 1);
+    assert_int_equal(hot.d->hook_runs - dh, 1);
+    assert_int_equal(eng_weights_state(hot.e), ENG_W_READY);
+    open_rt(&cold, cuda_backend(), g_qwen3b, g_dflashb, 1);
+    open_rt(&cpu, cpu_backend(), g_qwen3b, g_dflashb, 1);
+    for (int dr = 0; dr < 2; dr++) {
+        checksums(&hot, dr, &a);
+        checksums(&cold, dr, &b);
+        checksums(&cpu, dr, &c);
+        assert_string_equal(a.buf, b.buf);
+        assert_string_equal(a.buf, c.buf); /* bit-identical storage on both backends */
+        if (dr) assert_non_null(strstr(a.buf, "derived.ctx_kv_weight="));
+    }
+    run_batch(&hot, &hot_out);
+    run_batch(&cold, &cold_out);
+    same_tokens("hot-updated vs cold start on cuda", &hot_out, &cold_out, 0); /* logprobs bitwise too */
+    close_rt(&hot);
+    close_rt(&cold);
+    close_rt(&cpu);
+}
+
 static void mk(char *out, const char *base, const char *name, mdl_arch arch, mdl_dtype dt, int tie, int hd,
                int heads, int kv, const char *target)
 {
@@ -274,7 +337,7 @@ static void mk(char *out, const char *base, const char *name, mdl_arch arch, mdl
     o.vocab = 512;
     o.dtype = dt;
     o.tie = tie;
-    o.seed = 7;
+    o.seed = g_mk_seed;
     o.target_dir = target;
     if (arch == MDL_ARCH_DSPARK || arch == MDL_ARCH_DFLASH) {
         o.layers = 1;
@@ -300,10 +363,14 @@ int main(void)
     mk(g_llama, b, "llama", MDL_ARCH_LLAMA, MDL_DT_BF16, 0, 64, 2, 1, NULL);
     mk(g_dspark, b, "dspark", MDL_ARCH_DSPARK, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3);
     mk(g_dflash, b, "dflash", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3);
+    g_mk_seed = 8;
+    mk(g_qwen3b, b, "qwen3b", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, NULL);
+    mk(g_dflashb, b, "dflashb", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3b);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_qwen3),  cmocka_unit_test(test_parity_qwen2_f32),
         cmocka_unit_test(test_parity_llama),  cmocka_unit_test(test_engine_greedy),
         cmocka_unit_test(test_spec_dspark),   cmocka_unit_test(test_spec_dflash),
+        cmocka_unit_test(test_hot_update_equals_cold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
