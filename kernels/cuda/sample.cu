@@ -164,16 +164,24 @@ __device__ __forceinline__ T ks_reduce(T v, T *sh, Op op)
     return r;
 }
 
-/* Exclusive prefix sum of v in thread order; *total gets the block's sum. */
-__device__ __forceinline__ double ks_excl_scan(double v, double *sh, double *total)
+/* Inclusive prefix sum of v over the lanes of a warp (Hillis-Steele, fixed order). */
+__device__ __forceinline__ double ks_warp_incl(double v)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     double x = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const double y = __shfl_up_sync(0xffffffffu, x, o);
         if (lane >= o) x += y;
     }
+    return x;
+}
+
+/* Exclusive prefix sum of v in thread order; *total gets the block's sum. */
+__device__ __forceinline__ double ks_excl_scan(double v, double *sh, double *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const double x = ks_warp_incl(v);
     double ex = __shfl_up_sync(0xffffffffu, x, 1);
     if (lane == 0) ex = 0.0;
     __syncthreads();
@@ -209,12 +217,7 @@ __device__ void ks_walk(ks_smem &sm, double above, double target, bool weighted)
         s += h[j];
         if (h[j] != 0.0) low = 255 - 8 * lane - j;
     }
-    double x = s;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const double y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
+    const double x = ks_warp_incl(s);
     double ex = __shfl_up_sync(0xffffffffu, x, 1);
     if (lane == 0) ex = 0.0;
     double a = above + ex, a_pick = 0.0;

@@ -20,13 +20,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include "../unit/test_rt.h"
 #include "../unit/test_util.h"
 #include "engine/backend_cuda.h"
 #include "engine/engine.h"
 #include "gpu_test.h"
 #include "kernels/cuda/kern_cuda.h"
 #include "kernels/kern.h"
-#include "models/mkmodel.h"
+#include "gpu_models.h"
 
 static eng_backend *g_be;
 static char g_qwen3[1100], g_dflash[1100];
@@ -498,29 +499,10 @@ static void test_attention_invariance(void **state)
 }
 
 /* ---- through the engine ---------------------------------------------------------------------------------- */
-typedef struct {
-    eng_backend *be;
-    mdl_model *m, *d;
-    eng_engine *e;
-} rt;
+typedef test_rt rt;
 
 static void open_rt(rt *x, const char *draft)
 {
-    char err[512];
-    mdl_config cfg;
-    assert_int_equal(mdl_config_load(g_qwen3, &cfg, err, sizeof err), 0);
-    x->be = cuda_backend((size_t)1 << 30);
-    x->m = mdl_model_create(&cfg, x->be, err, sizeof err);
-    assert_non_null(x->m);
-    assert_int_equal(mdl_model_load_dir(x->m, g_qwen3, err, sizeof err), 0);
-    x->d = NULL;
-    if (draft) {
-        mdl_config dc;
-        assert_int_equal(mdl_config_load(draft, &dc, err, sizeof err), 0);
-        x->d = mdl_model_create(&dc, x->be, err, sizeof err);
-        assert_non_null(x->d);
-        assert_int_equal(mdl_model_load_dir(x->d, draft, err, sizeof err), 0);
-    }
     eng_config ec;
     eng_config_defaults(&ec);
     ec.max_seqs = 4;
@@ -529,16 +511,7 @@ static void open_rt(rt *x, const char *draft)
     ec.max_model_len = 512; /* attention grid.y 8: rows past 64 keys run split */
     ec.kv_bytes = 16 << 20;
     ec.use_plans = 1;
-    x->e = eng_create_spec(&ec, x->m, x->d, x->be, err, sizeof err);
-    if (!x->e) fail_msg("%s", err);
-}
-
-static void close_rt(rt *x)
-{
-    eng_destroy(x->e);
-    mdl_model_destroy(x->d);
-    mdl_model_destroy(x->m);
-    eng_backend_destroy(x->be);
+    test_rt_open(x, cuda_backend((size_t)1 << 30), g_qwen3, draft, &ec);
 }
 
 #define NREQ 4
@@ -595,13 +568,13 @@ static void test_engine_alone_vs_batched(void **state)
     rt x;
     open_rt(&x, NULL);
     run_reqs(&x, &alone0, 1u << 0);
-    close_rt(&x);
+    test_rt_close(&x);
     open_rt(&x, NULL);
     run_reqs(&x, &alone3, 1u << 3);
-    close_rt(&x);
+    test_rt_close(&x);
     open_rt(&x, NULL);
     run_reqs(&x, &all, 0xfu);
-    close_rt(&x);
+    test_rt_close(&x);
     same_bits("alone vs batched with 3 others", &alone0, &all, 0);
     same_bits("alone vs batched with 3 others", &alone3, &all, 3);
 }
@@ -613,44 +586,15 @@ static void test_engine_dflash_vs_plain(void **state)
     rt x;
     open_rt(&x, NULL);
     run_reqs(&x, &plain, 0xfu);
-    close_rt(&x);
+    test_rt_close(&x);
     open_rt(&x, g_dflash);
     run_reqs(&x, &spec, 0xfu);
     assert_true(eng_get_stats(x.e)->spec_drafts > 0);
-    close_rt(&x);
+    test_rt_close(&x);
     for (int q = 0; q < NREQ; q++) same_bits("DFlash drafter vs no drafter on cuda (greedy)", &plain, &spec, q);
 }
 
 /* ---- setup -------------------------------------------------------------------------------------------- */
-static void mk(char *out, const char *base, const char *name, mdl_arch arch, const char *target)
-{
-    snprintf(out, 1100, "%s/%s", base, name);
-    mdl_mkmodel_opts o;
-    mdl_mkmodel_defaults(&o);
-    o.arch = arch;
-    o.tokenizer = 0;
-    o.hidden = 128;
-    o.layers = 2;
-    o.heads = 4;
-    o.kv_heads = 2;
-    o.head_dim = 32;
-    o.intermediate = 256;
-    o.vocab = 512;
-    o.dtype = MDL_DT_BF16;
-    o.tie = 1;
-    o.seed = 17;
-    o.target_dir = target;
-    if (arch == MDL_ARCH_DFLASH) {
-        o.layers = 1;
-        o.block_size = 4;
-    }
-    char err[512];
-    if (mdl_mkmodel(&o, out, err, sizeof err) != 0) {
-        fprintf(stderr, "mkmodel %s: %s\n", name, err);
-        exit(1);
-    }
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -671,8 +615,8 @@ int main(void)
     if (!base) return 1;
     char b[1024];
     snprintf(b, sizeof b, "%s", base);
-    mk(g_qwen3, b, "qwen3", MDL_ARCH_QWEN3, NULL);
-    mk(g_dflash, b, "dflash", MDL_ARCH_DFLASH, g_qwen3);
+    gpu_mkmodel(g_qwen3, b, "qwen3", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, 17, NULL);
+    gpu_mkmodel(g_dflash, b, "dflash", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, 17, g_qwen3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_invariance),      cmocka_unit_test(test_matmul_fast_gemm),
         cmocka_unit_test(test_attention_invariance),   cmocka_unit_test(test_engine_alone_vs_batched),

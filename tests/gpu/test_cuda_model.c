@@ -18,17 +18,17 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "../unit/test_rt.h"
 #include "../unit/test_util.h"
 #include "engine/backend_cuda.h"
 #include "engine/engine.h"
 #include "engine/weights.h"
 #include "gpu_fwd.h"
 #include "gpu_test.h"
-#include "models/mkmodel.h"
+#include "gpu_models.h"
 
 static char g_qwen3[1100], g_qwen2[1100], g_llama[1100], g_dspark[1100], g_dflash[1100];
 static char g_qwen3b[1100], g_dflashb[1100]; /* same shapes, other seed: the update's source */
-static uint64_t g_mk_seed = 7;
 
 static eng_backend *cpu_backend(void)
 {
@@ -137,29 +137,10 @@ static void test_parity_llama(void **state)
 }
 
 /* ---- through the engine ------------------------------------------------------------------------------ */
-typedef struct {
-    eng_backend *be;
-    mdl_model *m, *d;
-    eng_engine *e;
-} rt;
+typedef test_rt rt;
 
 static void open_rt(rt *x, eng_backend *be, const char *dir, const char *draft, int use_plans)
 {
-    char err[512];
-    mdl_config cfg;
-    assert_int_equal(mdl_config_load(dir, &cfg, err, sizeof err), 0);
-    x->be = be;
-    x->m = mdl_model_create(&cfg, be, err, sizeof err);
-    assert_non_null(x->m);
-    assert_int_equal(mdl_model_load_dir(x->m, dir, err, sizeof err), 0);
-    x->d = NULL;
-    if (draft) {
-        mdl_config dc;
-        assert_int_equal(mdl_config_load(draft, &dc, err, sizeof err), 0);
-        x->d = mdl_model_create(&dc, be, err, sizeof err);
-        assert_non_null(x->d);
-        assert_int_equal(mdl_model_load_dir(x->d, draft, err, sizeof err), 0);
-    }
     eng_config ec;
     eng_config_defaults(&ec);
     ec.max_seqs = 4;
@@ -168,16 +149,7 @@ static void open_rt(rt *x, eng_backend *be, const char *dir, const char *draft, 
     ec.max_model_len = 128;
     ec.kv_bytes = 16 << 20;
     ec.use_plans = use_plans;
-    x->e = eng_create_spec(&ec, x->m, x->d, be, err, sizeof err);
-    if (!x->e) fail_msg("%s", err);
-}
-
-static void close_rt(rt *x)
-{
-    eng_destroy(x->e);
-    mdl_model_destroy(x->d);
-    mdl_model_destroy(x->m);
-    eng_backend_destroy(x->be);
+    test_rt_open(x, be, dir, draft, &ec);
 }
 
 #define NREQ 3
@@ -229,14 +201,14 @@ static void test_engine_greedy(void **state)
     rt x;
     open_rt(&x, cpu_backend(), g_qwen3, NULL, 1);
     run_batch(&x, &cpu);
-    close_rt(&x);
+    test_rt_close(&x);
     open_rt(&x, cuda_backend(), g_qwen3, NULL, 1);
     run_batch(&x, &plan);
     assert_true(eng_get_stats(x.e)->plan_launches > 0);
-    close_rt(&x);
+    test_rt_close(&x);
     open_rt(&x, cuda_backend(), g_qwen3, NULL, 0);
     run_batch(&x, &eager);
-    close_rt(&x);
+    test_rt_close(&x);
     same_tokens("cpu vs cuda graphs", &cpu, &plan, 0.05);
     same_tokens("cpu vs cuda eager", &cpu, &eager, 0.05);
 }
@@ -247,11 +219,11 @@ static void spec_vs_plain(const char *draft)
     rt x;
     open_rt(&x, cpu_backend(), g_qwen3, NULL, 1);
     run_batch(&x, &plain);
-    close_rt(&x);
+    test_rt_close(&x);
     open_rt(&x, cuda_backend(), g_qwen3, draft, 1);
     run_batch(&x, &spec);
     assert_true(eng_get_stats(x.e)->spec_drafts > 0);
-    close_rt(&x);
+    test_rt_close(&x);
     same_tokens("speculative on cuda vs plain on cpu", &plain, &spec, -1);
 }
 
@@ -266,28 +238,11 @@ static void test_spec_dflash(void **state)
     spec_vs_plain(g_dflash);
 }
 
-/* checksums as one string "name=hex;..." */
-typedef struct {
-    char buf[1 << 16];
-    size_t n;
-} sums;
-static void add_sum(const char *name, const char *hex, void *u)
-{
-    sums *s = u;
-    s->n += (size_t)snprintf(s->buf + s->n, sizeof s->buf - s->n, "%s=%s;", name, hex);
-}
-static void checksums(rt *x, int draft, sums *s)
-{
-    s->n = 0;
-    s->buf[0] = 0;
-    assert_int_equal(eng_weights_checksums(x->e, draft, add_sum, s), 0);
-}
-
 static void test_hot_update_equals_cold(void **state)
 {
     (void)state;
     static batch before, hot_out, cold_out;
-    static sums a, b, c;
+    static test_sums a, b, c;
     rt hot, cold, cpu;
     char err[512];
     int status;
@@ -305,9 +260,9 @@ static void test_hot_update_equals_cold(void **state)
     open_rt(&cold, cuda_backend(), g_qwen3b, g_dflashb, 1);
     open_rt(&cpu, cpu_backend(), g_qwen3b, g_dflashb, 1);
     for (int dr = 0; dr < 2; dr++) {
-        checksums(&hot, dr, &a);
-        checksums(&cold, dr, &b);
-        checksums(&cpu, dr, &c);
+        test_checksums(&hot, dr, &a);
+        test_checksums(&cold, dr, &b);
+        test_checksums(&cpu, dr, &c);
         assert_string_equal(a.buf, b.buf);
         assert_string_equal(a.buf, c.buf); /* bit-identical storage on both backends */
         if (dr) assert_non_null(strstr(a.buf, "derived.ctx_kv_weight="));
@@ -315,40 +270,9 @@ static void test_hot_update_equals_cold(void **state)
     run_batch(&hot, &hot_out);
     run_batch(&cold, &cold_out);
     same_tokens("hot-updated vs cold start on cuda", &hot_out, &cold_out, 0); /* logprobs bitwise too */
-    close_rt(&hot);
-    close_rt(&cold);
-    close_rt(&cpu);
-}
-
-static void mk(char *out, const char *base, const char *name, mdl_arch arch, mdl_dtype dt, int tie, int hd,
-               int heads, int kv, const char *target)
-{
-    snprintf(out, 1100, "%s/%s", base, name);
-    mdl_mkmodel_opts o;
-    mdl_mkmodel_defaults(&o);
-    o.arch = arch;
-    o.tokenizer = 0;
-    o.hidden = 128;
-    o.layers = 2;
-    o.heads = heads;
-    o.kv_heads = kv;
-    o.head_dim = hd;
-    o.intermediate = 256;
-    o.vocab = 512;
-    o.dtype = dt;
-    o.tie = tie;
-    o.seed = g_mk_seed;
-    o.target_dir = target;
-    if (arch == MDL_ARCH_DSPARK || arch == MDL_ARCH_DFLASH) {
-        o.layers = 1;
-        o.block_size = 4;
-        o.markov_rank = 16;
-    }
-    char err[512];
-    if (mdl_mkmodel(&o, out, err, sizeof err) != 0) {
-        fprintf(stderr, "mkmodel %s: %s\n", name, err);
-        exit(1);
-    }
+    test_rt_close(&hot);
+    test_rt_close(&cold);
+    test_rt_close(&cpu);
 }
 
 int main(void)
@@ -358,14 +282,13 @@ int main(void)
     if (!base) return 1;
     char b[1024];
     snprintf(b, sizeof b, "%s", base);
-    mk(g_qwen3, b, "qwen3", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, NULL);
-    mk(g_qwen2, b, "qwen2", MDL_ARCH_QWEN2, MDL_DT_F32, 1, 32, 4, 2, NULL);
-    mk(g_llama, b, "llama", MDL_ARCH_LLAMA, MDL_DT_BF16, 0, 64, 2, 1, NULL);
-    mk(g_dspark, b, "dspark", MDL_ARCH_DSPARK, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3);
-    mk(g_dflash, b, "dflash", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3);
-    g_mk_seed = 8;
-    mk(g_qwen3b, b, "qwen3b", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, NULL);
-    mk(g_dflashb, b, "dflashb", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, g_qwen3b);
+    gpu_mkmodel(g_qwen3, b, "qwen3", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, 7, NULL);
+    gpu_mkmodel(g_qwen2, b, "qwen2", MDL_ARCH_QWEN2, MDL_DT_F32, 1, 32, 4, 2, 7, NULL);
+    gpu_mkmodel(g_llama, b, "llama", MDL_ARCH_LLAMA, MDL_DT_BF16, 0, 64, 2, 1, 7, NULL);
+    gpu_mkmodel(g_dspark, b, "dspark", MDL_ARCH_DSPARK, MDL_DT_BF16, 1, 32, 4, 2, 7, g_qwen3);
+    gpu_mkmodel(g_dflash, b, "dflash", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, 7, g_qwen3);
+    gpu_mkmodel(g_qwen3b, b, "qwen3b", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, 8, NULL);
+    gpu_mkmodel(g_dflashb, b, "dflashb", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, 8, g_qwen3b);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_qwen3),  cmocka_unit_test(test_parity_qwen2_f32),
         cmocka_unit_test(test_parity_llama),  cmocka_unit_test(test_engine_greedy),

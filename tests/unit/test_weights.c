@@ -11,16 +11,13 @@
 #include "engine/engine_internal.h" /* white-box: the guard test forces a replay */
 #include "engine/weights.h"
 #include "models/mkmodel.h"
+#include "test_rt.h"
 #include "test_util.h"
 
 static char g_dir[1024];
 static char T0[1100], T1[1100], D0[1100], D1[1100], DBAD[1100];
 
-typedef struct {
-    eng_backend *be;
-    mdl_model *m, *d;
-    eng_engine *e;
-} rt;
+typedef test_rt rt;
 
 static void mk(const char *out, mdl_arch arch, uint64_t seed, const char *target, int bad_hook)
 {
@@ -51,52 +48,16 @@ static void mk(const char *out, mdl_arch arch, uint64_t seed, const char *target
 static void open_rt(rt *x, const char *target, const char *draft)
 {
     char err[512];
-    mdl_config tc, dc;
-    assert_int_equal(mdl_config_load(target, &tc, err, sizeof err), 0);
     eng_backend_config bc = {.arena_bytes = (size_t)1 << 30, .threads = 1, .checked = 1};
-    x->be = eng_backend_cpu_create(&bc, err, sizeof err);
-    x->m = mdl_model_create(&tc, x->be, err, sizeof err);
-    assert_int_equal(mdl_model_load_dir(x->m, target, err, sizeof err), 0);
-    x->d = NULL;
-    if (draft) {
-        assert_int_equal(mdl_config_load(draft, &dc, err, sizeof err), 0);
-        x->d = mdl_model_create(&dc, x->be, err, sizeof err);
-        assert_non_null(x->d);
-        assert_int_equal(mdl_model_load_dir(x->d, draft, err, sizeof err), 0);
-    }
+    eng_backend *be = eng_backend_cpu_create(&bc, err, sizeof err);
+    if (!be) fail_msg("%s", err);
     eng_config ec;
     eng_config_defaults(&ec);
     ec.max_seqs = 4;
     ec.max_step_tokens = 32;
     ec.max_model_len = 128;
     ec.kv_bytes = 4 << 20;
-    x->e = eng_create_spec(&ec, x->m, x->d, x->be, err, sizeof err);
-    if (!x->e) fail_msg("%s", err);
-}
-
-static void close_rt(rt *x)
-{
-    eng_destroy(x->e);
-    mdl_model_destroy(x->d);
-    mdl_model_destroy(x->m);
-    eng_backend_destroy(x->be);
-}
-
-/* checksums as one string "name=hex;..." */
-typedef struct {
-    char buf[1 << 16];
-    size_t n;
-} sums;
-static void add_sum(const char *name, const char *hex, void *u)
-{
-    sums *s = u;
-    s->n += (size_t)snprintf(s->buf + s->n, sizeof s->buf - s->n, "%s=%s;", name, hex);
-}
-static void checksums(rt *x, int draft, sums *s)
-{
-    s->n = 0;
-    s->buf[0] = 0;
-    assert_int_equal(eng_weights_checksums(x->e, draft, add_sum, s), 0);
+    test_rt_open(x, be, target, draft, &ec);
 }
 
 typedef struct {
@@ -202,10 +163,10 @@ static void test_hot_equals_cold(void **state)
             /* exactly one hook per touched model, none for the untouched one */
             assert_int_equal(hot.m->hook_runs - th, modes[mi] != ENG_WMODEL_DRAFT);
             assert_int_equal(hot.d->hook_runs - dh, modes[mi] != ENG_WMODEL_TARGET);
-            sums *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+            test_sums *a = malloc(sizeof *a), *b = malloc(sizeof *b);
             for (int dr = 0; dr < 2; dr++) {
-                checksums(&hot, dr, a);
-                checksums(&cold, dr, b);
+                test_checksums(&hot, dr, a);
+                test_checksums(&cold, dr, b);
                 assert_string_equal(a->buf, b->buf);
                 if (dr) assert_non_null(strstr(a->buf, "derived.ctx_kv_weight="));
             }
@@ -223,8 +184,8 @@ static void test_hot_equals_cold(void **state)
             assert_int_equal(wi.version_num, 1);
             assert_string_equal(wi.version, "v1");
             assert_int_equal(x.r.versions[0], 1);
-            close_rt(&hot);
-            close_rt(&cold);
+            test_rt_close(&hot);
+            test_rt_close(&cold);
         }
     }
 }
@@ -276,7 +237,7 @@ static void test_incomplete_abort_and_order(void **state)
     eng_weights_get_info(x.e, &wi);
     assert_int_equal(wi.state, ENG_W_INCONSISTENT);
     assert_non_null(strstr(wi.reason, "aborted"));
-    close_rt(&x);
+    test_rt_close(&x);
 }
 
 static rt *g_bad;
@@ -315,7 +276,7 @@ static void test_guard_fires(void **state)
     int st = test_run_child(replay_bad, NULL, out, sizeof out);
     assert_true(WIFSIGNALED(st));
     assert_non_null(strstr(out, "retired"));
-    close_rt(&x);
+    test_rt_close(&x);
 }
 
 static void test_recompute_and_keep(void **state)
@@ -378,7 +339,7 @@ static void test_recompute_and_keep(void **state)
             assert_int_equal(eng_submit(y.e, &c.r, NULL, err, sizeof err), 0);
             eng_run_until_idle(y.e);
             assert_memory_equal(b.out, c.out, 6 * sizeof(int32_t));
-            close_rt(&y);
+            test_rt_close(&y);
         }
         if (mode == 0) {
             rt y;
@@ -398,9 +359,9 @@ static void test_recompute_and_keep(void **state)
             assert_int_equal(eng_submit(y.e, &p.r, NULL, err, sizeof err), 0);
             eng_run_until_idle(y.e);
             assert_memory_equal(q.out + before, p.out, (size_t)(12 - before) * sizeof(int32_t));
-            close_rt(&y);
+            test_rt_close(&y);
         }
-        close_rt(&x);
+        test_rt_close(&x);
     }
 }
 

@@ -1,0 +1,45 @@
+/* tests/gpu/gpu_models.h — the small random checkpoints the GPU model tests run on: hidden 128,
+ * vocab 512, 2 target layers (drafters: 1 layer, block 4, Markov rank 16), written with mdl_mkmodel. */
+#ifndef GS_GPU_MODELS_H
+#define GS_GPU_MODELS_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "models/mkmodel.h"
+
+/* Writes base/name (a drafter's geometry comes from target) and puts its path in out[1100]; exits on
+ * failure (nothing can be tested without it). */
+static inline void gpu_mkmodel(char *out, const char *base, const char *name, mdl_arch arch, mdl_dtype dt, int tie,
+                               int hd, int heads, int kv, uint64_t seed, const char *target)
+{
+    snprintf(out, 1100, "%s/%s", base, name);
+    mdl_mkmodel_opts o;
+    mdl_mkmodel_defaults(&o);
+    o.arch = arch;
+    o.tokenizer = 0;
+    o.hidden = 128;
+    o.layers = 2;
+    o.heads = heads;
+    o.kv_heads = kv;
+    o.head_dim = hd;
+    o.intermediate = 256;
+    o.vocab = 512;
+    o.dtype = dt;
+    o.tie = tie;
+    o.seed = seed;
+    o.target_dir = target;
+    if (arch == MDL_ARCH_DSPARK || arch == MDL_ARCH_DFLASH) {
+        o.layers = 1;
+        o.block_size = 4;
+        o.markov_rank = 16;
+    }
+    char err[512];
+    if (mdl_mkmodel(&o, out, err, sizeof err) != 0) {
+        fprintf(stderr, "mkmodel %s: %s\n", name, err);
+        exit(1);
+    }
+}
+
+#endif
