@@ -20,11 +20,20 @@
 #include <cstdlib>
 #include <cstring>
 
+#ifdef GS_CUDA_EMU
+/* tests/emu: the device primitives emulated on the CPU (g++, no CUDA toolkit), so that CI runs the
+ * kernels' real source without a GPU; host-only types below are opaque stand-ins there */
+#include "tests/emu/emu_cuda.h"
+extern "C" {
+#include "kernels/kern.h"
+}
+#else
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/kern_cuda.h"
+#endif
 
 /* ---- host-side error handling: any CUDA / cuBLAS failure is fatal (fail closed) ----------------- */
 void kc_die_cuda(cudaError_t e, const char *what, const char *file, int line);

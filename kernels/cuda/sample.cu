@@ -556,12 +556,24 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
     }
 }
 
-void kc_sample(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launch of an op: launch(kernel, grid, block, dynamic smem, arguments...). kc_sample enqueues it;
+ * tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void ks_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     const int V = p[0], max_rows = p[1], n_bans = p[2];
-    k_sample<<<(unsigned)max_rows, KS_THREADS, 0, s>>>(
-        (const float *)op->buf[0].ptr, (const kern_sample_params *)op->buf[1].ptr, (const int32_t *)op->buf[2].ptr,
-        (kern_sample_out *)op->buf[3].ptr, (const int32_t *)op->buf[4].ptr, V, max_rows, n_bans, c->err_dev);
-    KC_LAUNCHED("sample");
+    launch(k_sample, dim3((unsigned)max_rows), dim3(KS_THREADS), (size_t)0, (const float *)op->buf[0].ptr,
+           (const kern_sample_params *)op->buf[1].ptr, (const int32_t *)op->buf[2].ptr,
+           (kern_sample_out *)op->buf[3].ptr, (const int32_t *)op->buf[4].ptr, V, max_rows, n_bans, err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_sample(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    ks_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("sample");
+    });
+}
+#endif

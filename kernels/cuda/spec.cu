@@ -101,18 +101,16 @@ __global__ void __launch_bounds__(256) k_ds_final(const float *__restrict__ logi
     drafts[row] = ds_best(keys[row], logits[row * (size_t)V]);
 }
 
-void kc_draft_select(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launches of a KOP_DRAFT_SELECT op, in order, once its argmax keys are zeroed: launch(kernel, grid,
+ * block, dynamic smem, arguments...). kc_draft_select enqueues them; tests/emu runs the same launches
+ * on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void ds_launches(const kern_op *op, unsigned long long *keys, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     const int W = p[0], V = p[1], r = p[2], max_seqs = p[4];
     if (max_seqs == 0) return;
     const size_t rows = (size_t)max_seqs * (size_t)W;
-    if (rows * sizeof(unsigned long long) > c->keys_bytes) {
-        fprintf(stderr, "graphswap: draft_select: %zu rows exceed the CUDA context's key scratch (%zu bytes)\n", rows,
-                c->keys_bytes);
-        abort();
-    }
-    KC_CUDA(cudaMemsetAsync(c->keys, 0, rows * sizeof(unsigned long long), s));
     float *logits = (float *)op->buf[0].ptr;
     const void *w1 = op->buf[1].ptr, *w2 = op->buf[2].ptr;
     const int32_t *anchor = (const int32_t *)op->buf[3].ptr, *nseq = (const int32_t *)op->buf[5].ptr;
@@ -124,17 +122,35 @@ void kc_draft_select(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
         const dim3 grid(vb, (unsigned)(w1 ? (size_t)max_seqs : rows));
         const int kk = w1 ? k : -1;
         if (bf)
-            k_ds_update<true><<<grid, DS_THREADS, smem, s>>>(logits, w1, w2, anchor, c->keys, nseq, W, V, r, max_seqs,
-                                                             kk, c->err_dev);
+            launch(k_ds_update<true>, grid, dim3(DS_THREADS), smem, logits, w1, w2, anchor, keys, nseq, W, V, r,
+                   max_seqs, kk, err);
         else
-            k_ds_update<false><<<grid, DS_THREADS, smem, s>>>(logits, w1, w2, anchor, c->keys, nseq, W, V, r, max_seqs,
-                                                              kk, c->err_dev);
-        KC_LAUNCHED("draft_select update");
+            launch(k_ds_update<false>, grid, dim3(DS_THREADS), smem, logits, w1, w2, anchor, keys, nseq, W, V, r,
+                   max_seqs, kk, err);
     }
-    k_ds_final<<<kc_div_up(rows, 256), 256, 0, s>>>(logits, c->keys, (int32_t *)op->buf[4].ptr, nseq, W, V, max_seqs,
-                                                     c->err_dev);
-    KC_LAUNCHED("draft_select final");
+    launch(k_ds_final, dim3(kc_div_up(rows, 256)), dim3(256), (size_t)0, logits, keys, (int32_t *)op->buf[4].ptr,
+           nseq, W, V, max_seqs, err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_draft_select(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    const int32_t *p = op->p;
+    const int W = p[0], max_seqs = p[4];
+    if (max_seqs == 0) return;
+    const size_t rows = (size_t)max_seqs * (size_t)W;
+    if (rows * sizeof(unsigned long long) > c->keys_bytes) {
+        fprintf(stderr, "graphswap: draft_select: %zu rows exceed the CUDA context's key scratch (%zu bytes)\n", rows,
+                c->keys_bytes);
+        abort();
+    }
+    KC_CUDA(cudaMemsetAsync(c->keys, 0, rows * sizeof(unsigned long long), s));
+    ds_launches(op, c->keys, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("draft_select");
+    });
+}
+#endif
 
 /* ---- KOP_CONFIDENCE: one warp per draft row ------------------------------------------------------------------ */
 template <bool BF>
@@ -171,23 +187,35 @@ __global__ void __launch_bounds__(256) k_confidence(const float *__restrict__ h,
     if (lane == 0) conf[row] = 1.0f / (1.0f + expf(-a));
 }
 
-void kc_confidence(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launch of a KOP_CONFIDENCE op: launch(kernel, grid, block, dynamic smem, arguments...).
+ * kc_confidence enqueues it; tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void conf_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     const int W = p[0], H = p[1], r = p[2], max_seqs = p[4], V = p[5];
     if (max_seqs == 0) return;
     const size_t rows = (size_t)max_seqs * (size_t)W;
-    const unsigned grid = kc_div_up(rows, 8);
+    const dim3 grid(kc_div_up(rows, 8));
     const float *hh = (const float *)op->buf[0].ptr;
     const int32_t *dr = (const int32_t *)op->buf[2].ptr, *an = (const int32_t *)op->buf[3].ptr;
     const float *w = (const float *)op->buf[4].ptr, *b = (const float *)op->buf[5].ptr;
     float *conf = (float *)op->buf[6].ptr;
     const int32_t *nseq = (const int32_t *)op->buf[7].ptr;
     if (p[3] == KERN_DT_BF16)
-        k_confidence<true><<<grid, 256, 0, s>>>(hh, op->buf[1].ptr, dr, an, w, b, conf, nseq, W, H, r, max_seqs, V,
-                                                c->err_dev);
+        launch(k_confidence<true>, grid, dim3(256), (size_t)0, hh, op->buf[1].ptr, dr, an, w, b, conf, nseq, W, H, r,
+               max_seqs, V, err);
     else
-        k_confidence<false><<<grid, 256, 0, s>>>(hh, op->buf[1].ptr, dr, an, w, b, conf, nseq, W, H, r, max_seqs, V,
-                                                 c->err_dev);
-    KC_LAUNCHED("confidence");
+        launch(k_confidence<false>, grid, dim3(256), (size_t)0, hh, op->buf[1].ptr, dr, an, w, b, conf, nseq, W, H, r,
+               max_seqs, V, err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_confidence(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    conf_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("confidence");
+    });
+}
+#endif
