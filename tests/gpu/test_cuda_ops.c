@@ -522,7 +522,7 @@ static void test_draft_select(void **state)
             lg[1 * V + 2999] = 1000.0f;
             lg[2 * V + 5] = NAN;                   /* row 2: a NaN elsewhere is never chosen */
             lg[2 * V + 6] = 2000.0f;
-            for (int v = 0; v < V; v++) lg[3 * V + v] = v % 2 ? -0.0f : 0.0f; /* row 3: -0 ties +0 -> 0 */
+            for (int v = 0; v < V; v++) lg[3 * V + v] = v % 2 ? 0.0f : -0.0f; /* row 3: -0 (id 0) ties +0 -> 0 */
         }
         ot_buf(&t, 0, lg, rows * V * 4, T_OUT_F32);
         if (markov) {
