@@ -62,19 +62,31 @@ __global__ void __launch_bounds__(128) k_kv_write(const float *__restrict__ qkv,
     }
 }
 
-void kc_kv_write(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launch of a KOP_KV_WRITE op: launch(kernel, grid, block, dynamic smem, arguments...). kc_kv_write
+ * enqueues it; tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void kvw_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[7] == 0) return;
     const int head = p[0] * p[1];
     const long long num_blocks = (long long)(op->buf[1].bytes / ((size_t)p[5] * (size_t)head * 4));
     const long long max_seqs = (long long)(op->buf[5].bytes / ((size_t)p[6] * 4));
-    k_kv_write<<<p[7], 128, 0, s>>>((const float *)op->buf[0].ptr, (float *)op->buf[1].ptr, (float *)op->buf[2].ptr,
-                                    (const int32_t *)op->buf[3].ptr, (const int32_t *)op->buf[4].ptr,
-                                    (const int32_t *)op->buf[5].ptr, (const int32_t *)op->buf[6].ptr, head, p[2], p[3],
-                                    p[4], p[5], p[6], p[7], num_blocks, max_seqs, c->err_dev);
-    KC_LAUNCHED("kv_write");
+    launch(k_kv_write, dim3((unsigned)p[7]), dim3(128), (size_t)0, (const float *)op->buf[0].ptr,
+           (float *)op->buf[1].ptr, (float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr,
+           (const int32_t *)op->buf[4].ptr, (const int32_t *)op->buf[5].ptr, (const int32_t *)op->buf[6].ptr, head,
+           p[2], p[3], p[4], p[5], p[6], p[7], num_blocks, max_seqs, err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_kv_write(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    kvw_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("kv_write");
+    });
+}
+#endif
 
 /* ---- KOP_ATTENTION ---------------------------------------------------------------------------------------- */
 #define ATT_WARPS 4
@@ -282,37 +294,37 @@ __global__ void __launch_bounds__(128) k_attention_combine(attn_args a)
     }
 }
 
-template <int NV, int G>
-static void attn_launch(dim3 grid, size_t smem, const attn_args &a, cudaStream_t s)
-{
-    k_attention<NV, G><<<grid, ATT_WARPS * 32, smem, s>>>(a);
-}
-
 /* Heads per block G, within the register budget G * NV <= 32 (only those are instantiated). */
-template <int NV>
-static void attn_launch_g(int G, dim3 grid, const attn_args &a, cudaStream_t s)
+template <int NV, typename Launch>
+static void attn_launch_g(int G, dim3 grid, const attn_args &a, Launch &launch)
 {
     const size_t smem = (size_t)ATT_WARPS * (size_t)G * (size_t)a.hd * sizeof(float);
+    const dim3 block(ATT_WARPS * 32);
     if constexpr (NV <= 4) {
         switch (G) {
-        case 1: attn_launch<NV, 1>(grid, smem, a, s); break;
-        case 2: attn_launch<NV, 2>(grid, smem, a, s); break;
-        case 4: attn_launch<NV, 4>(grid, smem, a, s); break;
-        default: attn_launch<NV, 8>(grid, smem, a, s); break;
+        case 1: launch(k_attention<NV, 1>, grid, block, smem, a); break;
+        case 2: launch(k_attention<NV, 2>, grid, block, smem, a); break;
+        case 4: launch(k_attention<NV, 4>, grid, block, smem, a); break;
+        default: launch(k_attention<NV, 8>, grid, block, smem, a); break;
         }
     } else if constexpr (NV == 8) {
         switch (G) {
-        case 1: attn_launch<NV, 1>(grid, smem, a, s); break;
-        case 2: attn_launch<NV, 2>(grid, smem, a, s); break;
-        default: attn_launch<NV, 4>(grid, smem, a, s); break;
+        case 1: launch(k_attention<NV, 1>, grid, block, smem, a); break;
+        case 2: launch(k_attention<NV, 2>, grid, block, smem, a); break;
+        default: launch(k_attention<NV, 4>, grid, block, smem, a); break;
         }
     } else {
         (void)G;
-        attn_launch<NV, 1>(grid, smem, a, s);
+        launch(k_attention<NV, 1>, grid, block, smem, a);
     }
 }
 
-void kc_attention(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launches of a KOP_ATTENTION op, in order (per chunk of rows: the split kernel, then the combine
+ * when rows can have several splits): launch(kernel, grid, block, dynamic smem, arguments...). scratch:
+ * the context's split partials (scratch_bytes). kc_attention enqueues them; tests/emu runs the same
+ * launches on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void attn_launches(const kern_op *op, float *scratch, size_t scratch_bytes, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     const int nh = p[0], nkv = p[1], hd = p[2], max_rows = p[6];
@@ -337,7 +349,7 @@ void kc_attention(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
     a.num_blocks = (long long)(op->buf[1].bytes / ((size_t)p[4] * (size_t)nkv * (size_t)hd * 4));
     a.max_seqs = (long long)(op->buf[6].bytes / ((size_t)p[5] * 4));
     a.scale_log2 = op->f[0] * 1.4426950408889634f;
-    a.err = c->err_dev;
+    a.err = err;
     /* dims per lane and heads per block (register budget: G * NV <= 32) */
     const int NV = hd <= 32 ? 1 : hd <= 64 ? 2 : hd <= 128 ? 4 : hd <= 256 ? 8 : 32;
     const int gmax = NV <= 4 ? 8 : NV == 8 ? 4 : 1;
@@ -355,33 +367,40 @@ void kc_attention(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
     size_t rows_per = (size_t)max_rows;
     if (ys > 1) {
         const size_t per_row = (size_t)nh * (size_t)ys * ((size_t)hd + 2) * sizeof(float);
-        rows_per = c->attn_bytes / per_row;
+        rows_per = scratch_bytes / per_row;
         if (rows_per == 0) {
             fprintf(stderr,
                     "graphswap: CUDA attention scratch (%zu bytes) smaller than one row's split partials (%zu "
                     "bytes: %d heads x %lld splits x head dim %d); raise kern_cuda_config.attn_bytes\n",
-                    c->attn_bytes, per_row, nh, ys, hd);
+                    scratch_bytes, per_row, nh, ys, hd);
             abort();
         }
         if (rows_per > (size_t)max_rows) rows_per = (size_t)max_rows;
     }
-    a.part_acc = c->attn;
-    a.part_ml = c->attn + rows_per * (size_t)nh * (size_t)ys * (size_t)hd;
+    a.part_acc = scratch;
+    a.part_ml = scratch + rows_per * (size_t)nh * (size_t)ys * (size_t)hd;
     for (size_t r0 = 0; r0 < (size_t)max_rows; r0 += rows_per) {
         const size_t rc = (size_t)max_rows - r0 < rows_per ? (size_t)max_rows - r0 : rows_per;
         a.r0 = (int)r0;
         const dim3 grid((unsigned)(rc * (size_t)nkv * (size_t)a.hchunks), (unsigned)ys);
         switch (NV) {
-        case 1: attn_launch_g<1>(G, grid, a, s); break;
-        case 2: attn_launch_g<2>(G, grid, a, s); break;
-        case 4: attn_launch_g<4>(G, grid, a, s); break;
-        case 8: attn_launch_g<8>(G, grid, a, s); break;
-        default: attn_launch_g<32>(G, grid, a, s); break;
+        case 1: attn_launch_g<1>(G, grid, a, launch); break;
+        case 2: attn_launch_g<2>(G, grid, a, launch); break;
+        case 4: attn_launch_g<4>(G, grid, a, launch); break;
+        case 8: attn_launch_g<8>(G, grid, a, launch); break;
+        default: attn_launch_g<32>(G, grid, a, launch); break;
         }
-        KC_LAUNCHED("attention");
-        if (ys > 1) {
-            k_attention_combine<<<(unsigned)(rc * (size_t)nh), 128, 0, s>>>(a);
-            KC_LAUNCHED("attention combine");
-        }
+        if (ys > 1) launch(k_attention_combine, dim3((unsigned)(rc * (size_t)nh)), dim3(128), (size_t)0, a);
     }
 }
+
+#ifndef GS_CUDA_EMU
+void kc_attention(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    attn_launches(op, c->attn, c->attn_bytes, c->err_dev,
+                  [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+                      kernel<<<grid, block, smem, s>>>(args...);
+                      KC_LAUNCHED("attention");
+                  });
+}
+#endif

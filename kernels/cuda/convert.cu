@@ -59,6 +59,18 @@ __global__ void __launch_bounds__(256) k_convert(void *dst, int dst_dt, const vo
 
 static int convertible(int dt) { return dt == MDL_DT_F32 || dt == MDL_DT_F16 || dt == MDL_DT_BF16; }
 
+/* The launch of a conversion between two different convertible dtypes (n > 0): launch(kernel, grid,
+ * block, dynamic smem, arguments...). kern_cuda_convert enqueues it; tests/emu runs the same launch on
+ * the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void cv_launch(void *dst, int dst_dt, const void *src, int src_dt, size_t n, Launch &&launch)
+{
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    launch(k_convert, dim3((unsigned)blocks), dim3(256), (size_t)0, dst, dst_dt, src, src_dt, n);
+}
+
+#ifndef GS_CUDA_EMU
 extern "C" int kern_cuda_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n, cudaStream_t s)
 {
     if (!convertible(dst_dt) || !convertible(src_dt)) return -1;
@@ -67,9 +79,10 @@ extern "C" int kern_cuda_convert(void *dst, int dst_dt, const void *src, int src
         KC_CUDA(cudaMemcpyAsync(dst, src, n * (src_dt == MDL_DT_F32 ? 4u : 2u), cudaMemcpyDeviceToDevice, s));
         return 0;
     }
-    size_t blocks = (n + 255) / 256;
-    if (blocks > 65535) blocks = 65535;
-    k_convert<<<(unsigned)blocks, 256, 0, s>>>(dst, dst_dt, src, src_dt, n);
-    KC_LAUNCHED("convert");
+    cv_launch(dst, dst_dt, src, src_dt, n, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("convert");
+    });
     return 0;
 }
+#endif

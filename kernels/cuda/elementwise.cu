@@ -30,19 +30,32 @@ __global__ void __launch_bounds__(256) k_embed(const int32_t *__restrict__ ids, 
     }
 }
 
-void kc_embed(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launch of each op of this file: launch(kernel, grid, block, dynamic smem, arguments...). The kc_*
+ * launchers enqueue it; tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void embed_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[2] == 0) return;
     const int bf = p[3] == KERN_DT_BF16;
+    const dim3 grid((unsigned)p[2]), block(256);
     if (bf)
-        k_embed<true><<<p[2], 256, 0, s>>>((const int32_t *)op->buf[0].ptr, op->buf[1].ptr, (float *)op->buf[2].ptr,
-                                           (const int32_t *)op->buf[3].ptr, p[0], p[1], p[2], c->err_dev);
+        launch(k_embed<true>, grid, block, (size_t)0, (const int32_t *)op->buf[0].ptr, (const void *)op->buf[1].ptr,
+               (float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr, p[0], p[1], p[2], err);
     else
-        k_embed<false><<<p[2], 256, 0, s>>>((const int32_t *)op->buf[0].ptr, op->buf[1].ptr, (float *)op->buf[2].ptr,
-                                            (const int32_t *)op->buf[3].ptr, p[0], p[1], p[2], c->err_dev);
-    KC_LAUNCHED("embed");
+        launch(k_embed<false>, grid, block, (size_t)0, (const int32_t *)op->buf[0].ptr, (const void *)op->buf[1].ptr,
+               (float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr, p[0], p[1], p[2], err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_embed(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    embed_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("embed");
+    });
+}
+#endif
 
 /* ---- KOP_GATHER_ROWS -------------------------------------------------------------------------------- */
 __global__ void __launch_bounds__(256) k_gather(const float *__restrict__ x, const int32_t *__restrict__ idx,
@@ -62,15 +75,25 @@ __global__ void __launch_bounds__(256) k_gather(const float *__restrict__ x, con
     for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k];
 }
 
-void kc_gather_rows(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+template <typename Launch>
+__host__ void gather_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[2] == 0) return;
-    k_gather<<<p[2], 256, 0, s>>>((const float *)op->buf[0].ptr, (const int32_t *)op->buf[1].ptr,
-                                  (float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr, p[0], p[1], p[2],
-                                  c->err_dev);
-    KC_LAUNCHED("gather_rows");
+    launch(k_gather, dim3((unsigned)p[2]), dim3(256), (size_t)0, (const float *)op->buf[0].ptr,
+           (const int32_t *)op->buf[1].ptr, (float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr, p[0], p[1], p[2],
+           err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_gather_rows(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    gather_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("gather_rows");
+    });
+}
+#endif
 
 /* ---- KOP_COPY_COLS ------------------------------------------------------------------------------------ */
 __global__ void __launch_bounds__(256) k_copy_cols(const float *__restrict__ x, float *__restrict__ out,
@@ -85,14 +108,24 @@ __global__ void __launch_bounds__(256) k_copy_cols(const float *__restrict__ x, 
     for (int k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k];
 }
 
-void kc_copy_cols(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+template <typename Launch>
+__host__ void copy_cols_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[3] == 0) return;
-    k_copy_cols<<<p[3], 256, 0, s>>>((const float *)op->buf[0].ptr, (float *)op->buf[1].ptr,
-                                     (const int32_t *)op->buf[2].ptr, p[0], p[1], p[2], p[3], c->err_dev);
-    KC_LAUNCHED("copy_cols");
+    launch(k_copy_cols, dim3((unsigned)p[3]), dim3(256), (size_t)0, (const float *)op->buf[0].ptr,
+           (float *)op->buf[1].ptr, (const int32_t *)op->buf[2].ptr, p[0], p[1], p[2], p[3], err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_copy_cols(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    copy_cols_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("copy_cols");
+    });
+}
+#endif
 
 /* ---- KOP_SILU_MUL: out[r,i] = silu(gu[r,i]) * gu[r,I+i] ------------------------------------------------ */
 __device__ __forceinline__ float kc_silu(float a) { return a / (1.0f + expf(-a)); }
@@ -127,16 +160,27 @@ __global__ void __launch_bounds__(256) k_silu_mul(const float *__restrict__ gu, 
     }
 }
 
-void kc_silu_mul(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* c: the context (its SM count sizes the grid-stride grid) */
+template <typename Launch>
+__host__ void silu_mul_launch(const kern_cuda_ctx *c, const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[1] == 0) return;
     const int vec4 = p[0] % 4 == 0 && ((uintptr_t)op->buf[0].ptr % 16) == 0 && ((uintptr_t)op->buf[1].ptr % 16) == 0;
     const size_t work = (size_t)p[1] * (size_t)p[0] / (vec4 ? 4 : 1);
-    k_silu_mul<<<kc_grid_for(c, work), 256, 0, s>>>((const float *)op->buf[0].ptr, (float *)op->buf[1].ptr,
-                                                     (const int32_t *)op->buf[2].ptr, p[0], p[1], vec4, c->err_dev);
-    KC_LAUNCHED("silu_mul");
+    launch(k_silu_mul, dim3(kc_grid_for(c, work)), dim3(256), (size_t)0, (const float *)op->buf[0].ptr,
+           (float *)op->buf[1].ptr, (const int32_t *)op->buf[2].ptr, p[0], p[1], vec4, err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_silu_mul(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    silu_mul_launch(c, op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("silu_mul");
+    });
+}
+#endif
 
 /* ---- KOP_ADD: x[r,:] += y[r,:] (y may equal x) ------------------------------------------------------------ */
 __global__ void __launch_bounds__(256) k_add(float *x, const float *y, const int32_t *n_rows, int H, int max_rows,
@@ -164,13 +208,23 @@ __global__ void __launch_bounds__(256) k_add(float *x, const float *y, const int
     }
 }
 
-void kc_add(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+template <typename Launch>
+__host__ void add_launch(const kern_cuda_ctx *c, const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[1] == 0) return;
     const int vec4 = p[0] % 4 == 0 && ((uintptr_t)op->buf[0].ptr % 16) == 0 && ((uintptr_t)op->buf[1].ptr % 16) == 0;
     const size_t work = (size_t)p[1] * (size_t)p[0] / (vec4 ? 4 : 1);
-    k_add<<<kc_grid_for(c, work), 256, 0, s>>>((float *)op->buf[0].ptr, (const float *)op->buf[1].ptr,
-                                                (const int32_t *)op->buf[2].ptr, p[0], p[1], vec4, c->err_dev);
-    KC_LAUNCHED("add");
+    launch(k_add, dim3(kc_grid_for(c, work)), dim3(256), (size_t)0, (float *)op->buf[0].ptr,
+           (const float *)op->buf[1].ptr, (const int32_t *)op->buf[2].ptr, p[0], p[1], vec4, err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_add(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    add_launch(c, op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("add");
+    });
+}
+#endif

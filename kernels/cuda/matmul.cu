@@ -49,10 +49,14 @@
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1)
 {
+#ifdef GS_CUDA_EMU /* tests/emu: the instruction emulated from the PTX ISA's fragment layouts (emu_mma.cpp) */
+    emu_mma_m16n8k16_bf16_f32(d, a0, a1, a2, a3, b0, b1);
+#else
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
 
 /* (a, b) -> bf16x2 hi = rn(a), rn(b) and lo = rn(a - hi), rn(b - hi); a in the low half. */
@@ -205,7 +209,53 @@ __global__ void __launch_bounds__(256) k_mm_simple(const float *__restrict__ x, 
     }
 }
 
-/* ---- 2. cuBLASLt ------------------------------------------------------------------------------------------ */
+/* ---- the default (batch-invariant) launch: paths 1 and 2 ----------------------------------------------------- */
+
+/* Path 1 takes the op: bf16 weights, K % 32 == 0, x and W 16-byte aligned (never max_rows or n). */
+static int mm_skinny_ok(const kern_op *op)
+{
+    const int aligned = ((uintptr_t)op->buf[0].ptr % 16) == 0 && ((uintptr_t)op->buf[1].ptr % 16) == 0;
+    return op->p[3] == KERN_DT_BF16 && op->p[0] % 32 == 0 && aligned;
+}
+
+/* The launch of an op on paths 1 / 2: launch(kernel, grid, block, dynamic smem, arguments...). kc_matmul
+ * enqueues it (unless cuBLASLt took the op); tests/emu runs the same launch on the CPU emulation
+ * (GS_CUDA_EMU). Path 1 tiles rows by RG * 8 (RG = 1, 2, 4 from max_rows), path 2 by 32. */
+template <typename Launch>
+__host__ void mm_launches(const kern_op *op, kc_err *err, Launch &&launch)
+{
+    const int32_t *p = op->p;
+    const int K = p[0], N = p[1], M = p[2];
+    if (M == 0) return;
+    const float *x = (const float *)op->buf[0].ptr;
+    const float *bias = (const float *)op->buf[2].ptr;
+    float *out = (float *)op->buf[3].ptr;
+    const int32_t *nr = (const int32_t *)op->buf[4].ptr;
+    if (mm_skinny_ok(op)) {
+        const uint16_t *w = (const uint16_t *)op->buf[1].ptr;
+        const int warps = K / 32 < SK_MAX_WARPS ? K / 32 : SK_MAX_WARPS; /* a function of K only */
+        const int rg = M <= 8 ? 1 : M <= 16 ? 2 : SK_TILE_ROWS / 8;
+        const unsigned tiles = kc_div_up((size_t)M, (size_t)rg * 8);
+        const dim3 grid(tiles * kc_div_up((size_t)N, 16)), block((unsigned)warps * 32);
+        if (rg == 1)
+            launch(k_mm_skinny<1>, grid, block, (size_t)0, x, w, bias, out, nr, K, N, M, (int)tiles, p[4], err);
+        else if (rg == 2)
+            launch(k_mm_skinny<2>, grid, block, (size_t)0, x, w, bias, out, nr, K, N, M, (int)tiles, p[4], err);
+        else
+            launch(k_mm_skinny<4>, grid, block, (size_t)0, x, w, bias, out, nr, K, N, M, (int)tiles, p[4], err);
+    } else {
+        const void *w = op->buf[1].ptr;
+        const unsigned tiles = kc_div_up((size_t)M, SIMPLE_TILE_ROWS);
+        const dim3 grid(tiles * kc_div_up((size_t)N, 8)), block(256);
+        if (p[3] == KERN_DT_BF16)
+            launch(k_mm_simple<true>, grid, block, (size_t)0, x, w, bias, out, nr, K, N, M, (int)tiles, p[4], err);
+        else
+            launch(k_mm_simple<false>, grid, block, (size_t)0, x, w, bias, out, nr, K, N, M, (int)tiles, p[4], err);
+    }
+}
+
+#ifndef GS_CUDA_EMU /* the emulated build (tests/emu) has no cuBLASLt: its context is fast_gemm off */
+/* ---- 3. cuBLASLt ------------------------------------------------------------------------------------------ */
 
 /* xs[r, k] = x[m0 + r, k] (as bf16, round to nearest even, or f32) for the live rows of the chunk,
  * 0 for the rest of its Mc rows: the GEMM never reads rows past n. */
@@ -317,47 +367,6 @@ static kc_mm_entry *mm_entry(kern_cuda_ctx *c, int Mc, int Nc, int K, int wdt, i
     return e;
 }
 
-static void mm_simple(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
-{
-    const int32_t *p = op->p;
-    const unsigned tiles = kc_div_up((size_t)p[2], SIMPLE_TILE_ROWS);
-    const unsigned grid = tiles * kc_div_up((size_t)p[1], 8);
-    if (p[3] == KERN_DT_BF16)
-        k_mm_simple<true><<<grid, 256, 0, s>>>((const float *)op->buf[0].ptr, op->buf[1].ptr,
-                                               (const float *)op->buf[2].ptr, (float *)op->buf[3].ptr,
-                                               (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], (int)tiles, p[4],
-                                               c->err_dev);
-    else
-        k_mm_simple<false><<<grid, 256, 0, s>>>((const float *)op->buf[0].ptr, op->buf[1].ptr,
-                                                (const float *)op->buf[2].ptr, (float *)op->buf[3].ptr,
-                                                (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], (int)tiles, p[4],
-                                                c->err_dev);
-    KC_LAUNCHED("matmul simple");
-}
-
-/* The tensor-core kernel over every row: tiles of RG * 8 rows (RG = 1, 2, 4 from max_rows). */
-static void mm_skinny(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
-{
-    const int32_t *p = op->p;
-    const int K = p[0], N = p[1], M = p[2];
-    const int warps = K / 32 < SK_MAX_WARPS ? K / 32 : SK_MAX_WARPS; /* a function of K only */
-    const int rg = M <= 8 ? 1 : M <= 16 ? 2 : SK_TILE_ROWS / 8;
-    const unsigned tiles = kc_div_up((size_t)M, (size_t)rg * 8);
-    const unsigned grid = tiles * kc_div_up((size_t)N, 16);
-    const float *x = (const float *)op->buf[0].ptr;
-    const uint16_t *w = (const uint16_t *)op->buf[1].ptr;
-    const float *bias = (const float *)op->buf[2].ptr;
-    float *out = (float *)op->buf[3].ptr;
-    const int32_t *nr = (const int32_t *)op->buf[4].ptr;
-    if (rg == 1)
-        k_mm_skinny<1><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, (int)tiles, p[4], c->err_dev);
-    else if (rg == 2)
-        k_mm_skinny<2><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, (int)tiles, p[4], c->err_dev);
-    else
-        k_mm_skinny<4><<<grid, warps * 32, 0, s>>>(x, w, bias, out, nr, K, N, M, (int)tiles, p[4], c->err_dev);
-    KC_LAUNCHED("matmul skinny");
-}
-
 /* Returns 0 when it enqueued the whole op, -1 when some chunk has no algorithm (nothing enqueued). */
 static int mm_cublaslt(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 {
@@ -413,14 +422,15 @@ static int mm_cublaslt(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 void kc_matmul(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
 {
     const int32_t *p = op->p;
-    const int K = p[0], M = p[2];
+    const int M = p[2];
     if (M == 0) return;
     const int bf = p[3] == KERN_DT_BF16;
-    const int aligned = ((uintptr_t)op->buf[0].ptr % 16) == 0 && ((uintptr_t)op->buf[1].ptr % 16) == 0;
-    const int skinny_ok = bf && K % 32 == 0 && aligned;
     /* fast_gemm only (the cuBLASLt handle exists only then): large buckets, and bf16 weights the
      * tensor-core kernel cannot take, go to cuBLASLt; a shape without an algorithm falls through */
-    if (c->lt && (M > KERN_CUDA_SKINNY_ROWS || (bf && !skinny_ok)) && mm_cublaslt(c, op, s) == 0) return;
-    if (skinny_ok) mm_skinny(c, op, s);
-    else mm_simple(c, op, s);
+    if (c->lt && (M > KERN_CUDA_SKINNY_ROWS || (bf && !mm_skinny_ok(op))) && mm_cublaslt(c, op, s) == 0) return;
+    mm_launches(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("matmul");
+    });
 }
+#endif

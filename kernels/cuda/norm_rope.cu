@@ -43,15 +43,27 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
     }
 }
 
-void kc_rmsnorm(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launch of a KOP_RMSNORM op: launch(kernel, grid, block, dynamic smem, arguments...). kc_rmsnorm
+ * enqueues it; tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void rms_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[1] == 0) return;
-    k_rmsnorm<<<p[1], RMS_THREADS, 0, s>>>((const float *)op->buf[0].ptr, (const float *)op->buf[1].ptr,
-                                           (float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr, p[0], p[1],
-                                           op->f[0], c->err_dev);
-    KC_LAUNCHED("rmsnorm");
+    launch(k_rmsnorm, dim3((unsigned)p[1]), dim3(RMS_THREADS), (size_t)0, (const float *)op->buf[0].ptr,
+           (const float *)op->buf[1].ptr, (float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr, p[0], p[1],
+           op->f[0], err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_rmsnorm(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    rms_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("rmsnorm");
+    });
+}
+#endif
 
 /* ---- KOP_QK_NORM_ROPE ------------------------------------------------------------------------------------ */
 #define QKR_WARPS 4
@@ -92,14 +104,26 @@ __global__ void __launch_bounds__(QKR_WARPS * 32) k_qk_norm_rope(float *qkv, con
     }
 }
 
-void kc_qk_norm_rope(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+/* The launch of a KOP_QK_NORM_ROPE op: launch(kernel, grid, block, dynamic smem, arguments...).
+ * kc_qk_norm_rope enqueues it; tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
+template <typename Launch>
+__host__ void qkr_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
     if (p[4] == 0) return;
-    dim3 grid((unsigned)p[4], kc_div_up((size_t)(p[0] + p[1]), QKR_WARPS));
-    k_qk_norm_rope<<<grid, QKR_WARPS * 32, 0, s>>>((float *)op->buf[0].ptr, (const float *)op->buf[1].ptr,
-                                                  (const float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr,
-                                                  (const float *)op->buf[4].ptr, (const int32_t *)op->buf[5].ptr,
-                                                  p[0], p[1], p[2], p[3], p[4], op->f[0], c->err_dev);
-    KC_LAUNCHED("qk_norm_rope");
+    const dim3 grid((unsigned)p[4], kc_div_up((size_t)(p[0] + p[1]), QKR_WARPS));
+    launch(k_qk_norm_rope, grid, dim3(QKR_WARPS * 32), (size_t)0, (float *)op->buf[0].ptr,
+           (const float *)op->buf[1].ptr, (const float *)op->buf[2].ptr, (const int32_t *)op->buf[3].ptr,
+           (const float *)op->buf[4].ptr, (const int32_t *)op->buf[5].ptr, p[0], p[1], p[2], p[3], p[4], op->f[0],
+           err);
 }
+
+#ifndef GS_CUDA_EMU
+void kc_qk_norm_rope(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s)
+{
+    qkr_launch(op, c->err_dev, [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        KC_LAUNCHED("qk_norm_rope");
+    });
+}
+#endif

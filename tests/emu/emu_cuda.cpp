@@ -5,7 +5,8 @@
  * on the caller's stack. A fiber runs until it waits at a barrier (emu_wait) or returns from the
  * kernel, then switches back to the scheduler, which picks the next step from a seeded generator:
  *   - run one runnable thread (until its next barrier), or
- *   - release a warp whose 32 lanes all wait at the same warp collective / __syncwarp, or
+ *   - release a warp whose 32 lanes all wait at the same warp collective / __syncwarp (for an
+ *     emu_warp_compute collective, running its computation over the 32 lanes' data first), or
  *   - when neither is possible: release the block (every thread at the same __syncthreads), finish
  *     the block (every thread returned), or abort (divergent or deadlocked barrier use).
  * Seed even: uniform picks over runnable threads and releasable warps (warps progress roughly evenly).
@@ -21,8 +22,9 @@
  *
  * Limits (details in emu_cuda.h): no memory-model fidelity (threads interleave only at barriers),
  * blocks never run concurrently, lockstep warp execution without an explicit sync is not modelled,
- * no inline PTX, full-mask collectives only, at most 1024 threads per block in whole warps, 256 KiB
- * of stack per thread (a guard page below each: an overflow faults). Not usable under ASan.
+ * no inline PTX (mma.sync: emu_mma.cpp, on emu_warp_compute), full-mask collectives only, at most
+ * 1024 threads per block in whole warps, 256 KiB of stack per thread (a guard page below each: an
+ * overflow faults). Not usable under ASan.
  */
 #include "tests/emu/emu_cuda.h"
 
@@ -67,6 +69,12 @@ struct fiber {
 
 struct warp_state {
     uint64_t buf[2][32];
+    /* emu_warp_compute: the lanes' data and results (same double buffering as buf), and the function
+     * the release runs once (set by the lanes waiting at such a collective, cleared by the release) */
+    alignas(16) unsigned char win[2][32][EMU_WARP_DATA_BYTES];
+    alignas(16) unsigned char wout[2][32][EMU_WARP_DATA_BYTES];
+    emu_warp_fn fn;
+    int fn_parity;
     int run[32]; /* runnable lanes (thread ids) */
     int nrun;
     int arrived; /* lanes waiting at a warp barrier */
@@ -246,6 +254,26 @@ const uint64_t *emu_warp_exchange(uint64_t v, const std::source_location &site)
     return w.buf[p];
 }
 
+const unsigned char *emu_warp_compute(const void *in, size_t bytes, emu_warp_fn fn, const std::source_location &site)
+{
+    if (g.cur < 0)
+        emu_fatal("%s:%u: a warp collective outside an emulated launch", site.file_name(), (unsigned)site.line());
+    if (bytes > EMU_WARP_DATA_BYTES)
+        emu_fatal("%s:%u: %zu bytes per lane in a warp computation", site.file_name(), (unsigned)site.line(), bytes);
+    fiber &f = g.fib[g.cur];
+    warp_state &w = g.warps[g.cur >> 5];
+    const int p = f.parity, lane = g.cur & 31;
+    if (w.arrived > 0 && (w.fn != fn || w.fn_parity != p))
+        emu_fatal("%s:%u: lanes of one warp at different warp computations", site.file_name(), (unsigned)site.line());
+    std::memset(w.win[p][lane], 0, EMU_WARP_DATA_BYTES);
+    std::memcpy(w.win[p][lane], in, bytes);
+    w.fn = fn;
+    w.fn_parity = p;
+    f.parity ^= 1;
+    emu_wait(EMU_WAIT_WARP, site);
+    return w.wout[p][lane];
+}
+
 /* ---- the scheduler ------------------------------------------------------------------------------------ */
 static void make_runnable(int t)
 {
@@ -293,6 +321,10 @@ static void step_thread(int wi, int k, int &block_arrived, int &done)
 static void release_warp(int wi)
 {
     warp_state &w = g.warps[wi];
+    if (w.fn) { /* an emu_warp_compute collective: its computation, once, before any lane resumes */
+        w.fn(w.win[w.fn_parity], w.wout[w.fn_parity]);
+        w.fn = nullptr;
+    }
     for (int l = 0; l < 32; l++) make_runnable(wi * 32 + l);
     w.arrived = 0;
     w.ready = false;
@@ -316,6 +348,7 @@ static void run_block(bool run_ahead)
         warp_state &w = g.warps[wi];
         w.nrun = w.arrived = w.done = 0;
         w.ready = false;
+        w.fn = nullptr;
         order[wi] = wi;
     }
     shuffle(order, nw);

@@ -24,8 +24,10 @@
  * no-ops; between barriers threads do not interleave at all, so races inside one barrier interval
  * are only exposed through the order in which whole intervals run); blocks never run concurrently;
  * warp-synchronous code that relies on lockstep execution without an explicit __syncwarp or
- * collective is not modelled (it runs as if fully independent); no inline PTX, no tensor cores, no
- * textures, no cooperative groups; only full-mask warp collectives; __shared__ variables are static
+ * collective is not modelled (it runs as if fully independent); no inline PTX (the one tensor-core
+ * instruction the kernels use, mma.sync m16n8k16 bf16 -> f32, is emulated from the PTX ISA: emu_mma.cpp;
+ * its sums are exact-then-rounded, the hardware's may differ in the last bits), no textures, no
+ * cooperative groups; only full-mask warp collectives; __shared__ variables are static
  * per kernel (thread_local: one OS thread runs all fibers) and are neither zeroed nor poisoned
  * between blocks; math functions are the C library's (CUDA's may differ by an ulp; nvcc's FMA
  * contraction is not reproduced). Not usable under ASan (fibers switch stacks).
@@ -229,6 +231,22 @@ inline T __reduce_add_sync(unsigned int mask, T v, const std::source_location si
     return s;
 }
 
+/* Warp collective with a computation, for instructions whose result mixes every lane's registers (the
+ * tensor-core mma.sync): the lane publishes `bytes` (<= EMU_WARP_DATA_BYTES) from `in` and waits for the
+ * 32 lanes at the same call site; when the warp is released, fn(ins, outs) runs once (ins[l] / outs[l]:
+ * lane l's data), and the lane gets its outs[lane] (valid until its next collective). */
+#define EMU_WARP_DATA_BYTES 64
+typedef void (*emu_warp_fn)(const unsigned char (*ins)[EMU_WARP_DATA_BYTES],
+                            unsigned char (*outs)[EMU_WARP_DATA_BYTES]);
+const unsigned char *emu_warp_compute(const void *in, size_t bytes, emu_warp_fn fn, const std::source_location &site);
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3} with the
+ * accumulator in place (c = d on entry, as an asm "+f" operand): D = A (16 x 16) * B (16 x 8) + C over
+ * the warp, each lane holding the fragments the PTX ISA assigns to it (emu_mma.cpp). A warp collective:
+ * all 32 lanes, same call site. */
+void emu_mma_m16n8k16_bf16_f32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                               uint32_t b1, const std::source_location site = std::source_location::current());
+
 /* ---- integer intrinsics -------------------------------------------------------------------------------- */
 inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
@@ -258,6 +276,56 @@ template <typename T>
 inline T __ldg(const T *p)
 {
     return *p;
+}
+
+/* ---- vector types (the CUDA alignments: a float4 / uint4 load is one 16-byte access on the device) ------ */
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
+
+/* ---- bf16 (cuda_bf16.h): the storage types and the conversions the kernels use ----------------------- */
+struct __nv_bfloat16 {
+    unsigned short __x;
+};
+struct alignas(4) __nv_bfloat162 {
+    __nv_bfloat16 x, y; /* x in the low 16 bits of the 32-bit word */
+};
+/* f32 -> bf16, round to nearest, ties to even (cvt.rn.bf16.f32); a NaN gives the canonical NaN 0x7fff
+ * (cuda_bf16.hpp's host path; the kernels never convert a NaN). Overflow rounds to inf. */
+inline __nv_bfloat16 __float2bfloat16_rn(float f)
+{
+    const uint32_t u = std::bit_cast<uint32_t>(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{(unsigned short)0x7fffu};
+    return __nv_bfloat16{(unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+inline float __bfloat162float(__nv_bfloat16 h) { return std::bit_cast<float>((uint32_t)h.__x << 16); }
+/* (a, b) -> {rn(a), rn(b)}: a in .x (the low half) */
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b)
+{
+    return __nv_bfloat162{__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
+}
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
+
+/* ---- IEEE round-to-nearest arithmetic intrinsics (never contracted into an FMA: the project builds
+ * with -ffp-contract=off) ------------------------------------------------------------------------------ */
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+/* float -> unsigned, round to nearest even, saturating (NaN -> 0) */
+inline unsigned int __float2uint_rn(float x)
+{
+    if (!(x > 0.0f)) return 0u;
+    if (x >= 4294967296.0f) return 0xffffffffu;
+    return (unsigned int)std::nearbyint((double)x); /* exact in double; the default rounding mode is nearest even */
 }
 
 /* ---- math: the C library (fast-math intrinsics as their exact counterparts) -------------------------- */

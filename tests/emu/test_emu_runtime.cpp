@@ -1,8 +1,10 @@
 /* tests/emu/test_emu_runtime.cpp — the CUDA emulation itself (emu_cuda.h / emu_cuda.cpp), on small
  * kernels written here: built-in variables over a 3-D grid, the warp collectives against their CUDA
  * definitions (full masks, widths), shared memory per block, that the schedules really differ (a
- * kernel with a missing __syncthreads gives another answer under some seed), and that divergent or
- * deadlocked barrier use aborts with a message (in a forked child).
+ * kernel with a missing __syncthreads gives another answer under some seed), the bf16 conversions
+ * (round to nearest even) and the emulated mma.sync m16n8k16 (fragments loaded by the PTX ISA's layout,
+ * D = A * B + C rounded once), and that divergent or deadlocked barrier use aborts with a message (in a
+ * forked child).
  *
  * Why: test_emu_sample / test_emu_spec trust the emulation to be CUDA's semantics and to expose
  * schedule-dependent results; this pins both down. Limits: those of the emulation (emu_cuda.h). */
@@ -186,6 +188,115 @@ static void test_schedules(void **state)
     assert_true(wrong > 0 && seen.size() >= 4); /* the schedules differ from seed to seed */
 }
 
+/* ---- bf16 conversions (cuda_bf16.h), round-to-nearest intrinsics -------------------------------------- */
+static unsigned short bf16_bits(float f) { return __float2bfloat16_rn(f).__x; }
+static float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+
+static void test_bf16_intrinsics(void **state)
+{
+    (void)state;
+    assert_int_equal(bf16_bits(1.0f), 0x3f80);
+    assert_int_equal(bf16_bits(-0.0f), 0x8000);
+    assert_int_equal(bf16_bits(from_bits(0x3f808000u)), 0x3f80); /* tie, even below */
+    assert_int_equal(bf16_bits(from_bits(0x3f818000u)), 0x3f82); /* tie, odd below: up */
+    assert_int_equal(bf16_bits(from_bits(0x3f808001u)), 0x3f81);
+    assert_int_equal(bf16_bits(from_bits(0x3f807fffu)), 0x3f80);
+    assert_int_equal(bf16_bits(from_bits(0x7f7fffffu)), 0x7f80); /* FLT_MAX rounds to inf */
+    assert_int_equal(bf16_bits(from_bits(0xff800000u)), 0xff80);
+    assert_int_equal(bf16_bits(from_bits(0x00008000u)), 0x0000); /* subnormal tie to even */
+    assert_int_equal(bf16_bits(from_bits(0x00018000u)), 0x0002);
+    assert_int_equal(bf16_bits(from_bits(0x7fc00001u)), 0x7fff); /* NaN: canonical */
+    assert_int_equal(bf16_bits(from_bits(0xff800001u)), 0x7fff);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 100000; i++) { /* round to nearest even on random non-NaN bits */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        const uint32_t u = (uint32_t)x;
+        if ((u & 0x7fffffffu) > 0x7f800000u) continue;
+        const float f = from_bits(u), back = from_bits((uint32_t)bf16_bits(f) << 16);
+        /* the nearest bf16 (ties even): no other bf16 neighbour is closer */
+        const uint32_t h = bf16_bits(f);
+        if ((h & 0x7fffu) == 0x7f80u) continue; /* overflow to inf, checked above */
+        const float up = from_bits((uint32_t)(h + 1) << 16), dn = from_bits((uint32_t)(h - 1) << 16);
+        const double e = fabs((double)back - f);
+        if ((h & 0x7fffu) != 0x7f7fu) assert_true(e <= fabs((double)up - f));
+        if ((h & 0x7fffu) != 0) assert_true(e <= fabs((double)dn - f));
+        if (e == fabs((double)up - f) || ((h & 0x7fffu) != 0 && e == fabs((double)dn - f))) assert_int_equal(h & 1u, 0);
+    }
+    const __nv_bfloat162 p = __floats2bfloat162_rn(1.0f, -2.0f);
+    uint32_t w;
+    std::memcpy(&w, &p, 4);
+    assert_int_equal(w, 0xc0003f80u); /* a in the low half */
+    const float2 q = __bfloat1622float2(p);
+    assert_true(q.x == 1.0f && q.y == -2.0f);
+    assert_int_equal(__float2uint_rn(2.5f), 2u);
+    assert_int_equal(__float2uint_rn(3.5f), 4u);
+    assert_int_equal(__float2uint_rn(0.49999997f), 0u);
+    assert_int_equal(__float2uint_rn(-1.0f), 0u);
+    assert_int_equal(__float2uint_rn(NAN), 0u);
+    assert_int_equal(__float2uint_rn(1e10f), 0xffffffffu);
+}
+
+/* ---- the emulated mma.sync m16n8k16 bf16 (emu_mma.cpp) ---------------------------------------------------
+ * Each warp loads A (16 x 16), B (16 x 8), C (16 x 8) of its own into the fragment registers by the PTX
+ * ISA's layout (written out again here, a transcription check of emu_mma.cpp), runs the instruction and
+ * stores D by the accumulator layout; D must be A * B + C. */
+static uint32_t pack_bf16(float lo, float hi) { return (uint32_t)bf16_bits(lo) | ((uint32_t)bf16_bits(hi) << 16); }
+
+__global__ void k_mma(const float *A, const float *B, const float *C, float *D)
+{
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+    A += warp * 256;
+    B += warp * 128;
+    C += warp * 128;
+    D += warp * 128;
+    /* A: reg 0 = (g, 2t..2t+1), reg 1 = (g + 8, 2t..), reg 2 = (g, 2t + 8..), reg 3 = (g + 8, 2t + 8..) */
+    const uint32_t a0 = pack_bf16(A[g * 16 + 2 * t], A[g * 16 + 2 * t + 1]);
+    const uint32_t a1 = pack_bf16(A[(g + 8) * 16 + 2 * t], A[(g + 8) * 16 + 2 * t + 1]);
+    const uint32_t a2 = pack_bf16(A[g * 16 + 2 * t + 8], A[g * 16 + 2 * t + 9]);
+    const uint32_t a3 = pack_bf16(A[(g + 8) * 16 + 2 * t + 8], A[(g + 8) * 16 + 2 * t + 9]);
+    /* B (row k, column n = g): reg 0 = k 2t..2t+1, reg 1 = k 2t + 8.. */
+    const uint32_t b0 = pack_bf16(B[(2 * t) * 8 + g], B[(2 * t + 1) * 8 + g]);
+    const uint32_t b1 = pack_bf16(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g]);
+    /* C / D: c0, c1 = (g, 2t..2t+1), c2, c3 = (g + 8, 2t..) */
+    float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
+    emu_mma_m16n8k16_bf16_f32(d, a0, a1, a2, a3, b0, b1);
+    D[g * 8 + 2 * t] = d[0];
+    D[g * 8 + 2 * t + 1] = d[1];
+    D[(g + 8) * 8 + 2 * t] = d[2];
+    D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+static void test_mma(void **state)
+{
+    (void)state;
+    const int W = 2;
+    std::vector<float> A(W * 256), B(W * 128), C(W * 128), D(W * 128, -1.0f);
+    for (int w = 0; w < W; w++) { /* small integers: every sum exact */
+        for (int i = 0; i < 256; i++) A[w * 256 + i] = (float)((i * 7 + w * 3) % 11 - 5);
+        for (int i = 0; i < 128; i++) B[w * 128 + i] = (float)((i * 5 + w) % 9 - 4);
+        for (int i = 0; i < 128; i++) C[w * 128 + i] = (float)(i % 13 - 6) * 0.5f;
+    }
+    /* rounded once: row 0 column 0 of warp 1 sums 1 + 16 products of 2^-12 * 2^-12 = 1 + 2^-20 (exact in
+     * f32; accumulating in f32 from c = 1 one product at a time would lose each 2^-24) */
+    for (int k = 0; k < 16; k++) {
+        A[256 + k] = 0x1p-12f;
+        B[128 + k * 8] = 0x1p-12f;
+    }
+    C[128] = 1.0f;
+    emu_launch(emu_config{3}, k_mma, dim3(1), dim3(32 * W), 0, A.data(), B.data(), C.data(), D.data());
+    for (int w = 0; w < W; w++)
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 8; n++) {
+                double s = C[w * 128 + m * 8 + n];
+                for (int k = 0; k < 16; k++) s += (double)A[w * 256 + m * 16 + k] * B[w * 128 + k * 8 + n];
+                if (D[w * 128 + m * 8 + n] != (float)s)
+                    fail_msg("mma warp %d D[%d][%d] = %.9g, want %.9g", w, m, n, (double)D[w * 128 + m * 8 + n], s);
+            }
+    assert_true(D[128] == 1.0f + 0x1p-20f);
+}
+
 /* ---- misuse aborts -------------------------------------------------------------------------------------- */
 __global__ void k_misuse(int kind, int *sink)
 {
@@ -203,6 +314,11 @@ __global__ void k_misuse(int kind, int *sink)
     } else if (kind == 4) { /* lanes of a warp at two different collectives */
         if (t & 1) sink[t] = __shfl_xor_sync(0xffffffffu, t, 1);
         else sink[t] = (int)__ballot_sync(0xffffffffu, 1);
+    } else if (kind == 5 || kind == 6) { /* an mma reached by half a warp / beside a shuffle */
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        if ((t & 31) < 16) emu_mma_m16n8k16_bf16_f32(d, 0u, 0u, 0u, 0u, 0u, 0u);
+        else if (kind == 6) d[0] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+        sink[t] = (int)d[0];
     }
 }
 
@@ -244,6 +360,8 @@ static void test_misuse_aborts(void **state)
     expect_abort(2, "others of the block have exited");
     expect_abort(3, "only full masks");
     expect_abort(4, "different warp collectives");
+    expect_abort(5, "not all 32 lanes");
+    expect_abort(6, "different warp");
 }
 
 int main(void)
@@ -252,6 +370,8 @@ int main(void)
         cmocka_unit_test(test_indices),
         cmocka_unit_test(test_warp_collectives),
         cmocka_unit_test(test_schedules),
+        cmocka_unit_test(test_bf16_intrinsics),
+        cmocka_unit_test(test_mma),
         cmocka_unit_test(test_misuse_aborts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
