@@ -179,7 +179,7 @@ if step:
               s["floor_ms"], s["graph_ms"] / s["floor_ms"], s["eager_ms"] / s["graph_ms"],
               "%.0f tok/s" % e["graph_tok_s"] if e else "-", "%.0f tok/s" % e["eager_tok_s"] if e else "-"))
 EOF
-  grep -E "^(batch|  *[0-9]+ )|step / decode" "$RES/bench-spec.txt" 2>/dev/null | head -6
+  grep -E "^(batch|[0-9]+ +(plain|spec))" "$RES/bench-spec.txt" 2>/dev/null | cut -c1-100
   grep -E "^(floors|host|device|derived)" "$RES/bench-transfer.txt" 2>/dev/null
   if [ ${#FAILED[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${FAILED[@]}"; else echo "all steps passed"; fi
   echo "results: $RES"
