@@ -24,66 +24,27 @@
 #include "kernels/kern.h"
 #include "tests/emu/emu_kernels.h"
 #include "tests/gpu/gpu_test.h"
+#include "tests/opcases/opcases.h"
 
 /* the two schedules of every op: even seed uniform, odd seed run ahead (emu_cuda.cpp) */
 static const uint64_t ET_SEEDS[2] = {0x5eed0010ull, 0x5eed0011ull};
 
-enum { ET_NONE = 0, ET_IN, ET_OUT_F32, ET_OUT_I32 };
-/* Slots 0..KERN_MAX_BUFS-1 are the op's buffers; ET_EXTRA holds one the op only sees through views. */
-#define ET_EXTRA KERN_MAX_BUFS
-#define ET_SLOTS (KERN_MAX_BUFS + 1)
+/* The case and its data helpers are tests/opcases/opcases.h's (the cases shared with tests/gpu). */
+enum { ET_NONE = OC_NONE, ET_IN = OC_IN, ET_OUT_F32 = OC_OUT_F32, ET_OUT_I32 = OC_OUT_I32 };
+#define ET_EXTRA OC_EXTRA
+#define ET_SLOTS OC_SLOTS
+typedef oc_case et_case;
 
-typedef struct {
-    kern_op op; /* kind, p, f (buffers filled by et_run) */
-    void *host[ET_SLOTS];
-    size_t bytes[ET_SLOTS];
-    int type[ET_SLOTS];
-    int alias[ET_SLOTS]; /* slot whose buffer this one views, or -1 */
-    size_t off[ET_SLOTS];
-    int exact[ET_SLOTS];
-    double rtol;
-    emu_kc_config cfg;
-} et_case;
-
-static inline void *et_alloc(size_t n)
-{
-    void *p = aligned_alloc(64, (n + 63) / 64 * 64 + 64);
-    assert_non_null(p);
-    return p;
-}
-static inline float *et_poison(size_t n)
-{
-    float *p = et_alloc(n * 4);
-    for (size_t i = 0; i < n; i++) p[i] = gpu_poison_f32();
-    return p;
-}
-/* rows x cols: random in [-scale, scale) for rows < live, poison after */
-static inline float *et_rows(gpu_rng *r, size_t rows, size_t cols, size_t live, float scale)
-{
-    float *p = et_poison(rows * cols);
-    for (size_t i = 0; i < live * cols; i++) p[i] = gpu_unif(r) * scale;
-    return p;
-}
-static inline float *et_rand(gpu_rng *r, size_t n, float scale) { return et_rows(r, n, 1, n, scale); }
-static inline float *et_near1(gpu_rng *r, size_t n) /* norm weights */
-{
-    float *p = et_rand(r, n, 0.2f);
-    for (size_t i = 0; i < n; i++) p[i] += 1.0f;
-    return p;
-}
-static inline void *et_weights(gpu_rng *r, int bf, size_t n, float scale)
-{
-    if (!bf) return et_rand(r, n, scale);
-    uint16_t *p = et_alloc(n * 2);
-    for (size_t i = 0; i < n; i++) p[i] = kern_f32_to_bf16(gpu_unif(r) * scale);
-    return p;
-}
-static inline int32_t *et_i32(size_t n, int32_t v)
-{
-    int32_t *p = et_alloc(n * 4);
-    for (size_t i = 0; i < n; i++) p[i] = v;
-    return p;
-}
+#define et_alloc oc_alloc
+#define et_poison oc_poison
+#define et_rows oc_rows
+#define et_rand oc_rand
+#define et_near1 oc_near1
+#define et_weights oc_weights
+#define et_i32 oc_i32
+#define et_buf oc_buf
+#define et_view oc_view
+static inline void et_init(et_case *t, kern_op_kind kind) { oc_init(t, kind, 1e-5); }
 
 /* n bytes, 64-byte aligned, ending at most 63 bytes before a PROT_NONE page (et_gfree) */
 static inline void *et_galloc(size_t n)
@@ -102,32 +63,11 @@ static inline void et_gfree(void *p, size_t n)
     assert_int_equal(munmap(m, map), 0);
 }
 
-static inline void et_init(et_case *t, kern_op_kind kind)
-{
-    memset(t, 0, sizeof *t);
-    t->op.kind = kind;
-    for (int i = 0; i < ET_SLOTS; i++) t->alias[i] = -1;
-    t->rtol = 1e-5;
-}
-/* Takes ownership of host (et_alloc'd). */
-static inline void et_buf(et_case *t, int slot, void *host, size_t bytes, int type)
-{
-    t->host[slot] = host;
-    t->bytes[slot] = bytes;
-    t->type[slot] = type;
-}
-static inline void et_view(et_case *t, int slot, int of, size_t off, size_t bytes)
-{
-    t->alias[slot] = of;
-    t->off[slot] = off;
-    t->bytes[slot] = bytes;
-    t->type[slot] = ET_IN; /* compared through the slot it views */
-}
-
 /* Runs the case on the CPU and under both schedules; frees its buffers. Returns the failures. */
 static inline int et_run(kern_pool *pool, et_case *t, emu_kc_fn fn, const char *name)
 {
     kern_op cop = t->op, eop[2] = {t->op, t->op};
+    const emu_kc_config cfg = {.attn_bytes = t->attn_bytes};
     void *cbuf[ET_SLOTS] = {0}, *ebuf[2][ET_SLOTS] = {{0}};
     for (int s = 0; s < ET_SLOTS; s++) {
         if (t->type[s] == ET_NONE || t->alias[s] >= 0) continue;
@@ -149,7 +89,7 @@ static inline int et_run(kern_pool *pool, et_case *t, emu_kc_fn fn, const char *
     kern_cpu_exec(pool, &cop);
     for (int k = 0; k < 2; k++) {
         char msg[192];
-        if (fn(&eop[k], &t->cfg, ET_SEEDS[k], msg, sizeof msg) != 0) fail_msg("%s: the kernel recorded %s", name, msg);
+        if (fn(&eop[k], &cfg, ET_SEEDS[k], msg, sizeof msg) != 0) fail_msg("%s: the kernel recorded %s", name, msg);
     }
     int bad = 0;
     for (int s = 0; s < ET_SLOTS; s++) {
@@ -175,6 +115,25 @@ static inline int et_run(kern_pool *pool, et_case *t, emu_kc_fn fn, const char *
     return bad;
 }
 
+/* The emulation as an opcases.h harness: runs one family of the shared cases (tests/opcases) through
+ * et_run with the family's emulated kernel. */
+typedef struct {
+    kern_pool *pool;
+    emu_kc_fn fn;
+} et_harness_ctx;
+static inline int et_harness_run(oc_harness *h, oc_case *t, const char *name)
+{
+    const et_harness_ctx *c = h->ctx;
+    return et_run(c->pool, t, c->fn, name);
+}
+static inline void et_cases(kern_pool *pool, emu_kc_fn fn, void (*cases)(oc_harness *), const char *family)
+{
+    et_harness_ctx c = {pool, fn};
+    oc_harness h = {.emu = 1, .run = et_harness_run, .ctx = &c};
+    cases(&h);
+    printf("%s: %d shared cases\n", family, h.n_run);
+}
+
 /* A case whose data-dependent check must fail (the CPU aborts on it): runs it on the emulation alone and
  * checks that the kernel recorded `code` (its KC_ERR_* name). Frees the case's buffers; outputs of the
  * run are left in out_copy[slot] (et_alloc'd, caller frees) when out_copy is not NULL. */
@@ -189,7 +148,8 @@ static inline void et_expect_error(et_case *t, emu_kc_fn fn, const char *code, c
         op.buf[s] = (kern_buf){buf[s], buf[s] ? t->bytes[s] : 0};
     }
     char msg[192] = "";
-    if (fn(&op, &t->cfg, ET_SEEDS[1], msg, sizeof msg) != 1) fail_msg("%s: no failed check recorded", name);
+    const emu_kc_config cfg = {.attn_bytes = t->attn_bytes};
+    if (fn(&op, &cfg, ET_SEEDS[1], msg, sizeof msg) != 1) fail_msg("%s: no failed check recorded", name);
     if (!strstr(msg, code)) fail_msg("%s: recorded '%s', expected %s", name, msg, code);
     for (int s = 0; s < ET_SLOTS; s++) {
         if (t->alias[s] >= 0 || t->type[s] == ET_NONE) continue;

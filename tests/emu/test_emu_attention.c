@@ -28,160 +28,20 @@
 
 static kern_pool *g_pool;
 
-/* Paged cache geometry. */
-typedef struct {
-    int nkv, hd, bs, max_blocks, max_seqs, num_blocks;
-} cache_geo;
-
-/* every slot gets distinct physical blocks (a shuffled pool), unused entries -1 */
-static int32_t *block_tables(gpu_rng *r, const cache_geo *g)
-{
-    int32_t *bt = et_i32((size_t)g->max_seqs * g->max_blocks, -1);
-    int32_t *pool = et_i32((size_t)g->num_blocks, 0);
-    for (int i = 0; i < g->num_blocks; i++) pool[i] = i;
-    for (int i = g->num_blocks - 1; i > 0; i--) {
-        const int j = gpu_int(r, 0, i), x = pool[i];
-        pool[i] = pool[j];
-        pool[j] = x;
-    }
-    int next = 0;
-    for (int s = 0; s < g->max_seqs; s++)
-        for (int b = 0; b < g->max_blocks && next < g->num_blocks; b++) bt[s * g->max_blocks + b] = pool[next++];
-    free(pool);
-    return bt;
-}
-
-static void kvw_case(et_case *t, gpu_rng *r, const cache_geo *g, int nh, int max_rows, int n, const int *sl,
-                     const int *ps)
-{
-    const int stride = (nh + 2 * g->nkv) * g->hd + 8;
-    const size_t head = (size_t)g->nkv * g->hd, cache = (size_t)g->num_blocks * g->bs * head;
-    et_init(t, KOP_KV_WRITE);
-    et_buf(t, 0, et_rows(r, max_rows, stride, n, 1.0f), (size_t)max_rows * stride * 4, ET_IN);
-    et_buf(t, 1, et_poison(cache), cache * 4, ET_OUT_F32);
-    et_buf(t, 2, et_poison(cache), cache * 4, ET_OUT_F32);
-    int32_t *slot = et_i32(max_rows, 99), *pos = et_i32(max_rows, -99);
-    for (int i = 0; i < n; i++) {
-        slot[i] = sl[i];
-        pos[i] = ps[i];
-    }
-    et_buf(t, 3, slot, max_rows * 4, ET_IN);
-    et_buf(t, 4, pos, max_rows * 4, ET_IN);
-    et_buf(t, 5, block_tables(r, g), (size_t)g->max_seqs * g->max_blocks * 4, ET_IN);
-    et_buf(t, 6, et_i32(1, n), 4, ET_IN);
-    t->op.p[0] = g->nkv;
-    t->op.p[1] = g->hd;
-    t->op.p[2] = stride;
-    t->op.p[3] = nh * g->hd;
-    t->op.p[4] = (nh + g->nkv) * g->hd;
-    t->op.p[5] = g->bs;
-    t->op.p[6] = g->max_blocks;
-    t->op.p[7] = max_rows;
-    t->exact[1] = t->exact[2] = 1;
-}
+/* the kv_write and attention cases: tests/opcases/opcases.c (shared with tests/gpu/test_cuda_ops.c) */
+typedef oc_cache_geo cache_geo;
+#define block_tables oc_block_tables
 
 static void test_kv_write(void **state)
 {
     (void)state;
-    gpu_rng r = {41};
-    const cache_geo g = {2, 32, 4, 6, 3, 18};
-    const int sl[6] = {0, 0, 2, -1, 1, 2}, ps[6] = {0, 5, 23, 7, 13, 22};
-    et_case t;
-    kvw_case(&t, &r, &g, 4, 8, 6, sl, ps);
-    assert_int_equal(et_run(g_pool, &t, emu_kc_kv_write, "kv_write"), 0);
-    /* head of 144 floats: more than the block's 128 threads */
-    const cache_geo g2 = {3, 48, 16, 2, 2, 4};
-    const int sl2[3] = {1, 0, 1}, ps2[3] = {31, 0, 16};
-    kvw_case(&t, &r, &g2, 6, 3, 3, sl2, ps2);
-    assert_int_equal(et_run(g_pool, &t, emu_kc_kv_write, "kv_write head 144"), 0);
-}
-
-/* ---- attention ----------------------------------------------------------------------------------------- */
-typedef struct {
-    int nh, nkv, hd, bs, max_blocks, max_rows, n;
-    int kvl[8];      /* kv_len of rows 0..7 (< 0: random in 1..max_kv); rows >= 8 random */
-    int masked;      /* this row gets slot -1 (-1: none) */
-    int drafter;     /* rows 0..drafter-1 share slot 0 and kv_len kvl[0] */
-    int attn_rows;   /* scratch for this many rows' partials (0: the default) */
-    const char *what;
-} attn_case;
-
-static void attn_run(const attn_case *c, gpu_rng *r)
-{
-    const int max_seqs = 3;
-    const cache_geo g = {c->nkv, c->hd, c->bs, c->max_blocks, max_seqs, max_seqs * c->max_blocks + 2};
-    const size_t head = (size_t)g.nkv * g.hd, cache = (size_t)g.num_blocks * g.bs * head;
-    const int q_stride = (c->nh + 2 * c->nkv) * c->hd, max_kv = c->bs * c->max_blocks;
-    et_case t;
-    et_init(&t, KOP_ATTENTION);
-    et_buf(&t, 0, et_rows(r, c->max_rows, q_stride, c->n, 1.0f), (size_t)c->max_rows * q_stride * 4, ET_IN);
-    et_buf(&t, 1, et_rand(r, cache, 1.0f), cache * 4, ET_IN);
-    et_buf(&t, 2, et_rand(r, cache, 1.0f), cache * 4, ET_IN);
-    const size_t ob = (size_t)c->max_rows * c->nh * c->hd;
-    et_buf(&t, 3, et_poison(ob), ob * 4, ET_OUT_F32);
-    int32_t *slot = et_i32(c->max_rows, 77), *kvl = et_i32(c->max_rows, -5);
-    for (int i = 0; i < c->n; i++) {
-        slot[i] = gpu_int(r, 0, max_seqs - 1);
-        kvl[i] = i < 8 && c->kvl[i] >= 0 ? c->kvl[i] : gpu_int(r, 1, max_kv);
-        if (i < c->drafter) {
-            slot[i] = 0;
-            kvl[i] = kvl[0];
-        }
-    }
-    if (c->masked >= 0) slot[c->masked] = -1;
-    et_buf(&t, 4, slot, c->max_rows * 4, ET_IN);
-    et_buf(&t, 5, kvl, c->max_rows * 4, ET_IN);
-    et_buf(&t, 6, block_tables(r, &g), (size_t)max_seqs * g.max_blocks * 4, ET_IN);
-    et_buf(&t, 7, et_i32(1, c->n), 4, ET_IN);
-    t.op.p[0] = c->nh;
-    t.op.p[1] = c->nkv;
-    t.op.p[2] = c->hd;
-    t.op.p[3] = q_stride;
-    t.op.p[4] = c->bs;
-    t.op.p[5] = c->max_blocks;
-    t.op.p[6] = c->max_rows;
-    t.op.f[0] = (float)(1.0 / sqrt((double)c->hd)) * 4.0f; /* sharper softmax than the default */
-    if (c->attn_rows) {
-        long long ys = ((long long)max_kv + 63) / 64;
-        if (ys > 64) ys = 64;
-        t.cfg.attn_bytes = (size_t)c->attn_rows * c->nh * (size_t)ys * ((size_t)c->hd + 2) * 4 + 100;
-    }
-    t.rtol = 2e-5;
-    char name[160];
-    snprintf(name, sizeof name, "attention nh %d nkv %d hd %d: %s", c->nh, c->nkv, c->hd, c->what);
-    assert_int_equal(et_run(g_pool, &t, emu_kc_attention, name), 0);
+    et_cases(g_pool, emu_kc_kv_write, opcase_kv_write, "kv_write");
 }
 
 static void test_attention(void **state)
 {
     (void)state;
-    gpu_rng r = {42};
-    const attn_case cases[] = {
-        {4, 4, 32, 16, 20, 8, 7, {0, 1, 63, 64, 65, 300, 320, 2}, 1, 0, 0, "group 1, kv_len 0 .. 320, masked row"},
-        {8, 4, 64, 16, 20, 6, 6, {300, 65, 64, 63, 1, 0, -1, -1}, 2, 0, 0, "group 2"},
-        {8, 2, 128, 16, 20, 5, 5, {65, 300, 1, 64, 0, -1, -1, -1}, 0, 0, 0, "group 4, hd 128"},
-        {8, 1, 64, 8, 40, 5, 4, {300, 63, 0, 129, -1, -1, -1, -1}, 3, 0, 0, "group 8"},
-        {16, 1, 32, 16, 6, 4, 3, {65, 96, 1, -1, -1, -1, -1, -1}, -1, 0, 0, "group 16: two head chunks of 8"},
-        {8, 2, 64, 16, 8, 6, 5, {100, 0, 0, 0, 0, 0, 0, 0}, -1, 5, 0, "drafter block: 5 rows, one slot, one kv_len"},
-        {4, 2, 64, 16, 20, 9, 8, {300, 1, 65, 0, 200, 64, 129, 63}, 6, 0, 1, "scratch for 1 row: row chunks of 1"},
-        {4, 2, 32, 16, 20, 9, 9, {300, 1, 65, 0, 200, 64, 129, 63}, 2, 0, 3, "scratch for 3 rows: row chunks of 3"},
-        {2, 1, 16, 4, 8, 5, 4, {32, 1, 17, 5, -1, -1, -1, -1}, -1, 0, 0, "hd 16 (half the lanes idle)"},
-        {6, 2, 80, 16, 4, 4, 4, {64, 1, 33, 50, -1, -1, -1, -1}, -1, 0, 0, "hd 80"},
-        {8, 2, 256, 8, 10, 3, 3, {80, 1, 65, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 256, group 4"},
-        {8, 1, 256, 8, 3, 2, 2, {24, 9, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 256, group 8 in two chunks"},
-        {4, 2, 256, 16, 6, 2, 2, {96, 1, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 256, group 2"},
-        {2, 2, 128, 16, 6, 2, 2, {70, 33, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 128, group 1"},
-        /* the other (NV, G) instantiations: every one of the 16 runs in this test */
-        {8, 2, 32, 16, 6, 2, 2, {70, 5, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 32, group 4"},
-        {2, 2, 64, 16, 6, 2, 2, {70, 5, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 64, group 1"},
-        {4, 2, 128, 16, 6, 2, 2, {70, 5, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 128, group 2"},
-        {8, 1, 128, 16, 6, 2, 2, {70, 5, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 128, group 8"},
-        {2, 2, 256, 16, 6, 2, 2, {70, 5, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 256, group 1"},
-        {2, 1, 288, 16, 6, 3, 2, {70, 3, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "hd 288 (NV 32)"},
-        {2, 2, 32, 64, 80, 2, 2, {5000, 4097, -1, -1, -1, -1, -1, -1}, -1, 0, 0, "past 4096 keys: capped splits"},
-        {4, 2, 32, 16, 4, 5, 0, {0, 0, 0, 0, 0, 0, 0, 0}, -1, 0, 0, "zero rows"},
-    };
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) attn_run(&cases[ci], &r);
+    et_cases(g_pool, emu_kc_attention, opcase_attention, "attention");
 }
 
 /* ---- batch invariance ------------------------------------------------------------------------------------- */
@@ -357,7 +217,7 @@ static void test_data_checks(void **state)
     for (int k = 0; k < 3; k++) {
         const int sl[4] = {0, k == 0 ? 3 : 1, 1, 2}, ps[4] = {1, 2, k == 1 ? 24 : 3, 4};
         et_case t;
-        kvw_case(&t, &r, &g, 2, 4, 4, sl, ps);
+        oc_kv_write_case(&t, 1e-5, &r, &g, 2, 4, 4, sl, ps);
         int32_t *bt = t.host[5];
         if (k == 2) bt[2 * g.max_blocks + 1] = g.num_blocks; /* slot 2, position 4 */
         char name[64];

@@ -20,129 +20,30 @@
 
 static kern_pool *g_pool;
 
+/* the cases: tests/opcases/opcases.c (shared with tests/gpu/test_cuda_ops.c) */
 static void test_embed(void **state)
 {
     (void)state;
-    gpu_rng r = {61};
-    for (int bf = 0; bf < 2; bf++) {
-        const int H = bf ? 300 : 96, V = 50, max_rows = 8, n = 5;
-        et_case t;
-        et_init(&t, KOP_EMBED);
-        int32_t *ids = et_i32(max_rows, -999); /* padding ids out of range: must not be read */
-        for (int i = 0; i < n; i++) ids[i] = gpu_int(&r, 0, V - 1);
-        ids[1] = V - 1;
-        ids[2] = 0;
-        et_buf(&t, 0, ids, max_rows * 4, ET_IN);
-        et_buf(&t, 1, et_weights(&r, bf, (size_t)V * H, 1.0f), (size_t)V * H * (bf ? 2 : 4), ET_IN);
-        et_buf(&t, 2, et_poison((size_t)max_rows * H), (size_t)max_rows * H * 4, ET_OUT_F32);
-        et_buf(&t, 3, et_i32(1, n), 4, ET_IN);
-        t.op.p[0] = H;
-        t.op.p[1] = V;
-        t.op.p[2] = max_rows;
-        t.op.p[3] = bf ? KERN_DT_BF16 : KERN_DT_F32;
-        t.exact[2] = 1;
-        assert_int_equal(et_run(g_pool, &t, emu_kc_embed, bf ? "embed bf16" : "embed f32"), 0);
-    }
+    et_cases(g_pool, emu_kc_embed, opcase_embed, "embed");
 }
 
 static void test_gather_copy_cols(void **state)
 {
     (void)state;
-    gpu_rng r = {62};
-    {
-        const int H = 300, x_rows = 9, max_out = 5, n = 4;
-        et_case t;
-        et_init(&t, KOP_GATHER_ROWS);
-        et_buf(&t, 0, et_rand(&r, (size_t)x_rows * H, 1.0f), (size_t)x_rows * H * 4, ET_IN);
-        int32_t *idx = et_i32(max_out, 1000);
-        idx[0] = 8;
-        idx[1] = 0;
-        idx[2] = 8;
-        idx[3] = 4;
-        et_buf(&t, 1, idx, max_out * 4, ET_IN);
-        et_buf(&t, 2, et_poison((size_t)max_out * H), (size_t)max_out * H * 4, ET_OUT_F32);
-        et_buf(&t, 3, et_i32(1, n), 4, ET_IN);
-        t.op.p[0] = H;
-        t.op.p[1] = x_rows;
-        t.op.p[2] = max_out;
-        t.exact[2] = 1;
-        assert_int_equal(et_run(g_pool, &t, emu_kc_gather_rows, "gather_rows"), 0);
-    }
-    for (int blk = 0; blk < 3; blk++) {
-        const int H = 40, k = 3, stride = k * H + 4, max_rows = 6, n = 4;
-        et_case t;
-        et_init(&t, KOP_COPY_COLS);
-        et_buf(&t, 0, et_rows(&r, max_rows, H, n, 1.0f), (size_t)max_rows * H * 4, ET_IN);
-        et_buf(&t, 1, et_poison((size_t)max_rows * stride), (size_t)max_rows * stride * 4, ET_OUT_F32);
-        et_buf(&t, 2, et_i32(1, n), 4, ET_IN);
-        t.op.p[0] = H;
-        t.op.p[1] = stride;
-        t.op.p[2] = blk * H + (blk == 2 ? 4 : 0); /* the last block ends at the row's end */
-        t.op.p[3] = max_rows;
-        t.exact[1] = 1;
-        assert_int_equal(et_run(g_pool, &t, emu_kc_copy_cols, "copy_cols"), 0);
-    }
+    et_cases(g_pool, emu_kc_gather_rows, opcase_gather_rows, "gather_rows");
+    et_cases(g_pool, emu_kc_copy_cols, opcase_copy_cols, "copy_cols");
 }
 
 static void test_silu_mul(void **state)
 {
     (void)state;
-    gpu_rng r = {63};
-    const struct {
-        int I, max_rows, n, out_off; /* out_off: out starts out_off floats into its buffer */
-        const char *what;
-    } cases[] = {{100, 7, 5, 0, "float4"}, {256, 9, 9, 0, "float4, every row"}, {37, 7, 6, 0, "I % 4 != 0"},
-                 {64, 5, 3, 1, "misaligned out"}, {300, 40, 33, 0, "grid-stride over many rows"},
-                 {64, 4, 0, 0, "zero rows"}};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        const int I = cases[ci].I, M = cases[ci].max_rows, n = cases[ci].n, oo = cases[ci].out_off;
-        et_case t;
-        et_init(&t, KOP_SILU_MUL);
-        float *gu = et_rows(&r, M, 2 * (size_t)I, n, 6.0f);
-        gu[0] = -100.0f; /* expf(100) overflows: silu -> -0 */
-        gu[1] = 100.0f;
-        et_buf(&t, 0, gu, (size_t)M * 2 * I * 4, ET_IN);
-        et_buf(&t, ET_EXTRA, et_poison((size_t)M * I + (size_t)oo), ((size_t)M * I + (size_t)oo) * 4, ET_OUT_F32);
-        et_view(&t, 1, ET_EXTRA, (size_t)oo * 4, (size_t)M * I * 4);
-        et_buf(&t, 2, et_i32(1, n), 4, ET_IN);
-        t.op.p[0] = I;
-        t.op.p[1] = M;
-        t.rtol = 1e-6;
-        char name[96];
-        snprintf(name, sizeof name, "silu_mul I %d: %s", I, cases[ci].what);
-        assert_int_equal(et_run(g_pool, &t, emu_kc_silu_mul, name), 0);
-    }
+    et_cases(g_pool, emu_kc_silu_mul, opcase_silu_mul, "silu_mul");
 }
 
 static void test_add(void **state)
 {
     (void)state;
-    gpu_rng r = {64};
-    const struct {
-        int H, max_rows, n, same, x_off;
-        const char *what;
-    } cases[] = {{256, 6, 4, 0, 0, "float4"}, {256, 6, 4, 1, 0, "float4, y == x"}, {101, 6, 4, 0, 0, "H % 4 != 0"},
-                 {101, 6, 5, 1, 0, "H % 4 != 0, y == x"}, {128, 5, 3, 0, 1, "misaligned x"},
-                 {512, 40, 37, 0, 0, "grid-stride over many rows"}, {256, 4, 0, 0, 0, "zero rows"}};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        const int H = cases[ci].H, M = cases[ci].max_rows, n = cases[ci].n, xo = cases[ci].x_off;
-        et_case t;
-        et_init(&t, KOP_ADD);
-        const size_t xb = (size_t)M * H * 4;
-        /* x past n finite (x + anything there would change it; poison + poison would stay poison), y past
-         * n poisoned (a live row reading it turns NaN) */
-        et_buf(&t, ET_EXTRA, et_rand(&r, (size_t)M * H + (size_t)xo, 1.0f), xb + (size_t)xo * 4, ET_OUT_F32);
-        et_view(&t, 0, ET_EXTRA, (size_t)xo * 4, xb);
-        if (cases[ci].same) et_view(&t, 1, ET_EXTRA, (size_t)xo * 4, xb);
-        else et_buf(&t, 1, et_rows(&r, M, H, n, 1.0f), xb, ET_IN);
-        et_buf(&t, 2, et_i32(1, n), 4, ET_IN);
-        t.op.p[0] = H;
-        t.op.p[1] = M;
-        t.exact[ET_EXTRA] = 1;
-        char name[96];
-        snprintf(name, sizeof name, "add H %d: %s", H, cases[ci].what);
-        assert_int_equal(et_run(g_pool, &t, emu_kc_add, name), 0);
-    }
+    et_cases(g_pool, emu_kc_add, opcase_add, "add");
 }
 
 /* the data-dependent checks (the CPU aborts on them): recorded, the row skipped, the others written */

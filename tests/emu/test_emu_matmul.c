@@ -27,64 +27,11 @@
 
 static kern_pool *g_pool;
 
-typedef struct {
-    int K, N, M, n, bf, bias, acc, xoff; /* xoff: x starts xoff floats into its buffer */
-    const char *path;
-} mm_case;
-
-static void mm_run(const mm_case *c, gpu_rng *r)
-{
-    et_case t;
-    et_init(&t, KOP_MATMUL);
-    const size_t xb = (size_t)c->M * c->K * 4;
-    float *x = et_rows(r, (size_t)c->M * c->K + (size_t)c->xoff, 1, (size_t)c->n * c->K + (size_t)c->xoff, 1.0f);
-    if (c->xoff) {
-        et_buf(&t, ET_EXTRA, x, xb + (size_t)c->xoff * 4, ET_IN);
-        et_view(&t, 0, ET_EXTRA, (size_t)c->xoff * 4, xb);
-    } else {
-        et_buf(&t, 0, x, xb, ET_IN);
-    }
-    et_buf(&t, 1, et_weights(r, c->bf, (size_t)c->N * c->K, 0.5f), (size_t)c->N * c->K * (c->bf ? 2 : 4), ET_IN);
-    if (c->bias) et_buf(&t, 2, et_rand(r, c->N, 1.0f), (size_t)c->N * 4, ET_IN);
-    float *out = c->acc ? et_rows(r, c->M, c->N, c->n, 2.0f) : et_poison((size_t)c->M * c->N);
-    et_buf(&t, 3, out, (size_t)c->M * c->N * 4, ET_OUT_F32);
-    et_buf(&t, 4, et_i32(1, c->n), 4, ET_IN);
-    t.op.p[0] = c->K;
-    t.op.p[1] = c->N;
-    t.op.p[2] = c->M;
-    t.op.p[3] = c->bf ? KERN_DT_BF16 : KERN_DT_F32;
-    t.op.p[4] = c->acc;
-    t.rtol = 2e-5; /* both keep the f32 activations (the tensor-core kernel as bf16 hi + lo) */
-    char name[160];
-    snprintf(name, sizeof name, "matmul K %d N %d max_rows %d n %d: %s", c->K, c->N, c->M, c->n, c->path);
-    assert_int_equal(et_run(g_pool, &t, emu_kc_matmul, name), 0);
-}
-
+/* the cases: tests/opcases/opcases.c (shared with tests/gpu/test_cuda_ops.c) */
 static void test_matmul(void **state)
 {
     (void)state;
-    gpu_rng r = {31};
-    const mm_case cases[] = {
-        {256, 200, 8, 5, 1, 1, 0, 0, "tensor-core RG 1, 8 warps, N % 16 == 8, bias"},
-        {256, 70, 8, 8, 1, 0, 1, 0, "tensor-core RG 1, N % 16 == 6, accumulate"},
-        {32, 40, 4, 3, 1, 1, 0, 0, "tensor-core, K = 1 chunk (1 warp)"},
-        {96, 64, 16, 16, 1, 1, 1, 0, "tensor-core RG 2, K = 3 chunks (3 warps), full bucket"},
-        {512, 48, 16, 11, 1, 0, 0, 0, "tensor-core RG 2, 16 chunks (two per iteration)"},
-        {768, 24, 32, 17, 1, 1, 0, 0, "tensor-core RG 4, 24 chunks (odd per warp)"},
-        {256, 300, 100, 77, 1, 1, 1, 0, "tensor-core, 4 row tiles (partial, one empty), bias, accumulate"},
-        {128, 64, 64, 64, 1, 0, 0, 0, "tensor-core, 2 full row tiles"},
-        {256, 40, 8, 0, 1, 1, 0, 0, "tensor-core, zero rows"},
-        {128, 40, 100, 0, 1, 0, 1, 0, "tensor-core, zero rows, 4 row tiles"},
-        {128, 40, 0, 0, 1, 1, 0, 0, "max_rows 0"},
-        {100, 70, 4, 4, 1, 1, 0, 0, "bf16 K % 32 != 0 -> CUDA-core"},
-        {256, 50, 40, 33, 1, 1, 1, 1, "bf16, x misaligned -> CUDA-core, 2 row tiles"},
-        {64, 50, 4, 3, 0, 1, 0, 0, "f32 CUDA-core"},
-        {70, 9, 64, 45, 0, 1, 1, 0, "f32 CUDA-core, K % 32 != 0, 2 row tiles, accumulate"},
-        {100, 30, 6, 6, 1, 0, 0, 0, "bf16 CUDA-core, n == max_rows: a partial 4-row group at x's end"},
-        {64, 20, 38, 38, 0, 1, 0, 0, "f32 CUDA-core, n == max_rows: a partial group in the second tile"},
-        {37, 8, 6, 0, 0, 0, 0, 0, "f32 CUDA-core, zero rows"},
-    };
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) mm_run(&cases[ci], &r);
+    et_cases(g_pool, emu_kc_matmul, opcase_matmul, "matmul");
 }
 
 /* ---- batch invariance ----------------------------------------------------------------------------------- */
