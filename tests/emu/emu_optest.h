@@ -6,7 +6,7 @@
  * runs the op on each, and checks: the two schedules bitwise equal on every output; every output element
  * the CPU left unwritten still holds the poison (rows past n, columns outside the op); live elements
  * bitwise equal to the CPU's (exact slots) or within rtol (gpu_cmp_f32: rtol * (max |cpu| + |cpu|)), NaN
- * never passing. Buffers are 64-byte aligned (a view's offset sets its own alignment), so the vectorized
+ * never passing, or by the case's own comparison (OC_OUT_CMP: oc_compare). Buffers are 64-byte aligned (a view's offset sets its own alignment), so the vectorized
  * paths are chosen as on the device; the emulated kernels' copies end (within 64 bytes) at an inaccessible
  * page, so a read or write past a buffer's end faults (cmocka reports the signal as the test's failure).
  * Static functions: include from one test file. */
@@ -30,7 +30,7 @@
 static const uint64_t ET_SEEDS[2] = {0x5eed0010ull, 0x5eed0011ull};
 
 /* The case and its data helpers are tests/opcases/opcases.h's (the cases shared with tests/gpu). */
-enum { ET_NONE = OC_NONE, ET_IN = OC_IN, ET_OUT_F32 = OC_OUT_F32, ET_OUT_I32 = OC_OUT_I32 };
+enum { ET_NONE = OC_NONE, ET_IN = OC_IN, ET_OUT_F32 = OC_OUT_F32, ET_OUT_I32 = OC_OUT_I32, ET_OUT_CMP = OC_OUT_CMP };
 #define ET_EXTRA OC_EXTRA
 #define ET_SLOTS OC_SLOTS
 typedef oc_case et_case;
@@ -93,17 +93,14 @@ static inline int et_run(kern_pool *pool, et_case *t, emu_kc_fn fn, const char *
     }
     int bad = 0;
     for (int s = 0; s < ET_SLOTS; s++) {
-        if (t->alias[s] >= 0 || (t->type[s] != ET_OUT_F32 && t->type[s] != ET_OUT_I32)) continue;
+        if (t->alias[s] >= 0 || !oc_is_out(t->type[s])) continue;
         char what[160];
         snprintf(what, sizeof what, "%.140s buf[%d]", name, s);
         if (memcmp(ebuf[0][s], ebuf[1][s], t->bytes[s]) != 0) {
             fprintf(stderr, "%s: the two thread schedules differ\n", what);
             bad++;
         }
-        if (t->type[s] == ET_OUT_F32)
-            bad += gpu_cmp_f32(what, cbuf[s], ebuf[0][s], t->host[s], t->bytes[s] / 4, t->rtol, t->exact[s]);
-        else
-            bad += gpu_cmp_i32(what, cbuf[s], ebuf[0][s], t->bytes[s] / 4);
+        bad += oc_compare(t, s, cbuf[s], ebuf[0][s], what);
     }
     for (int s = 0; s < ET_SLOTS; s++) {
         if (t->alias[s] >= 0 || t->type[s] == ET_NONE) continue;

@@ -33,6 +33,15 @@ void oc_view(oc_case *t, int slot, int of, size_t off, size_t bytes)
     t->bytes[slot] = bytes;
     t->type[slot] = OC_IN; /* compared through the slot it views */
 }
+int oc_compare(const oc_case *t, int s, const void *cpu, const void *got, const char *what)
+{
+    switch (t->type[s]) {
+    case OC_OUT_F32: return gpu_cmp_f32(what, cpu, got, t->host[s], t->bytes[s] / 4, t->rtol, t->exact[s]);
+    case OC_OUT_I32: return gpu_cmp_i32(what, cpu, got, t->bytes[s] / 4);
+    case OC_OUT_CMP: return t->cmp(t, s, cpu, got, what);
+    default: return 0;
+    }
+}
 void oc_check(oc_harness *h, oc_case *t, const char *name)
 {
     h->n_run++;
@@ -539,4 +548,317 @@ void opcase_matmul(oc_harness *h)
         snprintf(name, sizeof name, "matmul K %d N %d max_rows %d n %d: %s", c->K, c->N, c->M, c->n, c->path);
         oc_check(h, &t, name);
     }
+}
+
+/* ---- KOP_DRAFT_SELECT: integer-valued data, so every sum is exact whatever the order: drafts and the
+ * updated logits bitwise equal to the CPU's, ties (lowest id, one of them in another block), NaN (never
+ * chosen; logit 0 NaN -> 0), -0 (id 0) tying +0; rows of absent sequences keep the poison. Markov head
+ * f32 / bf16; V 3000 and 2049 (one id past a block's range) ------------------------------------------ */
+void opcase_draft_select(oc_harness *h)
+{
+    gpu_rng r = {19};
+    for (int variant = 0; variant < 8; variant++) {
+        const int markov = variant & 1, bf = !(variant & 2);
+        const int W = 4, V = variant & 4 ? 2049 : 3000, rk = 16, max_seqs = 3, n = 2;
+        const size_t rows = (size_t)max_seqs * W;
+        oc_case t;
+        oc_init(&t, KOP_DRAFT_SELECT, 0.0);
+        float *lg = oc_alloc(rows * V * 4);
+        for (size_t i = 0; i < rows * V; i++) lg[i] = (float)gpu_int(&r, -40, 40);
+        for (size_t i = (size_t)n * W * V; i < rows * V; i++) lg[i] = gpu_poison_f32(); /* rows of absent seqs */
+        if (!markov) {
+            lg[0 * V + 0] = NAN;      /* row 0: logit 0 NaN -> draft 0 */
+            lg[1 * V + 17] = 1000.0f; /* row 1: a tie between 17 and V-1 (another block) -> 17 */
+            lg[1 * V + V - 1] = 1000.0f;
+            lg[2 * V + 5] = NAN; /* row 2: a NaN elsewhere is never chosen */
+            lg[2 * V + 6] = 2000.0f;
+            for (int v = 0; v < V; v++) lg[3 * V + v] = v % 2 ? 0.0f : -0.0f; /* row 3: -0 (id 0) ties +0 -> 0 */
+        }
+        oc_buf(&t, 0, lg, rows * V * 4, OC_OUT_F32);
+        if (markov) {
+            const size_t wn = (size_t)V * rk, wb = wn * (bf ? 2 : 4);
+            void *w1 = oc_alloc(wb), *w2 = oc_alloc(wb);
+            for (size_t i = 0; i < wn; i++) {
+                const float a = (float)gpu_int(&r, -3, 3), b = (float)gpu_int(&r, -3, 3);
+                if (bf) {
+                    ((uint16_t *)w1)[i] = kern_f32_to_bf16(a);
+                    ((uint16_t *)w2)[i] = kern_f32_to_bf16(b);
+                } else {
+                    ((float *)w1)[i] = a;
+                    ((float *)w2)[i] = b;
+                }
+            }
+            oc_buf(&t, 1, w1, wb, OC_IN);
+            oc_buf(&t, 2, w2, wb, OC_IN);
+        }
+        int32_t *anchor = oc_i32(max_seqs, -1);
+        for (int s = 0; s < n; s++) anchor[s] = gpu_int(&r, 0, V - 1);
+        oc_buf(&t, 3, anchor, (size_t)max_seqs * 4, OC_IN);
+        oc_buf(&t, 4, oc_i32(rows, (int32_t)GPU_POISON_I32), rows * 4, OC_OUT_I32);
+        oc_buf(&t, 5, oc_i32(1, n), 4, OC_IN);
+        t.op.p[0] = W;
+        t.op.p[1] = V;
+        t.op.p[2] = markov ? rk : 0;
+        t.op.p[3] = bf ? KERN_DT_BF16 : KERN_DT_F32;
+        t.op.p[4] = max_seqs;
+        t.exact[0] = 1; /* bitwise: NaN inputs keep their bits, -0 stays -0, poison stays poison */
+        char name[64];
+        snprintf(name, sizeof name, "draft_select markov=%d bf16=%d V=%d", markov, bf, V);
+        oc_check(h, &t, name);
+    }
+}
+
+/* ---- KOP_CONFIDENCE: without / with the w1 embedding (f32, bf16), 12 rows and 72 (9 blocks of 8 warps, 68
+ * live); within 1e-5 of the CPU, rows past n keep the poison ------------------------------------------- */
+void opcase_confidence(oc_harness *h)
+{
+    gpu_rng r = {20};
+    for (int variant = 0; variant < 4; variant++) {
+        const int with_w1 = variant > 0, bf = variant == 1;
+        const int W = variant == 3 ? 4 : 3, H = variant == 3 ? 100 : 64, rk = 16, V = 100,
+                  max_seqs = variant == 3 ? 18 : 4, n = variant == 3 ? 17 : 3;
+        const size_t rows = (size_t)max_seqs * W;
+        oc_case t;
+        oc_init(&t, KOP_CONFIDENCE, 1e-5);
+        oc_buf(&t, 0, oc_rows(&r, rows, H, (size_t)n * W, 1.0f), rows * H * 4, OC_IN);
+        if (with_w1) oc_buf(&t, 1, oc_weights(&r, bf, (size_t)V * rk, 1.0f), (size_t)V * rk * (bf ? 2 : 4), OC_IN);
+        int32_t *drafts = oc_i32(rows, -3);
+        for (size_t i = 0; i < (size_t)n * W; i++) drafts[i] = gpu_int(&r, 0, V - 1);
+        oc_buf(&t, 2, drafts, rows * 4, OC_IN);
+        int32_t *anchor = oc_i32(max_seqs, -3);
+        for (int s = 0; s < n; s++) anchor[s] = gpu_int(&r, 0, V - 1);
+        oc_buf(&t, 3, anchor, (size_t)max_seqs * 4, OC_IN);
+        oc_buf(&t, 4, oc_rand(&r, (size_t)H + rk, 0.3f), ((size_t)H + rk) * 4, OC_IN);
+        oc_buf(&t, 5, oc_rand(&r, 1, 1.0f), 4, OC_IN);
+        oc_buf(&t, 6, oc_poison(rows), rows * 4, OC_OUT_F32);
+        oc_buf(&t, 7, oc_i32(1, n), 4, OC_IN);
+        t.op.p[0] = W;
+        t.op.p[1] = H;
+        t.op.p[2] = rk;
+        t.op.p[3] = bf ? KERN_DT_BF16 : KERN_DT_F32;
+        t.op.p[4] = max_seqs;
+        t.op.p[5] = V;
+        char name[64];
+        snprintf(name, sizeof name, "confidence w1=%d bf16=%d rows=%zu", with_w1, bf, rows);
+        oc_check(h, &t, name);
+    }
+}
+
+/* ---- KOP_SAMPLE -------------------------------------------------------------------------------------
+ * Random rows of every mode (greedy, temperature, top-k, top-p, min-p and their combinations; bans short,
+ * past the kernel's shared-memory staging, duplicated, the best id banned; n_logprobs 0 / 5 / 20; verify
+ * rows whose draft is the argmax, a random id or a banned id) through one op, compared field by field:
+ * tok, accepted, n_top and the top ids equal, logprobs within 1e-5 (absolute; -inf equal). Some rows are
+ * rounded to a coarse grid so that exact ties (broken by the lower id) are common, some carry a tie at the
+ * maximum or a run of tied best ids inside one warp batch, some mask most ids with -inf. Every out word
+ * starts as the poison; what the CPU leaves unwritten (top entries past n_top, rows past n) must stay
+ * poisoned. A GPU runs each op twice (bitwise equal: the kernel's sums have fixed orders), the emulation
+ * under two schedules. Draws differ between backends only when u * zz or top_p * z1 lands within rounding
+ * of a running-sum boundary: with these seeds, never. Larger shapes only on a GPU (!h->emu). */
+typedef struct {
+    int n_rows, n_acc, n_rej, n_drawn_not_best, n_verify_greedy, n_long_bans;
+} oc_sample_stats;
+
+int32_t oc_sample_best(const float *l, int V, const int32_t *ban, int nb)
+{
+    int32_t best = -1;
+    uint64_t bk = 0;
+    for (int32_t i = 0; i < V; i++) {
+        int banned = 0;
+        for (int k = 0; k < nb; k++) banned |= ban[k] == i;
+        if (banned) continue;
+        const uint64_t k = kern_sample_key(l[i], i);
+        if (best < 0 || k > bk) {
+            best = i;
+            bk = k;
+        }
+    }
+    return best;
+}
+
+void oc_sample_rows(gpu_rng *r, float *logits, kern_sample_params *prm, int32_t *bans, int NB, int V, int n,
+                    int long_bans)
+{
+    int ban_used = 0;
+    for (int j = 0; j < n; j++) {
+        float *l = logits + (size_t)j * V;
+        const int shape = gpu_int(r, 0, V < 100 ? 3 : 6);
+        const float scale = 1.0f + 9.0f * (gpu_unif(r) * 0.5f + 0.5f);
+        for (int i = 0; i < V; i++) {
+            const float x = gpu_unif(r) * scale;
+            l[i] = shape == 1 ? roundf(x * 4) / 4 : x; /* coarse: ties everywhere */
+        }
+        if (shape == 2) { /* a tie at the maximum: the lower id wins */
+            const int a = gpu_int(r, 0, V - 1), b = gpu_int(r, 0, V - 1);
+            l[a] = l[b] = scale + 1.0f;
+        } else if (shape == 3) { /* a peaked row: verification accepts often */
+            l[gpu_int(r, 0, V - 1)] = scale + 6.0f;
+        } else if (shape == 4) { /* most ids masked with -inf (grammar masks) */
+            for (int i = 0; i < V; i++)
+                if (gpu_int(r, 0, 15) != 0) l[i] = -INFINITY;
+            l[gpu_int(r, 0, V - 1)] = scale;
+        } else if (shape == 5) { /* a run of tied best ids inside one warp batch: selections descend into
+                                  * the id bytes of the key, where a bin's candidates share a warp batch */
+            const int m = gpu_int(r, 2, 9), a = gpu_int(r, 0, V - m);
+            for (int i = a; i < a + m; i++) l[i] = scale + 0.5f;
+        }
+        kern_sample_params *p = &prm[j];
+        memset(p, 0, sizeof *p);
+        const int mode = j % 10;
+        const float T = 0.3f + 1.5f * (gpu_unif(r) * 0.5f + 0.5f);
+        p->temperature = mode == 0 ? (j % 20 == 0 ? 0.0f : 1e-6f) : T;
+        p->top_k = (mode == 2 || mode == 5 || mode == 7) ? gpu_int(r, 1, 60) : mode == 8 ? V : mode == 9 ? 1 : 0;
+        p->top_p = (mode == 3 || mode == 5 || mode == 6 || mode == 7) ? 0.05f + 0.9f * (gpu_unif(r) * 0.5f + 0.5f)
+                                                                      : (j % 3 ? 1.0f : 0.0f); /* off both ways */
+        p->min_p = (mode == 4 || mode == 6 || mode == 7) ? 0.3f * (gpu_unif(r) * 0.5f + 0.5f) : 0.0f;
+        p->seed = gpu_next(r);
+        p->counter = gpu_next(r) % 5000;
+        static const int nlp[3] = {0, 5, 20};
+        p->n_logprobs = nlp[(j / 10) % 3];
+        p->ban_off = ban_used;
+        p->n_ban = 0;
+        if (long_bans && j % 7 == 1) p->n_ban = 600 < NB - ban_used ? 600 : NB - ban_used; /* past the staged bans */
+        else if (gpu_int(r, 0, 2) == 0) p->n_ban = gpu_int(r, 1, 6);
+        if (ban_used + p->n_ban > NB) p->n_ban = 0;
+        for (int b = 0; b < p->n_ban; b++) bans[ban_used + b] = gpu_int(r, 0, V - 1);
+        if (p->n_ban >= 2) { /* the best raw id banned, and a duplicate */
+            int32_t top = 0;
+            for (int i = 1; i < V; i++)
+                if (kern_sample_key(l[i], i) > kern_sample_key(l[top], top)) top = i;
+            bans[ban_used] = top;
+            bans[ban_used + 1] = top;
+        }
+        ban_used += p->n_ban;
+        const int kind = gpu_int(r, 0, 5); /* verify rows: the argmax, a random id, a banned id */
+        p->draft = -1;
+        if (kind == 1 || kind == 2) p->draft = oc_sample_best(l, V, bans + p->ban_off, p->n_ban);
+        else if (kind == 3) p->draft = gpu_int(r, 0, V - 1);
+        else if (kind == 4 && p->n_ban > 0) p->draft = bans[p->ban_off + gpu_int(r, 0, p->n_ban - 1)];
+    }
+}
+
+static int sample_lp_ok(float c, float g)
+{
+    return !isnan(c) && !isnan(g) && (c == g || fabs((double)c - (double)g) <= 1e-5);
+}
+
+/* the OC_OUT_CMP comparison of the sample out (slot 3); counts what the rows exercised into cmp_ctx */
+static int sample_cmp(const oc_case *t, int slot, const void *cpu_out, const void *got, const char *name)
+{
+    const kern_sample_out *cpu = cpu_out, *g = got, *init = t->host[slot];
+    const float *logits = t->host[0];
+    const kern_sample_params *prm = t->host[1];
+    const int32_t *bans = t->host[2];
+    const int V = (int)t->op.p[0], max_rows = (int)t->op.p[1], n = *(const int32_t *)t->host[4];
+    oc_sample_stats *st = t->cmp_ctx;
+    int bad = 0;
+#define SBAD(...)                                                                                  \
+    do {                                                                                           \
+        if (bad++ < 10) {                                                                          \
+            fprintf(stderr, "%s row %d: ", name, j);                                               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+    for (int j = 0; j < max_rows; j++) {
+        const kern_sample_out *c = &cpu[j], *o = &g[j], *in = &init[j];
+        if (j >= n) {
+            if (memcmp(o, in, sizeof *o) != 0) SBAD("past n but written");
+            continue;
+        }
+        const kern_sample_params *p = &prm[j];
+        if (o->tok != c->tok || o->accepted != c->accepted)
+            SBAD("tok %d acc %d, cpu tok %d acc %d (T %g k %d p %g min_p %g draft %d bans %d)", o->tok, o->accepted,
+                 c->tok, c->accepted, (double)p->temperature, p->top_k, (double)p->top_p, (double)p->min_p, p->draft,
+                 p->n_ban);
+        if (!sample_lp_ok(c->logprob, o->logprob)) SBAD("logprob %.9g, cpu %.9g", (double)o->logprob, (double)c->logprob);
+        if (o->n_top != c->n_top) SBAD("n_top %d, cpu %d", o->n_top, c->n_top);
+        for (int k = 0; k < KERN_SAMPLE_MAX_TOP; k++) {
+            if (k < c->n_top) {
+                if (o->top[k].id != c->top[k].id) SBAD("top[%d] id %d, cpu %d", k, o->top[k].id, c->top[k].id);
+                if (!sample_lp_ok(c->top[k].logprob, o->top[k].logprob))
+                    SBAD("top[%d] logprob %.9g, cpu %.9g", k, (double)o->top[k].logprob, (double)c->top[k].logprob);
+            } else if (memcmp(&o->top[k], &in->top[k], sizeof o->top[k]) != 0 ||
+                       memcmp(&c->top[k], &in->top[k], sizeof c->top[k]) != 0) {
+                SBAD("top[%d] past n_top written", k);
+            }
+        }
+        /* what the rows exercised (from the CPU's results, so the same on either harness) */
+        st->n_rows++;
+        if (p->n_ban > 512) st->n_long_bans++; /* past the bans sample.cu stages in shared memory */
+        if (p->draft >= 0 && p->temperature <= 1e-5f) st->n_verify_greedy++;
+        else if (p->draft >= 0) {
+            if (c->accepted) st->n_acc++;
+            else st->n_rej++;
+        } else if (p->temperature > 1e-5f &&
+                   c->tok != oc_sample_best(logits + (size_t)j * V, V, p->n_ban ? bans + p->ban_off : NULL, p->n_ban)) {
+            st->n_drawn_not_best++;
+        }
+    }
+#undef SBAD
+    return bad;
+}
+
+void opcase_sample(oc_harness *h)
+{
+    gpu_rng r = {21};
+    const struct {
+        int V, max_rows, n, long_bans, nb, gpu_only;
+        const char *what;
+    } cases[] = {
+        {5003, 32, 30, 1, 4096, 0, "V 5003"}, /* every mode x n_logprobs 0 / 5 / 20, bans past the staging */
+        {1024, 34, 32, 0, 4096, 0, "V 1024"}, /* V a multiple of the block: no partial warp batch */
+        {545, 31, 30, 0, 4096, 0, "V 545"},   /* one id past a warp batch boundary, < two passes of the block */
+        {20001, 12, 10, 0, 4096, 0, "V 20001"}, /* draws over several chunks of KS_THREADS * KS_DRAW_PER ids */
+        {151936, 3, 2, 0, 4096, 0, "V 151936"}, /* a real vocabulary */
+        {13, 12, 10, 0, 4096, 0, "V 13 (fewer ids than the top-n)"},
+        {5003, 4, 0, 0, 4096, 0, "zero rows"},
+        {700, 4, 4, 0, 0, 0, "no bans buffer"}, /* p2 = 0, buf 2 NULL */
+        /* larger: a GPU only (the emulation's time) */
+        {5003, 256, 240, 1, 4096, 1, "V 5003, 256 rows"},
+        {4096, 64, 60, 0, 4096, 1, "V 4096, 64 rows"},
+        {151936, 8, 6, 0, 4096, 1, "V 151936, 8 rows"},
+        {13, 16, 12, 0, 4096, 1, "V 13, 16 rows"},
+        {5003, 8, 0, 0, 4096, 1, "zero rows of 8"},
+        {1000, 4, 4, 0, 0, 1, "no bans buffer, V 1000"},
+    };
+    oc_sample_stats st = {0};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        if (cases[ci].gpu_only && h->emu) continue;
+        const int V = cases[ci].V, max_rows = cases[ci].max_rows, n = cases[ci].n, NB = cases[ci].nb;
+        float *logits = oc_poison((size_t)max_rows * V);
+        kern_sample_params *prm = oc_alloc((size_t)max_rows * sizeof *prm);
+        memset(prm, 0, (size_t)max_rows * sizeof *prm);
+        int32_t dummy = 0, *bans = NB > 0 ? oc_i32((size_t)NB, 0) : &dummy;
+        oc_sample_rows(&r, logits, prm, bans, NB, V, n, cases[ci].long_bans);
+        for (int j = n; j < max_rows; j++) { /* never read: out-of-range values */
+            memset(&prm[j], 0xff, sizeof prm[j]);
+            prm[j].n_logprobs = 999;
+        }
+        if (V < KERN_SAMPLE_MAX_TOP)
+            for (int j = 0; j < n; j++) prm[j].n_logprobs = KERN_SAMPLE_MAX_TOP; /* n_top = V */
+        const size_t ob = (size_t)max_rows * sizeof(kern_sample_out);
+        oc_case t;
+        oc_init(&t, KOP_SAMPLE, 0.0);
+        oc_buf(&t, 0, logits, (size_t)max_rows * V * 4, OC_IN);
+        oc_buf(&t, 1, prm, (size_t)max_rows * sizeof *prm, OC_IN);
+        if (NB > 0) oc_buf(&t, 2, bans, (size_t)NB * 4, OC_IN);
+        oc_buf(&t, 3, oc_poison(ob / 4), ob, OC_OUT_CMP); /* every word the poison */
+        oc_buf(&t, 4, oc_i32(1, n), 4, OC_IN);
+        t.op.p[0] = V;
+        t.op.p[1] = max_rows;
+        t.op.p[2] = NB;
+        t.cmp = sample_cmp;
+        t.cmp_ctx = &st;
+        t.twice = 1;
+        char name[96];
+        snprintf(name, sizeof name, "sample %s", cases[ci].what);
+        oc_check(h, &t, name);
+    }
+    printf("sample: %d rows: %d verify accepted, %d rejected, %d greedy verify, %d draws not the best, %d long ban "
+           "lists\n",
+           st.n_rows, st.n_acc, st.n_rej, st.n_verify_greedy, st.n_drawn_not_best, st.n_long_bans);
+    const int least = h->emu ? 3 : 10; /* the GPU's larger shapes exercise more */
+    assert_true(st.n_acc >= least && st.n_rej >= least && st.n_verify_greedy >= least &&
+                st.n_drawn_not_best >= (h->emu ? 10 : 30) && st.n_long_bans >= 2);
 }

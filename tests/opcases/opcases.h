@@ -20,14 +20,15 @@
 #include "kernels/kern.h"
 #include "tests/gpu/gpu_test.h"
 
-/* buffer roles */
-enum { OC_NONE = 0, OC_IN, OC_OUT_F32, OC_OUT_I32 };
+/* buffer roles; OC_OUT_CMP: an output compared by the case's own cmp (oc_case) */
+enum { OC_NONE = 0, OC_IN, OC_OUT_F32, OC_OUT_I32, OC_OUT_CMP };
+static inline int oc_is_out(int role) { return role == OC_OUT_F32 || role == OC_OUT_I32 || role == OC_OUT_CMP; }
 /* Slots 0..KERN_MAX_BUFS-1 are the op's buffers; OC_EXTRA holds one the op only sees through views
  * (a sub-range starting inside it). */
 #define OC_EXTRA KERN_MAX_BUFS
 #define OC_SLOTS (KERN_MAX_BUFS + 1)
 
-typedef struct {
+typedef struct oc_case_ {
     kern_op op; /* kind, p, f (buffers filled by the harness) */
     void *host[OC_SLOTS];
     size_t bytes[OC_SLOTS];
@@ -37,6 +38,12 @@ typedef struct {
     int exact[OC_SLOTS];
     double rtol;
     size_t attn_bytes; /* the emulation's attention scratch (0: its default); a GPU ignores it */
+    /* OC_OUT_CMP slots: cpu is the CPU's output, got the harness side's, t->host[] the initial contents of
+     * every slot (still valid); returns the failures. cmp_ctx: the case's (e.g. counters). */
+    int (*cmp)(const struct oc_case_ *t, int slot, const void *cpu, const void *got, const char *what);
+    void *cmp_ctx;
+    int twice; /* a GPU runs the op twice and requires bitwise equal outputs (the emulation always runs two
+                * thread schedules and requires that) */
 } oc_case;
 
 /* A harness: emu 1 for the CPU emulation (same libm as the CPU kernels), 0 for a GPU. run executes the
@@ -52,6 +59,9 @@ typedef struct oc_harness {
 void oc_init(oc_case *t, kern_op_kind kind, double rtol);
 void oc_buf(oc_case *t, int slot, void *host, size_t bytes, int role);
 void oc_view(oc_case *t, int slot, int of, size_t off, size_t bytes);
+/* compares output slot s (role OC_OUT_F32 / I32 / CMP) of the CPU (cpu) and of the harness's side (got);
+ * what names it in messages. Returns the failures. Both harnesses compare through it. */
+int oc_compare(const oc_case *t, int s, const void *cpu, const void *got, const char *what);
 /* runs the case (cmocka: fails the test when the harness reports a failure) */
 void oc_check(oc_harness *h, oc_case *t, const char *name);
 static inline double oc_rtol(const oc_harness *h, double emu_rtol, double gpu_rtol) { return h->emu ? emu_rtol : gpu_rtol; }
@@ -88,5 +98,16 @@ void opcase_add(oc_harness *h);
 void opcase_kv_write(oc_harness *h);
 void opcase_attention(oc_harness *h);
 void opcase_matmul(oc_harness *h);
+void opcase_draft_select(oc_harness *h);
+void opcase_confidence(oc_harness *h);
+void opcase_sample(oc_harness *h);
+
+/* ---- KOP_SAMPLE helpers (also the emulation's error-record cases) ----------------------------------- */
+/* best id of C0 by the order key (the greedy choice), bans[0..nb) excluded */
+int32_t oc_sample_best(const float *l, int V, const int32_t *bans, int nb);
+/* fills rows < n of logits [., V] and params with a mix of every mode; bans taken from bans[0..NB);
+ * long_bans: some rows' ban lists run past the kernel's shared-memory staging */
+void oc_sample_rows(gpu_rng *r, float *logits, kern_sample_params *prm, int32_t *bans, int NB, int V, int n,
+                    int long_bans);
 
 #endif
