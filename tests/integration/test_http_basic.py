@@ -327,6 +327,13 @@ def sanitizer_clean(C, srv):
             "sanitizer report in server stderr: %s" % t[-4000:])
 
 
+def stop_clean(C, srv):
+    """SIGTERM: the server must exit 0 and its stderr hold no sanitizer report."""
+    rc, secs = srv.stop()
+    C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
+    sanitizer_clean(C, srv)
+
+
 def generate_cli(binary, model, ids, max_tokens, logprobs=None, extra=()):
     """`graphswap generate` -> parsed object with floats as printed text."""
     args = [binary, "generate", "--model", model, "--prompt-ids", ",".join(map(str, ids)),
@@ -747,9 +754,7 @@ def main():
         test_completions(C, srv, binary, model)
         test_chat(C, srv, model)
     finally:
-        rc, secs = srv.stop()
-        C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
-        sanitizer_clean(C, srv)
+        stop_clean(C, srv)
         _kill_all()
     try:
         test_llama3_chat(C, binary, tmp)

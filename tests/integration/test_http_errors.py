@@ -332,9 +332,7 @@ def main():
         test_table(C, srv)
         test_body_limits(C, srv)
     finally:
-        rc, secs = srv.stop()
-        C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
-        T.sanitizer_clean(C, srv)
+        T.stop_clean(C, srv)
         T._kill_all()
     try:
         test_auth(C, binary, model)

@@ -189,9 +189,7 @@ def main():
         test_counters(C, srv)
         test_format(C, srv)
     finally:
-        rc, secs = srv.stop()
-        C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
-        T.sanitizer_clean(C, srv)
+        T.stop_clean(C, srv)
         T._kill_all()
     try:
         test_sigterm(C, binary, tmp)

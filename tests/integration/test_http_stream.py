@@ -343,9 +343,7 @@ def main():
         test_error_before_first_token(C, srv)
         T.healthy(C, srv, "after streaming tests")
     finally:
-        rc, secs = srv.stop()
-        C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
-        T.sanitizer_clean(C, srv)
+        T.stop_clean(C, srv)
         T._kill_all()
     return C.finish()
 

@@ -588,9 +588,7 @@ def main():
             test_bad_buckets(C, srv, ck)
             test_compat(C, srv, ck)
         finally:
-            rc, secs = srv.stop()
-            C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
-            H.sanitizer_clean(C, srv)
+            H.stop_clean(C, srv)
         test_guard(C, binary, ck, tmp)
         test_security(C, binary, ck)
     finally:

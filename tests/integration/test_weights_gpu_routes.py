@@ -163,9 +163,7 @@ def main():
             test_init(C, srv)
             test_update(C, srv, hidden)
         finally:
-            rc, secs = srv.stop()
-            C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
-            H.sanitizer_clean(C, srv)
+            H.stop_clean(C, srv)
     finally:
         H._kill_all()
     return C.finish()

@@ -271,9 +271,7 @@ def main():
                 check_live_mode(C, srv, mode, sides[k % 2], rng)
             H.healthy(C, srv, "after the live updates")
         finally:
-            rc, secs = srv.stop()
-            C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, srv.stderr_text()[-3000:]))
-            H.sanitizer_clean(C, srv)
+            H.stop_clean(C, srv)
         check_many_updates(C, binary, tmp)
     finally:
         H._kill_all()

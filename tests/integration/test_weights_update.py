@@ -433,9 +433,7 @@ def main():
             partial_updates(C, binary, hot, ck, tmp)
             H.healthy(C, hot, "weights_update")
         finally:
-            rc, secs = hot.stop()
-            C.check(rc == 0, "server exit status %r after SIGTERM (%.1fs): %s" % (rc, secs, hot.stderr_text()[-3000:]))
-            H.sanitizer_clean(C, hot)
+            H.stop_clean(C, hot)
     finally:
         H._kill_all()
     return C.finish()
