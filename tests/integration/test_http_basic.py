@@ -29,6 +29,8 @@ import threading
 import time
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import gs_harness  # noqa: E402
 
 START_TIMEOUT = 120  # seconds for the server to load (ASan builds are slow)
 REQ_TIMEOUT = 120
@@ -38,28 +40,8 @@ REQ_TIMEOUT = 120
 # helpers shared by the test_http_*.py scripts
 # ---------------------------------------------------------------------------------------------------
 
-class Checker:
-    """Counts checks; one line per failure; finish() prints exactly 'N passed, M failed'."""
-
-    def __init__(self, name):
-        self.name = name
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, cond, msg):
-        if cond:
-            self.passed += 1
-        else:
-            self.failed += 1
-            print("FAIL: %s" % msg, flush=True)
-        return bool(cond)
-
-    def fail(self, msg):
-        return self.check(False, msg)
-
-    def finish(self):
-        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
-        return 1 if self.failed else 0
+# one Checker for every test script (counts checks, one line per failure, 'N passed, M failed')
+Checker = gs_harness.Checker
 
 
 def gs_bin(C):
