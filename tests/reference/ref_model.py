@@ -245,22 +245,27 @@ def read_checkpoint_tensors(model_dir):
 # config and parameter table
 # ---------------------------------------------------------------------------------------------
 
+def read_geometry(cfg, d):
+    """The transformer geometry every config.json shares (targets and drafters) onto cfg."""
+    cfg.raw = d
+    cfg.hidden = int(d["hidden_size"])
+    cfg.inter = int(d["intermediate_size"])
+    cfg.layers = int(d["num_hidden_layers"])
+    cfg.heads = int(d["num_attention_heads"])
+    cfg.kv_heads = int(d.get("num_key_value_heads") or cfg.heads)
+    hd = d.get("head_dim")
+    cfg.head_dim = int(hd) if hd is not None else cfg.hidden // cfg.heads
+    cfg.vocab = int(d["vocab_size"])
+    cfg.eps = float(d["rms_norm_eps"])
+
+
 class Config:
     def __init__(self, d):
-        self.raw = d
         archs = d.get("architectures") or []
         if len(archs) != 1 or archs[0] not in ARCHS:
             raise FormatError("unsupported architectures %r" % (archs,))
         self.arch = ARCHS[archs[0]]
-        self.hidden = int(d["hidden_size"])
-        self.inter = int(d["intermediate_size"])
-        self.layers = int(d["num_hidden_layers"])
-        self.heads = int(d["num_attention_heads"])
-        self.kv_heads = int(d.get("num_key_value_heads") or self.heads)
-        hd = d.get("head_dim")
-        self.head_dim = int(hd) if hd is not None else self.hidden // self.heads
-        self.vocab = int(d["vocab_size"])
-        self.eps = float(d["rms_norm_eps"])
+        read_geometry(self, d)
         self.theta = float(d.get("rope_theta", 10000.0))
         self.tie = bool(d.get("tie_word_embeddings", False))
         self.torch_dtype = d.get("torch_dtype")

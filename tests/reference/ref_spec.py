@@ -49,20 +49,11 @@ def layer_prefix(l):
 
 class DraftConfig:
     def __init__(self, d):
-        self.raw = d
         archs = d.get("architectures") or []
         if len(archs) != 1 or archs[0] not in DRAFT_ARCHS:
             raise rm.FormatError("not a DFlash/DSpark drafter: architectures %r" % (archs,))
         self.kind = DRAFT_ARCHS[archs[0]]
-        self.hidden = int(d["hidden_size"])
-        self.inter = int(d["intermediate_size"])
-        self.layers = int(d["num_hidden_layers"])
-        self.heads = int(d["num_attention_heads"])
-        self.kv_heads = int(d.get("num_key_value_heads") or self.heads)
-        hd = d.get("head_dim")
-        self.head_dim = int(hd) if hd is not None else self.hidden // self.heads
-        self.vocab = int(d["vocab_size"])
-        self.eps = float(d["rms_norm_eps"])
+        rm.read_geometry(self, d)
         theta = d.get("rope_theta")
         if theta is None and isinstance(d.get("rope_parameters"), dict):
             theta = d["rope_parameters"].get("rope_theta")
