@@ -1,4 +1,6 @@
-/* engine/sampler.h — token sampling and logprobs, per sequence, on the host.
+/* engine/sampler.h — token sampling and logprobs on the host: the sort-based reference of the
+ * KOP_SAMPLE op (kernels/kern.h). The engine samples inside its plans with that op; this code stays
+ * as the independent check the op is tested against (tests/unit/test_sampler.c, test_spec.c).
  *
  * Reproducibility: randomness comes from Philox4x32-10 keyed by the request's seed with the
  * token's index in the request as counter, so a seeded request draws the same numbers whatever else

@@ -9,7 +9,7 @@ int32_t spec_verify_slot(const float *logits, const eng_sampling *sp, int32_t d,
         return tok;
     }
     double p = eng_prob(logits, sp, d, banned, n_banned, s);
-    if (eng_uniform(sp->seed, SPEC_ACCEPT_COUNTER(t)) < p) {
+    if (eng_uniform(sp->seed, KERN_ACCEPT_COUNTER(t)) < p) {
         *accepted = 1;
         return d;
     }

@@ -11,9 +11,8 @@
 #include <stdint.h>
 
 #include "engine/sampler.h"
+#include "kernels/kern.h" /* KERN_ACCEPT_COUNTER: the acceptance test's counter space */
 
-/* Counter space of the acceptance test for output token t, disjoint from the sampling counter t. */
-#define SPEC_ACCEPT_COUNTER(t) ((1ull << 40) + (uint64_t)(t))
 
 /* Verifies draft d at one slot whose target logits are `logits` (the token becomes output index t;
  * banned: min_tokens bans). Returns the emitted token and sets *accepted. */
