@@ -106,6 +106,9 @@ static int on_token(eng_request *r, void *user)
     const int32_t tok = r->out_tokens[k];
     const double now = srv_now();
 
+    /* a client holding its first token must see its request in the gauges (running, KV usage):
+     * refresh them before the token can reach it, not only after the step (as on_finish does) */
+    if (k == 0) srv_metrics_publish(&s->met, s->rt.e);
     pthread_mutex_lock(&s->met.mu);
     if (k == 0) srv_hist_observe(&s->met.ttft, now - j->t_arrival);
     else srv_hist_observe(&s->met.itl, now - ch->t_last);
