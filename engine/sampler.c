@@ -30,15 +30,23 @@ void eng_philox(uint64_t counter, uint64_t key, uint32_t out[4]) { kern_philox(c
 
 double eng_uniform(uint64_t seed, uint64_t counter) { return kern_uniform(seed, counter); }
 
+/* a is better than b (KOP_SAMPLE's order, written out on floats): the larger logit; at equal logits
+ * +0 above -0, then the lower id. (NaN logits are outside this reference's domain.) */
+static int better(const float *lg, int32_t a, int32_t b)
+{
+    const float x = lg[a], y = lg[b];
+    if (x != y) return x > y;
+    if (signbit(x) != signbit(y)) return !signbit(x);
+    return a < b;
+}
+
 /* descending by value, ties by ascending id: a total order, so results never depend on qsort */
 static const float *g_cmp_vals;
 static int cmp_desc(const void *a, const void *b)
 {
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    float x = g_cmp_vals[i], y = g_cmp_vals[j];
-    if (x > y) return -1;
-    if (x < y) return 1;
-    return (i > j) - (i < j);
+    if (i == j) return 0;
+    return better(g_cmp_vals, i, j) ? -1 : 1;
 }
 
 static int cmp_id(const void *a, const void *b)
@@ -61,8 +69,8 @@ static int is_banned(int32_t id, const int32_t *banned, int n)
     return 0;
 }
 
-/* a is worse than b: lower logit, or the same logit and a higher id (ties keep the lowest id) */
-static int worse(const float *lg, int32_t a, int32_t b) { return lg[a] < lg[b] || (lg[a] == lg[b] && a > b); }
+/* a is worse than b (a != b) */
+static int worse(const float *lg, int32_t a, int32_t b) { return a != b && better(lg, b, a); }
 
 /* The k best of idx[0..n) into idx[0..k), sorted best first: a size-k min-heap, O(n log k). */
 static void top_k_select(int32_t *idx, int n, int k, const float *lg)
@@ -121,7 +129,7 @@ static int filtered(const float *logits, const eng_sampling *sp, const int32_t *
     for (int j = 0; j < n; j++) {
         double p = exp(((double)logits[s->idx[j]] - (double)lmax) * inv_t);
         s->prob[j] = (float)p;
-        z += p;
+        z += s->prob[j]; /* the float weights, as the top-p prefix below sums them (the op's contract) */
     }
     if (use_top_p) { /* smallest prefix (of the sorted candidates) whose mass reaches top_p */
         double c = 0;
@@ -168,10 +176,9 @@ void eng_logprobs(const float *logits, int V, int32_t tok, int k, float *logprob
     if (k > V) k = V;
     int have = 0;
     for (int i = 0; i < V; i++) {
-        float v = logits[i];
-        if (have == k && !(v > logits[top[k - 1].id])) continue;
+        if (have == k && !better(logits, i, top[k - 1].id)) continue;
         int pos = have < k ? have++ : k - 1;
-        while (pos > 0 && v > logits[top[pos - 1].id]) {
+        while (pos > 0 && better(logits, i, top[pos - 1].id)) {
             top[pos] = top[pos - 1];
             pos--;
         }
@@ -203,12 +210,8 @@ int32_t eng_choose_excluding(const float *logits, const eng_sampling *sp, uint64
     const int V = s->V;
     if (sp->temperature <= 1e-5f) {
         int32_t tok = -1;
-        float best = -INFINITY;
         for (int i = 0; i < V; i++)
-            if ((logits[i] > best || tok < 0) && i != exclude && !is_banned(i, banned, n_banned)) {
-                best = logits[i];
-                tok = i;
-            }
+            if ((tok < 0 || better(logits, i, tok)) && i != exclude && !is_banned(i, banned, n_banned)) tok = i;
         return tok;
     }
     double zz;

@@ -106,8 +106,12 @@ typedef enum {
      *          logit, equal logits by the lower id (a total order over every bit pattern: +0 above
      *          -0, a positive NaN above +inf).
      *   raw    lse = log(sum_{all i} exp(l[i])) (no bans, no temperature); out.logprob =
-     *          l[tok] - lse; out.top = the n_logprobs best ids of all V (best first) with their raw
-     *          logprobs; out.n_top = min(n_logprobs, V); entries past n_top are not written.
+     *          l[tok] - lse; out.rank = 1 + |{i : i better than tok}| (over all V ids); out.top =
+     *          the n_logprobs best ids of all V (best first) with their raw logprobs; out.n_top =
+     *          min(n_logprobs, V); entries past n_top are not written.
+     *   score  (score = 1, draft >= 0; a prompt token's logprob): tok = draft, accepted = 0, the raw
+     *          outputs above; nothing is drawn (temperature, top-k/p, min-p ignored; bans are still
+     *          checked, C0 must not be empty).
      *   greedy (temperature <= 1e-5): tok = best of C0; a verify row (draft >= 0) sets
      *          accepted = (tok == draft); accepted is 0 on every row with draft < 0.
      *   sampling: lmax = max l over C0; weight w[i] = (float)exp(((double)l[i] - lmax) * (1.0 / T))
@@ -147,7 +151,8 @@ typedef struct {
     int32_t draft;     /* -1: sample; >= 0: verify this draft token */
     int32_t n_logprobs; /* 0 .. KERN_SAMPLE_MAX_TOP */
     int32_t ban_off, n_ban;
-} kern_sample_params; /* 48 bytes */
+    int32_t score;     /* 1: score the given token `draft` (prompt logprobs), no choice */
+} kern_sample_params; /* 56 bytes (padded) */
 
 typedef struct {
     int32_t id;
@@ -158,9 +163,10 @@ typedef struct {
     int32_t tok;
     int32_t accepted;
     float logprob; /* raw logprob of tok */
+    int32_t rank;  /* 1 + the number of ids better than tok (raw order) */
     int32_t n_top;
     kern_toplp top[KERN_SAMPLE_MAX_TOP];
-} kern_sample_out; /* 176 bytes */
+} kern_sample_out; /* 180 bytes */
 
 /* Functions of the contract that CUDA device code calls too: one source for both backends. */
 #if defined(__CUDACC__)

@@ -122,6 +122,10 @@ static void raw_logprobs(const float *l, int V, const kern_sample_params *sp, ke
     for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
     const double lse = (double)mx + log(sum);
     o->logprob = (float)((double)l[o->tok] - lse);
+    const uint64_t tk = kern_sample_key(l[o->tok], o->tok);
+    int32_t better = 0;
+    for (int32_t i = 0; i < V; i++) better += kern_sample_key(l[i], i) > tk;
+    o->rank = 1 + better;
     int k = sp->n_logprobs < V ? sp->n_logprobs : V;
     o->n_top = k;
     if (k <= 0) return;
@@ -152,6 +156,7 @@ static void sample_row(const kern_op *op, int32_t j)
     KERN_CHECK(op, sp->n_ban >= 0 && sp->ban_off >= 0 && (int64_t)sp->ban_off + sp->n_ban <= op->p[2]);
     KERN_CHECK(op, sp->n_logprobs >= 0 && sp->n_logprobs <= KERN_SAMPLE_MAX_TOP);
     KERN_CHECK(op, sp->draft >= -1 && sp->draft < V);
+    KERN_CHECK(op, (sp->score == 0 || sp->score == 1) && !(sp->score && sp->draft < 0));
     KERN_CHECK(op, !(sp->min_p > 1));
 
     row_ctx c = { .l = l, .V = V, .ban = NULL, .nb = sp->n_ban, .lo = 0 };
@@ -182,7 +187,9 @@ static void sample_row(const kern_op *op, int32_t j)
     }
     KERN_CHECK(op, best >= 0);
     o->accepted = 0;
-    if (sp->temperature <= 1e-5f) {
+    if (sp->score) {
+        o->tok = sp->draft;
+    } else if (sp->temperature <= 1e-5f) {
         o->tok = best;
         o->accepted = sp->draft >= 0 && best == sp->draft;
     } else {

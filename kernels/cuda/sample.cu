@@ -14,7 +14,8 @@
  *   draw       id-order running sums over C3 by chunks of KS_THREADS * KS_DRAW_PER ids: each thread
  *              sums its KS_DRAW_PER consecutive ids, a block exclusive scan (double) plus the carry
  *              of the previous chunks gives each thread its starting running sum, the thread walks
- *              its ids, and the lowest id whose running sum exceeds u * zz wins (block min).
+ *              its ids, and the lowest id whose running sum exceeds u * zz wins (block min);
+ *   rank       the count of ids whose key is above the chosen (or scored) token's.
  * The radix selection is kernels/cpu/sample.c's select_key, byte for byte: eight passes from the
  * top byte of the 64-bit key, each building a 256-bin histogram of the candidates that share the
  * bytes chosen so far, then walking the bins best first, accumulating until the target is reached,
@@ -35,7 +36,7 @@
  * contract allows it).
  *
  * Data-dependent checks (the CPU aborts on them): row count, the ban list range inside buf 2, ban ids
- * and the draft inside [0, V) (draft -1: sample), n_logprobs in [0, KERN_SAMPLE_MAX_TOP], and a row
+ * and the draft inside [0, V) (draft -1: sample; a score row needs a draft), n_logprobs in [0, KERN_SAMPLE_MAX_TOP], and a row
  * whose bans leave no id. A failing row is skipped (nothing written) and the first failure recorded.
  * One deliberate difference: when C3 is empty (only possible with min_p > 1) a sampling row takes
  * the best id of C0 (the CPU draw would return -1). */
@@ -400,7 +401,7 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
         if (tid == 0) kc_fail(err, KC_ERR_LOGPROBS, KOP_SAMPLE, sp.n_logprobs, KERN_SAMPLE_MAX_TOP);
         return;
     }
-    if (sp.draft < -1 || sp.draft >= V) {
+    if (sp.draft < -1 || sp.draft >= V || (sp.score != 0 && sp.score != 1) || (sp.score && sp.draft < 0)) {
         if (tid == 0) kc_fail(err, KC_ERR_TOKEN, KOP_SAMPLE, sp.draft, V);
         return;
     }
@@ -491,7 +492,9 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
 
     int32_t tok;
     int accepted = 0;
-    if (sp.temperature <= 1e-5f) {
+    if (sp.score) {
+        tok = sp.draft; /* uniform over the block */
+    } else if (sp.temperature <= 1e-5f) {
         tok = best;
         accepted = sp.draft >= 0 && best == sp.draft;
     } else {
@@ -531,11 +534,18 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
         }
     }
 
+    /* rank: 1 + the ids better than tok (every id, raw order) */
+    const unsigned long long tkey = ks_key(r.l[tok], tok);
+    int better = 0;
+    for (int i = tid; i < V; i += KS_THREADS) better += ks_key(r.l[i], i) > tkey;
+    better = ks_reduce(better, sm.red.i, ks_op_sum_i());
+
     if (tid == 0) {
         kern_sample_out *o = out + row;
         o->tok = tok;
         o->accepted = accepted;
         o->logprob = (float)((double)r.l[tok] - lse);
+        o->rank = 1 + better;
         o->n_top = ntop;
         /* insertion sort, best (largest key) first */
         for (int a = 1; a < ntop; a++) {

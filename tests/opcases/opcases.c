@@ -647,8 +647,8 @@ void opcase_confidence(oc_harness *h)
 /* ---- KOP_SAMPLE -------------------------------------------------------------------------------------
  * Random rows of every mode (greedy, temperature, top-k, top-p, min-p and their combinations; bans short,
  * past the kernel's shared-memory staging, duplicated, the best id banned; n_logprobs 0 / 5 / 20; verify
- * rows whose draft is the argmax, a random id or a banned id) through one op, compared field by field:
- * tok, accepted, n_top and the top ids equal, logprobs within 1e-5 (absolute; -inf equal). Some rows are
+ * rows whose draft is the argmax, a random id or a banned id; score rows) through one op, compared field by
+ * field: tok, accepted, rank, n_top and the top ids equal, logprobs within 1e-5 (absolute; -inf equal). Some rows are
  * rounded to a coarse grid so that exact ties (broken by the lower id) are common, some carry a tie at the
  * maximum or a run of tied best ids inside one warp batch, some mask most ids with -inf. Every out word
  * starts as the poison; what the CPU leaves unwritten (top entries past n_top, rows past n) must stay
@@ -656,7 +656,7 @@ void opcase_confidence(oc_harness *h)
  * under two schedules. Draws differ between backends only when u * zz or top_p * z1 lands within rounding
  * of a running-sum boundary: with these seeds, never. Larger shapes only on a GPU (!h->emu). */
 typedef struct {
-    int n_rows, n_acc, n_rej, n_drawn_not_best, n_verify_greedy, n_long_bans;
+    int n_rows, n_acc, n_rej, n_drawn_not_best, n_verify_greedy, n_long_bans, n_scored;
 } oc_sample_stats;
 
 int32_t oc_sample_best(const float *l, int V, const int32_t *ban, int nb)
@@ -734,6 +734,10 @@ void oc_sample_rows(gpu_rng *r, float *logits, kern_sample_params *prm, int32_t 
         if (kind == 1 || kind == 2) p->draft = oc_sample_best(l, V, bans + p->ban_off, p->n_ban);
         else if (kind == 3) p->draft = gpu_int(r, 0, V - 1);
         else if (kind == 4 && p->n_ban > 0) p->draft = bans[p->ban_off + gpu_int(r, 0, p->n_ban - 1)];
+        else if (kind == 5 && j % 2) { /* a score row (prompt logprobs): the given id, maybe banned */
+            p->draft = gpu_int(r, 0, V - 1);
+            p->score = 1;
+        }
     }
 }
 
@@ -772,6 +776,7 @@ static int sample_cmp(const oc_case *t, int slot, const void *cpu_out, const voi
                  c->tok, c->accepted, (double)p->temperature, p->top_k, (double)p->top_p, (double)p->min_p, p->draft,
                  p->n_ban);
         if (!sample_lp_ok(c->logprob, o->logprob)) SBAD("logprob %.9g, cpu %.9g", (double)o->logprob, (double)c->logprob);
+        if (o->rank != c->rank) SBAD("rank %d, cpu %d", o->rank, c->rank);
         if (o->n_top != c->n_top) SBAD("n_top %d, cpu %d", o->n_top, c->n_top);
         for (int k = 0; k < KERN_SAMPLE_MAX_TOP; k++) {
             if (k < c->n_top) {
@@ -786,7 +791,8 @@ static int sample_cmp(const oc_case *t, int slot, const void *cpu_out, const voi
         /* what the rows exercised (from the CPU's results, so the same on either harness) */
         st->n_rows++;
         if (p->n_ban > 512) st->n_long_bans++; /* past the bans sample.cu stages in shared memory */
-        if (p->draft >= 0 && p->temperature <= 1e-5f) st->n_verify_greedy++;
+        if (p->score) st->n_scored += c->tok == p->draft;
+        else if (p->draft >= 0 && p->temperature <= 1e-5f) st->n_verify_greedy++;
         else if (p->draft >= 0) {
             if (c->accepted) st->n_acc++;
             else st->n_rej++;
@@ -856,9 +862,9 @@ void opcase_sample(oc_harness *h)
         oc_check(h, &t, name);
     }
     printf("sample: %d rows: %d verify accepted, %d rejected, %d greedy verify, %d draws not the best, %d long ban "
-           "lists\n",
-           st.n_rows, st.n_acc, st.n_rej, st.n_verify_greedy, st.n_drawn_not_best, st.n_long_bans);
+           "lists, %d scored\n",
+           st.n_rows, st.n_acc, st.n_rej, st.n_verify_greedy, st.n_drawn_not_best, st.n_long_bans, st.n_scored);
     const int least = h->emu ? 3 : 10; /* the GPU's larger shapes exercise more */
-    assert_true(st.n_acc >= least && st.n_rej >= least && st.n_verify_greedy >= least &&
+    assert_true(st.n_acc >= least && st.n_rej >= least && st.n_verify_greedy >= least && st.n_scored >= least &&
                 st.n_drawn_not_best >= (h->emu ? 10 : 30) && st.n_long_bans >= 2);
 }

@@ -136,7 +136,7 @@ static float rndf(void) { return (float)rnd() / 4294967296.0f; }
 static void test_sample_op_matches_reference(void **state)
 {
     (void)state;
-    enum { V = 3001, ROWS = 64, ROUNDS = 12, NB = 256 };
+    enum { V = 3001, ROWS = 64, ROUNDS = 16, NB = 256 };
     float *logits = malloc(sizeof(float) * V * ROWS);
     kern_sample_params *prm = calloc(ROWS, sizeof *prm);
     kern_sample_out *out = calloc(ROWS, sizeof *out);
@@ -148,7 +148,7 @@ static void test_sample_op_matches_reference(void **state)
     eng_sampler_scratch ss;
     assert_int_equal(eng_sampler_scratch_init(&ss, V), 0);
     kern_pool *pool = kern_pool_create(2);
-    int n_acc = 0, n_rej = 0, n_sampled_not_best = 0;
+    int n_acc = 0, n_rej = 0, n_sampled_not_best = 0, n_scored = 0;
     for (int round = 0; round < ROUNDS; round++) {
         int ban_used = 0;
         for (int j = 0; j < ROWS; j++) {
@@ -170,7 +170,8 @@ static void test_sample_op_matches_reference(void **state)
             p->counter = rnd() % 1000;
             p->n_logprobs = (int)(rnd() % 3) * 10;
             p->draft = -1;
-            const int kind = (int)(rnd() % 4); /* verify rows: the argmax, a random id, a banned id */
+            /* verify rows: the argmax, a random id, a banned id; score rows (prompt logprobs) */
+            const int kind = (int)(rnd() % 5);
             p->ban_off = ban_used;
             p->n_ban = rnd() % 4 == 0 ? 1 + (int)(rnd() % 6) : 0;
             for (int b = 0; b < p->n_ban; b++) bans[ban_used++] = (int32_t)(rnd() % V);
@@ -183,6 +184,9 @@ static void test_sample_op_matches_reference(void **state)
                 p->draft = (int32_t)(rnd() % V);
             } else if (kind == 3 && p->n_ban > 0) {
                 p->draft = bans[p->ban_off];
+            } else if (kind == 4) {
+                p->draft = (int32_t)(rnd() % V);
+                p->score = 1;
             }
         }
         int32_t n = ROWS;
@@ -207,7 +211,11 @@ static void test_sample_op_matches_reference(void **state)
             eng_toplp top[ENG_MAX_LOGPROBS];
             int32_t tok;
             int acc = 0;
-            if (p->draft >= 0) {
+            if (p->score) { /* the given token, whatever the sampling parameters say */
+                tok = p->draft;
+                eng_logprobs(l, V, tok, p->n_logprobs, &lp, top);
+                n_scored++;
+            } else if (p->draft >= 0) {
                 tok = spec_verify_slot(l, &sp, p->draft, p->counter, ban, p->n_ban, &ss, &acc);
                 eng_logprobs(l, V, tok, p->n_logprobs, &lp, top);
                 if (acc) n_acc++;
@@ -221,6 +229,10 @@ static void test_sample_op_matches_reference(void **state)
                          "draft %d bans %d)", round, j, out[j].tok, out[j].accepted, tok, acc, p->temperature,
                          p->top_k, p->top_p, p->min_p, p->draft, p->n_ban);
             assert_true(out[j].logprob == lp);
+            int32_t rank = 1; /* larger logits first; at equal ones +0 before -0, then lower ids */
+            for (int i = 0; i < V; i++)
+                rank += l[i] > l[tok] || (l[i] == l[tok] && (signbit(l[i]) != signbit(l[tok]) ? !signbit(l[i]) : i < tok));
+            assert_int_equal(out[j].rank, rank);
             assert_int_equal(out[j].n_top, p->n_logprobs);
             for (int k = 0; k < p->n_logprobs; k++) {
                 assert_int_equal(out[j].top[k].id, top[k].id);
@@ -229,7 +241,8 @@ static void test_sample_op_matches_reference(void **state)
         }
     }
     /* the rows exercised both branches of verification and real (non-greedy) draws */
-    assert_true(n_acc > 20 && n_rej > 20 && n_sampled_not_best > 50);
+    print_message("%d accepted, %d rejected, %d drawn not the best, %d scored\n", n_acc, n_rej, n_sampled_not_best, n_scored);
+    assert_true(n_acc > 20 && n_rej > 20 && n_sampled_not_best > 50 && n_scored > 50);
     kern_pool_destroy(pool);
     eng_sampler_scratch_free(&ss);
     free(logits);
