@@ -137,6 +137,8 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
     e->h_kv_len = calloc((size_t)R, i32);
     e->h_logit_idx = calloc((size_t)LR, i32);
     e->logit_seq = calloc((size_t)LR, i32);
+    e->logit_score = calloc((size_t)LR, i32);
+    e->max_logits = LR;
     e->h_bt = calloc((size_t)S * (size_t)e->io.max_blocks, i32);
     e->h_samp = calloc((size_t)LR, sizeof *e->h_samp);
     e->h_samp_out = calloc((size_t)LR, sizeof *e->h_samp_out);
@@ -144,7 +146,7 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
     e->seqs = calloc((size_t)S, sizeof *e->seqs);
     e->token_store = malloc((size_t)S * (size_t)c->max_model_len * i32);
     e->queue = calloc((size_t)c->queue_cap, sizeof *e->queue);
-    if (!e->h_tok || !e->h_pos || !e->h_slot || !e->h_kv_len || !e->h_logit_idx || !e->logit_seq ||
+    if (!e->h_tok || !e->h_pos || !e->h_slot || !e->h_kv_len || !e->h_logit_idx || !e->logit_seq || !e->logit_score ||
         !e->h_bt || !e->h_samp || !e->h_samp_out || !e->h_bans || !e->seqs || !e->token_store || !e->queue ||
         eng_kvpool_init(&e->kv, (int)nb, c->block_size) != 0)
         goto oom;
@@ -203,6 +205,7 @@ void eng_destroy(eng_engine *e)
     free(e->h_kv_len);
     free(e->h_logit_idx);
     free(e->logit_seq);
+    free(e->logit_score);
     free(e->h_bt);
     free(e->h_samp);
     free(e->h_samp_out);
@@ -249,6 +252,11 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
         snprintf(err, errlen, "logprobs must be in [0, %d]", ENG_MAX_LOGPROBS);
         return -1;
     }
+    if (r->out_prompt_logprobs && (r->prompt_top < 0 || r->prompt_top > ENG_MAX_LOGPROBS || !r->out_prompt_rank ||
+                                   (r->prompt_top > 0 && !r->out_prompt_top))) {
+        snprintf(err, errlen, "prompt logprobs must be in [0, %d]", ENG_MAX_LOGPROBS);
+        return -1;
+    }
     if (r->n_stop_ids > 64) {
         snprintf(err, errlen, "at most 64 stop_token_ids");
         return -1;
@@ -271,6 +279,7 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
     r->n_out = 0;
     r->n_versions = 0;
     r->n_accept = 0;
+    r->n_prompt_scored = 1;
     r->spec_drafts = r->spec_draft_tokens = r->spec_accepted = 0;
     r->finish = ENG_FINISH_NONE;
     r->stop_token = -1;
@@ -326,7 +335,7 @@ static void admit(eng_engine *e)
         const int bs = e->cfg.block_size;
         int matched = 0, cached_idle = 0;
         uint64_t chain = ENG_KV_ROOT_HASH;
-        if (e->cfg.prefix_caching) {
+        if (e->cfg.prefix_caching && !r->out_prompt_logprobs) { /* scoring needs every prompt row */
             for (int i = 0; i < (r->n_prompt - 1) / bs; i++) {
                 int32_t b = eng_kvpool_lookup(&e->kv, chain, r->prompt + (size_t)i * (size_t)bs);
                 if (b < 0) break;
@@ -449,6 +458,7 @@ void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter,
     p->n_logprobs = r->sp.logprobs;
     p->ban_off = e->n_bans_used;
     p->n_ban = nb;
+    p->score = 0;
     memcpy(e->h_bans + e->n_bans_used, e->banned, (size_t)nb * sizeof(int32_t));
     e->n_bans_used += nb;
 }
@@ -543,12 +553,67 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
         if (decode != (left == 1)) continue;
         int take = left < c->prefill_chunk ? left : c->prefill_chunk;
         if (take > c->max_step_tokens - *rows) take = c->max_step_tokens - *rows;
+        /* the row of position p scores prompt[p + 1] while p + 1 < n_prompt (the last known token's
+         * row samples): every row of a scoring prefill needs a logits row, others only their last */
+        const int first = q->n_computed, scoring = q->req->out_prompt_logprobs && first + 1 < q->req->n_prompt;
+        const int free_logits = e->max_logits - *nl;
+        if (scoring && take > free_logits) take = free_logits;
+        if (!scoring && take == left && free_logits == 0) take = left - 1;
         if (take <= 0) continue;
+        const int row0 = *rows;
         eng_add_rows(e, s, take, rows);
-        if (take == left) { /* its last known token: logits for the next one */
-            e->h_logit_idx[*nl] = *rows - 1;
-            e->logit_seq[(*nl)++] = s;
+        for (int i = 0; i < take; i++) {
+            const int p = first + i;
+            if (p + 1 < q->req->n_prompt && scoring) {
+                e->h_logit_idx[*nl] = row0 + i;
+                e->logit_score[*nl] = p + 1;
+                e->logit_seq[(*nl)++] = s;
+            } else if (p == q->n_tokens - 1) { /* its last known token: logits for the next one */
+                e->h_logit_idx[*nl] = row0 + i;
+                e->logit_score[*nl] = 0;
+                e->logit_seq[(*nl)++] = s;
+            }
         }
+    }
+}
+
+void eng_set_prefill_rows(eng_engine *e, int from, int nl)
+{
+    for (int j = from; j < nl; j++) {
+        const eng_request *r = e->seqs[e->logit_seq[j]].req;
+        const int at = e->logit_score[j];
+        if (!at) {
+            eng_set_sample_row(e, j, r, r->n_out, -1);
+            continue;
+        }
+        kern_sample_params *p = &e->h_samp[j];
+        memset(p, 0, sizeof *p);
+        p->draft = r->prompt[at];
+        p->score = 1;
+        p->n_logprobs = r->prompt_top;
+    }
+}
+
+void eng_emit_prefill(eng_engine *e, int from, int nl)
+{
+    for (int j = from; j < nl; j++) {
+        const int s = e->logit_seq[j], at = e->logit_score[j];
+        eng_request *r = e->seqs[s].req;
+        assert(r); /* a sequence's logits rows are in position order: only its last one can finish it */
+        if (!at) {
+            eng_finish f = eng_emit_sampled(e, s, j);
+            if (f != ENG_FINISH_NONE) eng_finish_seq(e, s, f);
+            continue;
+        }
+        const kern_sample_out *o = &e->h_samp_out[j];
+        assert(o->tok == r->prompt[at] && o->n_top == r->prompt_top && at == r->n_prompt_scored);
+        r->out_prompt_logprobs[at] = o->logprob;
+        r->out_prompt_rank[at] = o->rank;
+        for (int k = 0; k < r->prompt_top; k++) {
+            r->out_prompt_top[(size_t)at * (size_t)r->prompt_top + (size_t)k].id = o->top[k].id;
+            r->out_prompt_top[(size_t)at * (size_t)r->prompt_top + (size_t)k].logprob = o->top[k].logprob;
+        }
+        r->n_prompt_scored = at + 1;
     }
 }
 
@@ -564,20 +629,13 @@ int eng_step(eng_engine *e)
     eng_schedule_rows(e, 1, &rows, &nl);
     eng_schedule_rows(e, 0, &rows, &nl);
     assert(rows > 0);
-    for (int j = 0; j < nl; j++) {
-        const eng_request *r = e->seqs[e->logit_seq[j]].req;
-        eng_set_sample_row(e, j, r, r->n_out, -1);
-    }
+    eng_set_prefill_rows(e, 0, nl);
     eng_run_target(e, rows, nl);
 
     /* advance computed counts for every scheduled row; register newly completed full blocks */
     for (int r = 0; r < rows; r++) e->seqs[e->h_slot[r]].n_computed++;
     eng_register_blocks(e);
-    for (int j = 0; j < nl; j++) {
-        int s = e->logit_seq[j];
-        eng_finish f = eng_emit_sampled(e, s, j);
-        if (f != ENG_FINISH_NONE) eng_finish_seq(e, s, f);
-    }
+    eng_emit_prefill(e, 0, nl);
     return e->n_running + e->q_len;
 }
 

@@ -65,6 +65,18 @@ struct eng_request {
     int (*on_token)(eng_request *r, void *user);
     void (*on_finish)(eng_request *r, void *user);
     void *user;
+    /* prompt logprobs (completions' echo with logprobs, vLLM's prompt_logprobs): with
+     * out_prompt_logprobs set (caller-allocated, n_prompt entries each), entry i in [1, n_prompt)
+     * receives the raw logprob of prompt[i] after prompt[0..i) and out_prompt_rank[i] its rank (1 =
+     * the best id), out_prompt_top[i * prompt_top ..] the prompt_top best ids there; entry 0 is left
+     * as the caller set it. Such a request computes its whole prompt (no prefix-cache reuse), and its
+     * prefill takes one logits row per position. n_prompt_scored: entries [1, n_prompt_scored) are
+     * written (the engine's count; all of them before the first token). */
+    int prompt_top;
+    float *out_prompt_logprobs;
+    int32_t *out_prompt_rank;
+    eng_toplp *out_prompt_top;
+    int n_prompt_scored;
     atomic_int cancel; /* set from any thread: the request ends with "abort" at the next step */
     /* speculative decoding: per-request counters, optional per-step acceptance lengths
      * (caller-allocated, max_tokens entries), and a trace callback (engine thread) */

@@ -30,6 +30,8 @@ struct eng_engine {
     int32_t *h_tok, *h_pos, *h_slot, *h_kv_len, *h_logit_idx, *h_bt;
     int bt_dirty;
     int32_t *logit_seq; /* slot of each logits row */
+    int32_t *logit_score; /* [LR] prompt index scored by each logits row (>= 1), or 0: a sampling row */
+    int max_logits;       /* LR: logits rows per step */
     kern_sample_params *h_samp; /* [LR] sampling parameters of each logits row */
     kern_sample_out *h_samp_out; /* [LR] what the step chose for each logits row */
     int32_t *h_bans;             /* [io.n_bans] */
@@ -86,8 +88,14 @@ void eng_retire_and_admit(eng_engine *e);
 void eng_add_rows(eng_engine *e, int slot, int count, int *rows);
 /* Adds the rows of every sequence with exactly one known token left (decode = 1) or more (decode =
  * 0: prefill chunks of at most prefill_chunk) within max_step_tokens; a sequence whose rows reach
- * its last known token gets a logits row. */
+ * its last known token gets a logits row, and a sequence scoring its prompt one per row (within the
+ * max_logits rows of a step). */
 void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl);
+/* Sampling parameters of the logits rows [from, nl) eng_schedule_rows added (score or sample). */
+void eng_set_prefill_rows(eng_engine *e, int from, int nl);
+/* After the step: writes the score rows of [from, nl) into their requests' prompt logprobs, appends
+ * the sampled tokens, and finishes the sequences they end. */
+void eng_emit_prefill(eng_engine *e, int from, int nl);
 eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok);
 void eng_finish_seq(eng_engine *e, int slot, eng_finish why);
 int eng_bucket_index(const eng_engine *e, int rows);

@@ -18,12 +18,15 @@ static const char help[] =
     "  --prompt-ids LIST      comma-separated token ids\n"
     "  --batch-file FILE      JSONL: {\"prompt_ids\":[..],\"max_tokens\":N,\"temperature\":T,\"top_k\":K,\n"
     "                         \"top_p\":P,\"min_p\":P,\"seed\":S,\"logprobs\":K,\"ignore_eos\":B,\"min_tokens\":N,\n"
-    "                         \"stop_token_ids\":[..]}\n"
+    "                         \"stop_token_ids\":[..],\"prompt_logprobs\":K}\n"
     "  --max-tokens N         tokens to generate (default 16)\n"
     "  --min-tokens N         no eos / stop ids before N tokens\n"
     "  --temperature T        0 = greedy (default 0)\n"
     "  --top-k K  --top-p P  --min-p P  --seed S\n"
     "  --logprobs K           report the K best logprobs per token (0..20)\n"
+    "  --prompt-logprobs K    also score the prompt: \"prompt_logprobs\" (null, then the raw logprob\n"
+    "                         of each prompt token after the ones before it), \"prompt_ranks\" and,\n"
+    "                         for K > 0, \"prompt_top_logprobs\" (the K best [id,logprob] there)\n"
     "  --ignore-eos           do not stop at the model's eos token\n"
     "  --trace FILE           with --draft: one JSON line per sequence per speculative step\n"
     "                         {\"step\":k,\"start\":pos,\"anchor\":id,\"drafts\":[ids],\"accepted\":n,\"bonus\":id}\n"
@@ -37,6 +40,7 @@ typedef struct {
     int32_t *prompt;
     int32_t stop[64];
     int index;
+    int prompt_lp; /* -1: no prompt logprobs; else the alternatives per prompt position */
     FILE *trace;
 } gen_item;
 
@@ -89,6 +93,14 @@ static int alloc_outputs(gen_item *it)
     r->out_accept_lens = calloc((size_t)r->max_tokens, sizeof *r->out_accept_lens);
     r->on_spec = on_spec;
     r->user = it;
+    if (it->prompt_lp >= 0) {
+        const size_t np = (size_t)r->n_prompt;
+        r->prompt_top = it->prompt_lp;
+        r->out_prompt_logprobs = calloc(np, sizeof *r->out_prompt_logprobs);
+        r->out_prompt_rank = calloc(np, sizeof *r->out_prompt_rank);
+        r->out_prompt_top = r->prompt_top > 0 ? calloc(np * (size_t)r->prompt_top, sizeof *r->out_prompt_top) : NULL;
+        if (!r->out_prompt_logprobs || !r->out_prompt_rank || (r->prompt_top > 0 && !r->out_prompt_top)) return -1;
+    }
     return r->out_tokens && r->out_logprobs && r->out_accept_lens && (r->sp.logprobs == 0 || r->out_top) ? 0 : -1;
 }
 
@@ -99,6 +111,22 @@ static void free_item(gen_item *it)
     free(it->r.out_logprobs);
     free(it->r.out_top);
     free(it->r.out_accept_lens);
+    free(it->r.out_prompt_logprobs);
+    free(it->r.out_prompt_rank);
+    free(it->r.out_prompt_top);
+}
+
+/* [[id, logprob], ...] of k entries */
+static cJSON *top_pairs(const eng_toplp *t, int k)
+{
+    cJSON *step = cJSON_CreateArray();
+    for (int j = 0; j < k; j++) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(t[j].id));
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(t[j].logprob));
+        cJSON_AddItemToArray(step, pair);
+    }
+    return step;
 }
 
 static void print_result(const eng_request *r, int spec)
@@ -112,16 +140,20 @@ static void print_result(const eng_request *r, int spec)
     }
     if (r->sp.logprobs > 0) {
         cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
-        for (int i = 0; i < r->n_out; i++) {
-            cJSON *step = cJSON_CreateArray();
-            for (int j = 0; j < r->sp.logprobs; j++) {
-                const eng_toplp *t = &r->out_top[(size_t)i * (size_t)r->sp.logprobs + (size_t)j];
-                cJSON *pair = cJSON_CreateArray();
-                cJSON_AddItemToArray(pair, cJSON_CreateNumber(t->id));
-                cJSON_AddItemToArray(pair, cJSON_CreateNumber(t->logprob));
-                cJSON_AddItemToArray(step, pair);
-            }
-            cJSON_AddItemToArray(tops, step);
+        for (int i = 0; i < r->n_out; i++)
+            cJSON_AddItemToArray(tops, top_pairs(r->out_top + (size_t)i * (size_t)r->sp.logprobs, r->sp.logprobs));
+    }
+    if (r->out_prompt_logprobs) { /* entries [1, n_prompt_scored) were written (all, unless aborted) */
+        cJSON *pl = cJSON_AddArrayToObject(o, "prompt_logprobs"), *pr = cJSON_AddArrayToObject(o, "prompt_ranks");
+        cJSON *pt = r->prompt_top > 0 ? cJSON_AddArrayToObject(o, "prompt_top_logprobs") : NULL;
+        for (int i = 0; i < r->n_prompt; i++) {
+            const int have = i >= 1 && i < r->n_prompt_scored;
+            cJSON_AddItemToArray(pl, have ? cJSON_CreateNumber(r->out_prompt_logprobs[i]) : cJSON_CreateNull());
+            cJSON_AddItemToArray(pr, have ? cJSON_CreateNumber(r->out_prompt_rank[i]) : cJSON_CreateNull());
+            if (pt)
+                cJSON_AddItemToArray(pt, have ? top_pairs(r->out_prompt_top + (size_t)i * (size_t)r->prompt_top,
+                                                          r->prompt_top)
+                                              : cJSON_CreateNull());
         }
     }
     cJSON_AddStringToObject(o, "finish_reason", eng_finish_name(r->finish));
@@ -187,6 +219,7 @@ static int parse_line(const char *line, const gen_item *dflt, gen_item *it, char
     NUM("min_p", 0, 1, it->r.sp.min_p);
     NUM("seed", 0, 9007199254740991.0, it->r.sp.seed);
     NUM("logprobs", 0, ENG_MAX_LOGPROBS, it->r.sp.logprobs);
+    NUM("prompt_logprobs", 0, ENG_MAX_LOGPROBS, it->prompt_lp);
 #undef NUM
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos")) != NULL) it->r.ignore_eos = cJSON_IsTrue(v);
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids")) != NULL) {
@@ -220,6 +253,7 @@ int srv_cmd_generate(int argc, char **argv)
     memset(&dflt, 0, sizeof dflt);
     dflt.r.max_tokens = 16;
     dflt.r.sp.top_p = 1.0f;
+    dflt.prompt_lp = -1;
     int have_seed = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -238,6 +272,7 @@ int srv_cmd_generate(int argc, char **argv)
             srv_arg_float(argc, argv, &i, "--top-p", 0, 1, &dflt.r.sp.top_p) ||
             srv_arg_float(argc, argv, &i, "--min-p", 0, 1, &dflt.r.sp.min_p) ||
             srv_arg_int(argc, argv, &i, "--logprobs", 0, ENG_MAX_LOGPROBS, &dflt.r.sp.logprobs) ||
+            srv_arg_int(argc, argv, &i, "--prompt-logprobs", 0, ENG_MAX_LOGPROBS, &dflt.prompt_lp) ||
             srv_arg_flag(argc, argv, &i, "--ignore-eos", &dflt.r.ignore_eos))
             continue;
         if (srv_arg_u64(argc, argv, &i, "--seed", &seed)) {

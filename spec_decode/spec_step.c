@@ -279,10 +279,7 @@ int spec_step(eng_engine *e)
     const int verify_rows = rows, verify_nl = nl;
     eng_schedule_rows(e, 0, &rows, &nl); /* prefill chunks (decode-ready sequences are verified above) */
     assert(rows > 0);
-    for (int j = verify_nl; j < nl; j++) {
-        const eng_request *r = e->seqs[e->logit_seq[j]].req;
-        eng_set_sample_row(e, j, r, r->n_out, -1);
-    }
+    eng_set_prefill_rows(e, verify_nl, nl);
     eng_run_target(e, rows, nl);
     double t2 = now_ns();
 
@@ -295,12 +292,8 @@ int spec_step(eng_engine *e)
         e->h_c_slot[crows++] = e->h_slot[r];
         e->seqs[e->h_slot[r]].n_computed++;
     }
-    /* prefill sequences that completed their prompt sample their first token */
-    for (int j = verify_nl; j < nl; j++) {
-        const int s = e->logit_seq[j];
-        eng_finish f = eng_emit_sampled(e, s, j);
-        if (f != ENG_FINISH_NONE) eng_finish_seq(e, s, f);
-    }
+    /* prompt scores; prefill sequences that completed their prompt sample their first token */
+    eng_emit_prefill(e, verify_nl, nl);
     /* acceptance; logits row of verify row i of sequence j is sp_row0[j] + i (all rows have one) */
     for (int j = 0; j < ns; j++) {
         const int s = e->sp_slot[j], nd = e->sp_nd[j], row0 = e->sp_row0[j];

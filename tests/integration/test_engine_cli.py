@@ -7,6 +7,11 @@
 (d) seeded sampling: same seed => same output, alone and inside a batch; different seed => different
 (e) load errors: missing / unknown / mis-shaped / I32 tensor, truncated safetensors, unknown
     architecture => non-zero exit, "graphswap: error:" on stderr naming the tensor (or file / arch)
+(f) prompt logprobs (--prompt-logprobs / "prompt_logprobs"): the same bits alone, in a batch whose
+    logits rows run short (--max-seqs 2: a step scores at most 2 positions), chunked, eager, after the
+    same prompt filled the prefix cache (scoring computes it again), and with a DFlash drafter; the
+    generated tokens are unchanged by asking for them (values are checked against the numpy reference
+    in tests/reference/test_reference.py)
 """
 
 import json
@@ -365,12 +370,65 @@ def test_load_errors(binary, tmp):
     expect_error("missing model dir", binary, os.path.join(tmp, "no_such_model_dir"), [])
 
 
+def prompt_key(o):
+    return None if o is None else json.dumps([o.get(f) for f in ("prompt_logprobs", "prompt_ranks",
+                                                                 "prompt_top_logprobs")])
+
+
+def test_prompt_logprobs(binary, tmp, models):
+    rng = np.random.default_rng(44)
+    d, vocab = models["qwen3"]
+    P = rand_prompt(rng, vocab, 40)  # 2 full KV blocks of 16, cached after the first request
+    Q = rand_prompt(rng, vocab, 9)
+    pl = ["--prompt-logprobs", "3"]
+    base = H.generate(C, "(f) prompt logprobs alone", binary, d, P, max_tokens=6, logprobs=2, extra=pl)
+    plain = H.generate(C, "(f) no prompt logprobs", binary, d, P, max_tokens=6, logprobs=2)
+    if base is None or plain is None:
+        return
+    C.check(len(base.get("prompt_logprobs") or []) == len(P) and base["prompt_logprobs"][0] is None and
+            all(isinstance(x, str) for x in base["prompt_logprobs"][1:]),
+            "(f) prompt_logprobs not [null, numbers...]: %r" % base.get("prompt_logprobs"))
+    C.check("prompt_logprobs" not in plain, "(f) prompt_logprobs reported without being asked for")
+    same("(f) generated tokens with vs without prompt logprobs", base, plain)
+    for what, kw in (("--prefill-chunk 5", dict(prefill_chunk=5)), ("--eager", dict(eager=True)),
+                     ("--max-seqs 1", dict(extra=["--max-seqs", "1"]))):
+        o = H.generate(C, "(f) " + what, binary, d, P, max_tokens=6, logprobs=2, extra=pl + kw.pop("extra", []), **kw)
+        C.check(prompt_key(o) == prompt_key(base), "(f) prompt logprobs with %s differ from alone" % what)
+        same("(f) generated tokens with %s" % what, base, o)
+    # a batch: P plain first (fills the prefix cache), then P scored twice, Q scored with 0 alternatives,
+    # P plain again; two slots, so scoring rows compete with the other sequences' sampling rows
+    reqs = [{"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0},
+            {"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0, "prompt_logprobs": 3},
+            {"prompt_ids": Q, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 0},
+            {"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0, "prompt_logprobs": 3},
+            {"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0}]
+    outs = H.generate_batch(C, "(f) prompt logprobs batch", binary, d, reqs, os.path.join(tmp, "plp.jsonl"),
+                            extra=["--max-seqs", "2", "--prefill-chunk", "7"])
+    if outs is not None:
+        for i in (1, 3):
+            C.check(prompt_key(outs[i]) == prompt_key(base), "(f) batch request %d: prompt logprobs differ" % i)
+        for i in (0, 1, 3, 4):
+            same("(f) batch request %d: generated tokens" % i, outs[i], base)
+        q = H.generate(C, "(f) Q alone", binary, d, Q, max_tokens=4, extra=["--prompt-logprobs", "0"])
+        C.check(q is not None and prompt_key(outs[2]) == prompt_key(q) and "prompt_top_logprobs" not in q,
+                "(f) batch request 2 (0 alternatives): %r vs alone %r" % (prompt_key(outs[2]), prompt_key(q)))
+    # with a drafter: the verify/draft/context steps leave the prompt scores alone
+    dd = os.path.join(tmp, "draft_qwen3")
+    res = H.run([binary, "mkmodel", "--arch", "dflash", "--target", d, "--out", dd, "--layers", "1", "--seed", "3"])
+    if C.check(res.rc == 0, "(f) mkmodel dflash: %s" % res.stderr.strip()):
+        o = H.generate(C, "(f) with a drafter", binary, d, P, max_tokens=6, logprobs=2, prefill_chunk=5,
+                       extra=pl + ["--draft", dd])
+        C.check(prompt_key(o) == prompt_key(base), "(f) prompt logprobs with a drafter differ from alone")
+        same("(f) generated tokens with a drafter", base, o)
+
+
 def main():
     binary = H.require_bin(C)
     tmp = H.scratch_dir("engine_cli")
     models = build_models(binary, tmp)
     test_eager_and_chunks(binary, tmp, models)
     test_batch(binary, tmp, models)
+    test_prompt_logprobs(binary, tmp, models)
     test_load_errors(binary, tmp)
     return C.finish()
 

@@ -193,6 +193,29 @@ def check_top(what, i, row, lp_row, k):
                 "(k-th best %.6f)" % (what, i, t, lp_row[t], k, kth))
 
 
+def check_prompt_logprobs(what, ref, prompt, out):
+    """prompt_logprobs[i] (i >= 1) is the raw logprob of prompt[i] after prompt[:i], with its rank among
+    all ids and the TOPK best ids there; entry 0 is null."""
+    n = len(prompt)
+    pl, pr, pt = out.get("prompt_logprobs"), out.get("prompt_ranks"), out.get("prompt_top_logprobs")
+    if not C.check(all(isinstance(x, list) and len(x) == n for x in (pl, pr, pt)),
+                   "%s: prompt_logprobs / prompt_ranks / prompt_top_logprobs missing or not %d long" % (what, n)):
+        return
+    C.check(pl[0] is None and pr[0] is None and pt[0] is None, "%s: prompt entry 0 is not null" % what)
+    if n < 2:
+        return
+    lp = ref.step_logprobs(prompt[:1], prompt[1:])
+    for i in range(1, n):
+        row, t = lp[i - 1], prompt[i]
+        v = H.num(pl[i])
+        C.check(abs(v - row[t]) <= TOL, "%s prompt position %d: logprob of %d = %.6f, reference %.6f"
+                % (what, i, t, v, row[t]))
+        lo, hi = 1 + int(np.sum(row > row[t] + TOL)), 1 + int(np.sum(row > row[t] - TOL)) - 1
+        C.check(isinstance(pr[i], int) and lo <= pr[i] <= max(lo, hi),
+                "%s prompt position %d: rank %r of %d, reference rank in [%d, %d]" % (what, i, pr[i], t, lo, hi))
+        check_top(what + " prompt", i, pt[i], row, TOPK)
+
+
 def parity_run(name, binary, d, ref, prompt, tag):
     what = "%s prompt%s(len %d)" % (name, tag, len(prompt))
     ref_toks, ref_logits = ref.greedy(prompt, MAX_TOKENS)
@@ -203,9 +226,12 @@ def parity_run(name, binary, d, ref, prompt, tag):
     spread = float(np.std(ref_logits))
     C.check(spread > 0.01, "TEST SETUP PROBLEM: %s: reference logits nearly uniform (std %.3g); the 1e-3 "
             "logprob tolerance cannot discriminate" % (what, spread))
-    out = H.generate(C, what, binary, d, prompt, max_tokens=MAX_TOKENS, logprobs=TOPK, ignore_eos=True)
+    # chunks of 3 prompt rows, so a prompt spans several steps (its scores too)
+    out = H.generate(C, what, binary, d, prompt, max_tokens=MAX_TOKENS, logprobs=TOPK, ignore_eos=True,
+                     prefill_chunk=3, extra=["--prompt-logprobs", str(TOPK)])
     if out is None or not H.validate_shape(C, what, out, MAX_TOKENS, TOPK):
         return
+    check_prompt_logprobs(what, ref, prompt, out)
     gs_toks = out["token_ids"]
     C.check(out["finish_reason"] == "length", "%s: finish_reason %r with --ignore-eos" % (what, out["finish_reason"]))
     if gs_toks != ref_toks:
