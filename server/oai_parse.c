@@ -374,9 +374,6 @@ static int refuse_unsupported(const cJSON *body, const srv_gen *g, srv_err *e)
     if (v && !(cJSON_IsString(v) && !v->valuestring[0])) return srv_errf(e, 400, "suffix", "suffix is not supported");
     v = field(body, "tools");
     if (v && !(cJSON_IsArray(v) && !v->child)) return srv_errf(e, 400, "tools", "tools are not supported");
-    v = field(body, "prompt_logprobs");
-    if (v && !(cJSON_IsNumber(v) && v->valuedouble == 0))
-        return srv_errf(e, 400, "prompt_logprobs", "prompt_logprobs is not supported");
     return 0;
 }
 
@@ -484,9 +481,13 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
             g->sp.logprobs = (int)v;
         }
         if (get_bool(body, "echo", &g->echo, e)) return -1;
-        if (g->echo && g->logprobs)
-            return srv_errf(e, 400, "echo", "echo together with logprobs would need prompt logprobs, which are not "
-                                            "supported");
+    }
+    /* vLLM's prompt_logprobs: the prompt tokens' logprobs with this many alternatives (null: none) */
+    g->prompt_logprobs = -1;
+    const cJSON *plp = field(body, "prompt_logprobs");
+    if (plp && !cJSON_IsNull(plp)) {
+        if (get_int(body, "prompt_logprobs", 0, ENG_MAX_LOGPROBS, &v, NULL, e)) return -1;
+        g->prompt_logprobs = (int)v;
     }
     if (get_bool(body, "skip_special_tokens", &g->skip_special, e) ||
         get_bool(body, "return_token_ids", &g->return_token_ids, e) ||

@@ -20,10 +20,16 @@
  * one wake-up are written as one HTTP chunk; a failed write means the client left: every choice is
  * cancelled and the handler waits for the job to settle before freeing it.
  *
+ * Prompt logprobs (echo with logprobs; vLLM's prompt_logprobs): the engine scores the prompt into the
+ * choice's out_prompt_* arrays during prefill, all before the first token is published, so they are
+ * read once a choice has a token or has finished. A stream holds back the first event of such a
+ * choice (echo text, role) until then, and sends the prompt logprobs in it.
+ *
  * Non-streaming clients are not polled for disconnects (civetweb exposes no socket to poll while the
  * handler waits): such a request runs to its end or to --request-timeout.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +54,7 @@ typedef struct srv_choice {
     double t_last;
     /* handler only: streaming cursors */
     int sent_tokens, sent_final;
+    int first_sent; /* its first event (echo / role) went out */
     size_t sent_bytes;
 } srv_choice;
 
@@ -258,6 +265,9 @@ static void job_free(srv_job *j)
         free(ch->r.out_tokens);
         free(ch->r.out_logprobs);
         free(ch->r.out_top);
+        free(ch->r.out_prompt_logprobs);
+        free(ch->r.out_prompt_rank);
+        free(ch->r.out_prompt_top);
         free(ch->text);
         free(ch->tok_end);
     }
@@ -282,6 +292,14 @@ static srv_job *job_new(srv_state *s, double t_arrival)
     pthread_cond_init(&j->cv, &ca);
     pthread_condattr_destroy(&ca);
     return j;
+}
+
+/* Alternatives the engine reports per prompt token: the larger of echo+logprobs' count and
+ * prompt_logprobs; -1: the prompt is not scored. */
+static int prompt_top_of(const srv_gen *g)
+{
+    const int legacy = g->api == SRV_API_COMPLETIONS && g->echo && g->logprobs ? g->sp.logprobs : -1;
+    return legacy > g->prompt_logprobs ? legacy : g->prompt_logprobs;
 }
 
 /* Allocates one choice per (prompt, sample) with its output buffers. */
@@ -322,6 +340,17 @@ static int job_choices(srv_job *j, srv_err *e)
             ch->tok_end = malloc(mt * sizeof *ch->tok_end);
             if (!r->out_tokens || !r->out_logprobs || (k && !r->out_top) || !ch->tok_end)
                 return srv_errf(e, 500, NULL, "out of memory allocating outputs for %zu tokens", mt);
+            const int ptop = prompt_top_of(g);
+            if (ptop >= 0) {
+                const size_t np = (size_t)r->n_prompt;
+                r->prompt_top = ptop;
+                r->out_prompt_logprobs = malloc(np * sizeof *r->out_prompt_logprobs);
+                r->out_prompt_rank = malloc(np * sizeof *r->out_prompt_rank);
+                r->out_prompt_top = ptop ? malloc(np * (size_t)ptop * sizeof *r->out_prompt_top) : NULL;
+                if (!r->out_prompt_logprobs || !r->out_prompt_rank || (ptop && !r->out_prompt_top))
+                    return srv_errf(e, 500, NULL, "out of memory allocating prompt logprobs for %zu tokens", np);
+                r->out_prompt_logprobs[0] = NAN;
+            }
             r->on_token = on_token;
             r->on_finish = on_finish;
             r->user = ch;
@@ -447,35 +476,94 @@ static cJSON *token_json(const srv_job *j, int32_t id, char *raw, size_t cap, si
     return cJSON_CreateString(name);
 }
 
-/* Legacy completions logprobs for tokens [from, to). base: text offset of the completion. */
-static cJSON *lp_legacy(const srv_job *j, const srv_choice *ch, int from, int to, size_t base)
+/* One token of a legacy logprobs object: its display name, logprob (null when lp is NaN: the first
+ * prompt token, or a prompt position not scored before an abort), the {name: logprob} map of it and
+ * its K alternatives `top`, and its text offset. */
+static void legacy_entry(const srv_job *j, cJSON *o, int32_t id, float lp, const eng_toplp *top, int K, size_t off)
+{
+    char raw[1024];
+    size_t rn;
+    cJSON *name = token_json(j, id, raw, sizeof raw, &rn);
+    cJSON *m = isnan(lp) ? cJSON_CreateNull() : cJSON_CreateObject();
+    if (name && m && !isnan(lp)) {
+        cJSON_AddNumberToObject(m, name->valuestring, lp);
+        for (int k = 0; k < K; k++) {
+            cJSON *tn = token_json(j, top[k].id, raw, sizeof raw, &rn);
+            if (tn && !cJSON_GetObjectItemCaseSensitive(m, tn->valuestring))
+                cJSON_AddNumberToObject(m, tn->valuestring, top[k].logprob);
+            cJSON_Delete(tn);
+        }
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "tokens"), name);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "token_logprobs"),
+                         isnan(lp) ? cJSON_CreateNull() : cJSON_CreateNumber(lp));
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs"), m);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "text_offset"), cJSON_CreateNumber((double)off));
+}
+
+/* The raw logprob the engine wrote for prompt position i of a choice whose prompt was scored (NaN for
+ * position 0 and positions an abort left unscored). Read once the choice has a token or finished. */
+static float prompt_lp(const eng_request *r, int i)
+{
+    return i >= 1 && i < r->n_prompt_scored ? r->out_prompt_logprobs[i] : NAN;
+}
+
+/* Legacy completions logprobs for tokens [from, to). base: text offset of the completion. With
+ * with_prompt (echo with logprobs), the prompt's tokens come first, at offsets from 0. */
+static cJSON *lp_legacy(const srv_job *j, const srv_choice *ch, int from, int to, size_t base, int with_prompt)
 {
     const eng_request *r = &ch->r;
     const int K = r->sp.logprobs;
     cJSON *o = cJSON_CreateObject();
-    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *tlp = cJSON_AddArrayToObject(o, "token_logprobs");
-    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs"), *off = cJSON_AddArrayToObject(o, "text_offset");
-    char raw[1024];
-    size_t rn;
-    for (int i = from; i < to; i++) {
-        cJSON *name = token_json(j, r->out_tokens[i], raw, sizeof raw, &rn);
-        cJSON *m = cJSON_CreateObject();
-        if (name && m) {
-            cJSON_AddNumberToObject(m, name->valuestring, r->out_logprobs[i]);
-            for (int k = 0; k < K; k++) {
-                const eng_toplp *t = &r->out_top[(size_t)i * (size_t)K + (size_t)k];
-                cJSON *tn = token_json(j, t->id, raw, sizeof raw, &rn);
-                if (tn && !cJSON_GetObjectItemCaseSensitive(m, tn->valuestring))
-                    cJSON_AddNumberToObject(m, tn->valuestring, t->logprob);
-                cJSON_Delete(tn);
-            }
-        }
-        cJSON_AddItemToArray(toks, name);
-        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(r->out_logprobs[i]));
-        cJSON_AddItemToArray(top, m);
-        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(base + (i ? ch->tok_end[i - 1] : 0))));
+    cJSON_AddArrayToObject(o, "tokens");
+    cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON_AddArrayToObject(o, "text_offset");
+    size_t off = 0;
+    for (int i = 0; with_prompt && i < r->n_prompt; i++) {
+        const int32_t id = r->prompt[i];
+        legacy_entry(j, o, id, prompt_lp(r, i), K ? r->out_prompt_top + (size_t)i * (size_t)r->prompt_top : NULL, K,
+                     off);
+        size_t n = 0;
+        free(srv_decode(j->s, &id, 1, j->g.skip_special, &n));
+        off += n;
     }
+    for (int i = from; i < to; i++)
+        legacy_entry(j, o, r->out_tokens[i], r->out_logprobs[i], K ? r->out_top + (size_t)i * (size_t)K : NULL, K,
+                     base + (i ? ch->tok_end[i - 1] : 0));
     return o;
+}
+
+/* vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...]: at each
+ * position the prompt token (its rank among all ids) and the g.prompt_logprobs best ids (ranks 1..). */
+static cJSON *lp_prompt_vllm(const srv_job *j, const srv_choice *ch)
+{
+    const eng_request *r = &ch->r;
+    const int K = j->g.prompt_logprobs;
+    cJSON *a = cJSON_CreateArray();
+    char raw[1024], key[16];
+    size_t rn;
+    for (int i = 0; i < r->n_prompt; i++) {
+        const float lp = prompt_lp(r, i);
+        if (isnan(lp)) {
+            cJSON_AddItemToArray(a, cJSON_CreateNull());
+            continue;
+        }
+        cJSON *m = cJSON_CreateObject();
+        for (int k = -1; k < K; k++) { /* -1: the prompt token itself */
+            const eng_toplp *t = k >= 0 ? &r->out_prompt_top[(size_t)i * (size_t)r->prompt_top + (size_t)k] : NULL;
+            const int32_t id = t ? t->id : r->prompt[i];
+            snprintf(key, sizeof key, "%d", (int)id);
+            if (cJSON_GetObjectItemCaseSensitive(m, key)) continue;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "logprob", t ? t->logprob : lp);
+            cJSON_AddNumberToObject(e, "rank", t ? k + 1 : r->out_prompt_rank[i]);
+            cJSON_AddItemToObject(e, "decoded_token", token_json(j, id, raw, sizeof raw, &rn));
+            cJSON_AddItemToObject(m, key, e);
+        }
+        cJSON_AddItemToArray(a, m);
+    }
+    return a;
 }
 
 static cJSON *chat_lp_entry(const srv_job *j, int32_t id, float lp)
@@ -603,9 +691,11 @@ static cJSON *full_response(const srv_job *j)
         }
         free(echo);
         if (j->g.logprobs)
-            cJSON_AddItemToObject(c, "logprobs", chat ? lp_chat(j, ch, 0, ch->n_pub) : lp_legacy(j, ch, 0, ch->n_pub, elen));
+            cJSON_AddItemToObject(c, "logprobs", chat ? lp_chat(j, ch, 0, ch->n_pub)
+                                                      : lp_legacy(j, ch, 0, ch->n_pub, elen, j->g.echo));
         else
             cJSON_AddNullToObject(c, "logprobs");
+        if (!chat && j->g.prompt_logprobs >= 0) cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt_vllm(j, ch));
         cJSON_AddStringToObject(c, "finish_reason", finish_name(ch));
         add_stop_reason(c, j, ch);
         if (j->g.return_token_ids) {
@@ -615,6 +705,7 @@ static cJSON *full_response(const srv_job *j)
     }
     if (chat && j->g.return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(j->g.prompts[0].ids, j->g.prompts[0].n));
+    if (chat && j->g.prompt_logprobs >= 0) cJSON_AddItemToObject(o, "prompt_logprobs", lp_prompt_vllm(j, &j->ch[0]));
     add_usage(o, j);
     cJSON_AddItemToObject(o, "weight_version", versions_json(j, -1));
     return o;
@@ -669,39 +760,48 @@ static void so_flush(stream_out *so, srv_buf *b)
     b->n = 0;
 }
 
-/* The first event of each choice: the chat role, or (completions) the echoed prompt and/or
- * prompt_token_ids (immutable request data: no lock). */
-static void first_events(const srv_job *j, srv_buf *b)
+/* Whether a choice has a first event (the chat role; completions: the echoed prompt and/or
+ * prompt_token_ids and/or prompt logprobs), and whether it must wait for the prompt logprobs. */
+static int has_first_event(const srv_job *j)
+{
+    return j->g.api == SRV_API_CHAT || j->g.echo || j->g.return_token_ids || j->g.prompt_logprobs >= 0;
+}
+static int first_event_waits(const srv_job *j) { return prompt_top_of(&j->g) >= 0; }
+
+/* The first event of a choice (immutable request data, and prompt logprobs that are final once the
+ * choice has a token or finished: no lock). */
+static void first_event(const srv_job *j, srv_choice *ch, srv_buf *b)
 {
     const int chat = j->g.api == SRV_API_CHAT;
-    if (!chat && !j->g.echo && !j->g.return_token_ids) return;
-    for (int i = 0; i < j->n_ch; i++) {
-        const srv_choice *ch = &j->ch[i];
-        const srv_prompt *pr = &j->g.prompts[ch->prompt_idx];
-        cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion");
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
-        cJSON_AddNumberToObject(c, "index", ch->index);
-        if (chat) {
-            cJSON *d = cJSON_AddObjectToObject(c, "delta");
-            cJSON_AddStringToObject(d, "role", "assistant");
-            cJSON_AddStringToObject(d, "content", "");
-        } else {
-            size_t elen = 0;
-            char *echo = echo_text(j, ch->prompt_idx, &elen);
-            cJSON_AddItemToObject(c, "text", srv_json_bytes(echo ? echo : "", elen));
-            free(echo);
-        }
-        cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddNullToObject(c, "finish_reason");
-        if (j->g.return_token_ids) {
-            cJSON_AddItemToObject(c, "token_ids", cJSON_CreateArray());
-            if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", ids_json(pr->ids, pr->n));
-        }
-        if (chat && j->g.return_token_ids && i == 0)
-            cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(pr->ids, pr->n));
-        ob_event(b, o);
+    const srv_prompt *pr = &j->g.prompts[ch->prompt_idx];
+    ch->first_sent = 1;
+    cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", ch->index);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+    } else {
+        size_t elen = 0;
+        char *echo = echo_text(j, ch->prompt_idx, &elen);
+        cJSON_AddItemToObject(c, "text", srv_json_bytes(echo ? echo : "", elen));
+        free(echo);
     }
+    if (!chat && j->g.echo && j->g.logprobs) cJSON_AddItemToObject(c, "logprobs", lp_legacy(j, ch, 0, 0, 0, 1));
+    else cJSON_AddNullToObject(c, "logprobs");
+    if (!chat && j->g.prompt_logprobs >= 0) cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt_vllm(j, ch));
+    cJSON_AddNullToObject(c, "finish_reason");
+    if (j->g.return_token_ids) {
+        cJSON_AddItemToObject(c, "token_ids", cJSON_CreateArray());
+        if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", ids_json(pr->ids, pr->n));
+    }
+    if (chat && j->g.return_token_ids && ch == &j->ch[0])
+        cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(pr->ids, pr->n));
+    if (chat && j->g.prompt_logprobs >= 0 && ch == &j->ch[0])
+        cJSON_AddItemToObject(o, "prompt_logprobs", lp_prompt_vllm(j, ch));
+    ob_event(b, o);
 }
 
 /* What a choice has new for the stream, copied under j->mu so that the events can be built without
@@ -750,7 +850,7 @@ static void emit_choice(srv_job *j, srv_choice *ch, choice_snap *sn, size_t echo
     }
     if (j->g.logprobs)
         cJSON_AddItemToObject(c, "logprobs", chat ? lp_chat(j, ch, ch->sent_tokens, sn->n_pub)
-                                                  : lp_legacy(j, ch, ch->sent_tokens, sn->n_pub, echo_len));
+                                                  : lp_legacy(j, ch, ch->sent_tokens, sn->n_pub, echo_len, 0));
     else
         cJSON_AddNullToObject(c, "logprobs");
     if (sn->fin) {
@@ -810,7 +910,9 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
     choice_snap *snap = calloc((size_t)j->n_ch, sizeof *snap);
     char *has = calloc((size_t)j->n_ch, 1);
     if (!snap || !has) so.broken = 1; /* out of memory: treated like a lost client */
-    first_events(j, &b);
+    const int first_waits = first_event_waits(j);
+    if (has_first_event(j) && !first_waits)
+        for (int i = 0; i < j->n_ch; i++) first_event(j, &j->ch[i], &b);
     pthread_mutex_lock(&j->mu);
     while (!so.broken) {
         seen = j->events;
@@ -818,6 +920,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
         pthread_mutex_unlock(&j->mu);
         int all_sent = 1;
         for (int i = 0; i < j->n_ch; i++) {
+            if (has[i] && !j->ch[i].first_sent && has_first_event(j)) first_event(j, &j->ch[i], &b);
             if (has[i]) emit_choice(j, &j->ch[i], &snap[i], echo_len ? echo_len[j->ch[i].prompt_idx] : 0, &b);
             all_sent &= j->ch[i].sent_final;
         }

@@ -194,6 +194,7 @@ typedef struct {
     int n_stop_ids;
     int logprobs;        /* 1: report logprobs (completions: "logprobs" given; chat: logprobs true) */
     int echo, include_stop, skip_special, return_token_ids, tokens_as_ids;
+    int prompt_logprobs; /* -1: off; else vLLM's prompt_logprobs (alternatives per prompt token) */
     int stream, include_usage;
 } srv_gen;
 

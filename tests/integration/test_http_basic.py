@@ -5,7 +5,8 @@ and SSE helpers); run as a script it tests:
   - GET /health, GET /v1/models, unknown route 404, wrong method 405 (with Allow)
   - POST /tokenize (prompt, messages, return_token_strs) and /detokenize (round trip, UTF-8)
   - /v1/completions: string, token-id, string[] and int[][] prompts (choices prompt-major, usage),
-    n > 1 with seed (seed + i per sample: equals single requests with seed + i), echo,
+    n > 1 with seed (seed + i per sample: equals single requests with seed + i), echo, echo with logprobs
+    and vLLM's prompt_logprobs (equal to `generate --prompt-logprobs`; streamed, repeated, chat),
     return_token_ids, logprobs legacy shape (tokens, token_logprobs, top_logprobs, text_offset),
     return_tokens_as_token_ids, skip_special_tokens, stop_token_ids (stop_reason = the id),
     ignore_eos / min_tokens, max_tokens default 16, unknown fields ignored
@@ -593,6 +594,86 @@ def test_completions(C, srv, binary, model):
         C.check(not ss.json["choices"][0]["text"].startswith("<|im_start|>"), "skip_special_tokens true drops specials")
 
 
+def test_prompt_logprobs(C, srv, binary, model):
+    """echo + logprobs (legacy shape: the prompt's tokens first, the first with null) and vLLM's
+    prompt_logprobs ({id: {logprob, rank, decoded_token}}), equal to `generate --prompt-logprobs` (whose
+    values tests/reference checks against numpy), streamed and not, repeated (the prefix cache must not
+    skip the scoring), with n = 2, and for chat."""
+    ids, n_tok, K = [5, 17, 300, 42, 900, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], 5, 3
+    np_ = len(ids)
+    body = {"prompt": ids, "max_tokens": n_tok, "temperature": 0, "ignore_eos": True, "echo": True, "logprobs": K,
+            "prompt_logprobs": 2, "return_token_ids": True}
+    ref = generate_cli(binary, model, ids, n_tok, logprobs=K, extra=["--prompt-logprobs", str(K)])
+    r = post(srv, "/v1/completions", body)
+    if not C.check(r.status == 200 and ref is not None, "echo + logprobs: %r (CLI %r)" % (r, ref is not None)):
+        return
+    raw = json.loads(r.raw.decode(), parse_float=str)["choices"][0]
+    lp, plp = raw["logprobs"], raw.get("prompt_logprobs")
+    if not C.check(all(len(lp.get(f) or []) == np_ + n_tok for f in ("tokens", "token_logprobs", "top_logprobs",
+                                                                      "text_offset")),
+                   "echo + logprobs: not %d + %d entries: %r" % (np_, n_tok, {f: len(v) for f, v in lp.items()})):
+        return
+    C.check(lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None,
+            "echo + logprobs: the first prompt token has a logprob: %r" % lp["token_logprobs"][:2])
+    C.check(lp["token_logprobs"][1:np_] == ref["prompt_logprobs"][1:],
+            "echo + logprobs: prompt logprobs != generate --prompt-logprobs")
+    C.check(lp["token_logprobs"][np_:] == ref["logprobs"], "echo + logprobs: completion logprobs != generate")
+    for i in range(1, np_ + n_tok):
+        top = lp["top_logprobs"][i]
+        best = ref["prompt_top_logprobs"][i][0][1] if i < np_ else ref["top_logprobs"][i - np_][0][1]
+        C.check(isinstance(top, dict) and K <= len(top) <= K + 1 and top.get(lp["tokens"][i]) == lp["token_logprobs"][i]
+                and max(top.values(), key=float) == best,
+                "echo + logprobs: top_logprobs[%d] %r (token %r, best %s)" % (i, top, lp["tokens"][i], best))
+    offs = lp["text_offset"]
+    ptext = post(srv, "/detokenize", {"tokens": ids}).json["prompt"]
+    C.check(offs == sorted(offs) and offs[0] == 0 and offs[np_] == len(ptext.encode()) and
+            raw["text"].startswith(ptext), "echo + logprobs: text_offset %r (prompt text %r)" % (offs, ptext))
+    if not any(t.startswith("bytes:") for t in lp["tokens"]):
+        C.check("".join(lp["tokens"]) == raw["text"], "echo + logprobs: tokens do not concatenate to the text")
+    # vLLM's prompt_logprobs
+    ok = C.check(isinstance(plp, list) and len(plp) == np_ and plp[0] is None,
+                 "prompt_logprobs: %r" % (plp if not isinstance(plp, list) else plp[:2]))
+    for i in range(1, np_ if ok else 0):
+        e, want = plp[i], [str(t) for t, _ in ref["prompt_top_logprobs"][i][:2]]
+        mine = e.get(str(ids[i])) if isinstance(e, dict) else None
+        C.check(mine is not None and mine["logprob"] == lp["token_logprobs"][i] and
+                int(mine["rank"]) == int(ref["prompt_ranks"][i]) and isinstance(mine["decoded_token"], str),
+                "prompt_logprobs[%d]: the prompt token's entry %r (rank %s)" % (i, mine, ref["prompt_ranks"][i]))
+        C.check(all(t in e and int(e[t]["rank"]) == k + 1 for k, t in enumerate(want)) and
+                set(e) == set(want) | {str(ids[i])},
+                "prompt_logprobs[%d]: %r, the 2 best are %r" % (i, e, want))
+    # again (the prompt's blocks are cached now: scoring must compute them anyway), and with n = 2
+    r2 = post(srv, "/v1/completions", dict(body, n=2))
+    if C.check(r2.status == 200, "echo + logprobs, n = 2: %r" % r2):
+        for c in json.loads(r2.raw.decode(), parse_float=str)["choices"]:
+            C.check(c["logprobs"] == lp and c["prompt_logprobs"] == plp, "echo + logprobs repeated (choice %d) differ"
+                    % c["index"])
+    # streamed: the first event carries the echo and the prompt's logprobs, then the tokens follow
+    st, evs, _ = stream_all(srv, "/v1/completions", dict(body, stream=True))
+    if C.check(st == 200 and evs and evs[-1] == "[DONE]", "echo + logprobs stream: %r" % st):
+        first = json.loads(json.dumps(evs[0]), parse_float=str)["choices"][0]
+        C.check(first["text"] == ptext and first["logprobs"]["tokens"] == lp["tokens"][:np_] and
+                first["logprobs"]["text_offset"] == offs[:np_] and first.get("prompt_logprobs") is not None and
+                len(first["prompt_logprobs"]) == np_,
+                "echo + logprobs stream: first event %r" % {k: first.get(k) for k in ("text", "prompt_logprobs")})
+        got = collect_stream(evs)[0]
+        toks = [t for part in got["logprobs"] for t in part["tokens"]]
+        C.check(toks == lp["tokens"] and got["text"] == raw["text"] and got["token_ids"] == raw["token_ids"],
+                "echo + logprobs stream != non-streamed: %r vs %r" % (toks, lp["tokens"]))
+    # chat: the rendered prompt's logprobs at the top level
+    r = post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 2,
+                                           "temperature": 0, "prompt_logprobs": 0})
+    if C.check(r.status == 200, "chat prompt_logprobs: %r" % r):
+        pl = r.json.get("prompt_logprobs")
+        C.check(isinstance(pl, list) and len(pl) == r.json["usage"]["prompt_tokens"] and pl[0] is None and
+                all(isinstance(e, dict) and len(e) == 1 and list(e.values())[0]["logprob"] <= 0 for e in pl[1:]),
+                "chat prompt_logprobs: %r" % pl)
+    # without them: no prompt scores in the answer
+    r = post(srv, "/v1/completions", {"prompt": ids, "max_tokens": 2, "echo": True})
+    C.check(r.status == 200 and "prompt_logprobs" not in r.json["choices"][0] and
+            r.json["choices"][0]["logprobs"] is None, "plain echo reports logprobs: %r" % r)
+
+
 def test_chat(C, srv, model):
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi"}]
     r = post(srv, "/v1/chat/completions", {"model": model, "messages": msgs, "max_tokens": 8, "temperature": 0,
@@ -734,6 +815,7 @@ def main():
         test_expect_continue(C, srv)
         test_tokenize(C, srv)
         test_completions(C, srv, binary, model)
+        test_prompt_logprobs(C, srv, binary, model)
         test_chat(C, srv, model)
     finally:
         stop_clean(C, srv)
