@@ -10,7 +10,9 @@
  *
  * Reported per bucket size: end-to-end GB/s (tensor bytes / wall time from begin to the finish
  * answer) next to the single-thread memcpy bandwidth measured in the same run (an HTTP bucket costs
- * the server at least two copies: socket -> staging buffer -> weights), the finish time (post-load
+ * the server at least two copies: socket -> staging buffer -> weights) and the bare loopback TCP
+ * rate (one connection, a thread writing 64 MiB chunks to a thread reading them, no HTTP and no
+ * weights: the transport's own ceiling on this machine), the finish time (post-load
  * hook + plan guard, from GET /v1/weights last_update) as a share of the total, and the server's
  * resident memory (VmRSS from /proc/PID/status) before the first update, at its peak during the
  * updates (sampled every few ms), after them, and its growth per update. Nothing here asserts a speed.
@@ -293,6 +295,64 @@ static double memcpy_gbs(void)
     return best;
 }
 
+/* Bare loopback TCP (best of 3 passes of 1 GiB): the ceiling of any HTTP transport here, GB/s. */
+typedef struct {
+    int lfd;
+    size_t total, chunk;
+} bu_sink;
+
+static void *sink_main(void *arg)
+{
+    bu_sink *k = arg;
+    int c = accept(k->lfd, NULL, NULL);
+    char *buf = malloc(k->chunk);
+    size_t got = 0;
+    while (c >= 0 && buf && got < k->total) {
+        ssize_t n = read(c, buf, k->chunk);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    free(buf);
+    if (c >= 0) close(c);
+    return NULL;
+}
+
+static double loopback_gbs(void)
+{
+    const size_t chunk = (size_t)64 << 20, total = (size_t)1 << 30;
+    char *buf = malloc(chunk);
+    if (!buf) srv_die("out of memory for the loopback test");
+    memset(buf, 3, chunk);
+    double best = 0;
+    for (int it = 0; it < 3; it++) {
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof sa;
+        bu_sink k = {.lfd = socket(AF_INET, SOCK_STREAM, 0), .total = total, .chunk = chunk};
+        if (k.lfd < 0 || bind(k.lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(k.lfd, 1) != 0 ||
+            getsockname(k.lfd, (struct sockaddr *)&sa, &sl) != 0)
+            srv_die("loopback test: cannot listen: %s", strerror(errno));
+        pthread_t t;
+        if (pthread_create(&t, NULL, sink_main, &k) != 0) srv_die("cannot start a thread");
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+            srv_die("loopback test: cannot connect: %s", strerror(errno));
+        const double t0 = bench_now();
+        size_t sent = 0;
+        while (sent < total) {
+            ssize_t n = write(fd, buf, chunk);
+            if (n <= 0) srv_die("loopback test: write: %s", strerror(errno));
+            sent += (size_t)n;
+        }
+        close(fd);
+        pthread_join(t, NULL);
+        const double g = (double)total / (bench_now() - t0) / 1e9;
+        if (g > best) best = g;
+        close(k.lfd);
+    }
+    free(buf);
+    return best;
+}
+
 /* ---- the command ---------------------------------------------------------------------------------- */
 
 /* srv_die exits: the server child and a generated checkpoint must not outlive the run */
@@ -307,9 +367,9 @@ static const char help[] =
     "folder: hidden 1024, 20 layers, intermediate 2816, vocab 32000, bf16) on a free loopback port and\n"
     "pushes full updates of it over HTTP (begin, safetensors buckets of about --bucket-mb MiB sent\n"
     "straight from the mmap'd checkpoint, finish). Prints per bucket size: end-to-end GB/s next to\n"
-    "this machine's single-thread memcpy bandwidth, the finish time (post-load hook + plan guard) as\n"
-    "a share of the total, and the server's resident memory before, at its peak during, and after the\n"
-    "updates, with its growth per update.\n"
+    "this machine's single-thread memcpy bandwidth and its bare loopback TCP rate, the finish time\n"
+    "(post-load hook + plan guard) as a share of the total, and the server's resident memory before,\n"
+    "at its peak during, and after the updates, with its growth per update.\n"
     "\n"
     "  --model DIR        checkpoint folder to serve and push (default: generate one)\n"
     "  --bucket-mb LIST   bucket sizes in MiB, comma-separated (default 64,512)\n"
@@ -418,7 +478,7 @@ int srv_bench_update(int argc, char **argv)
     }
     max_bucket += (uint64_t)1 << 20; /* headers */
 
-    const double mc = memcpy_gbs();
+    const double mc = memcpy_gbs(), lo = loopback_gbs();
     bench_child ch;
     start_server(model, max_bucket, threads, &ch);
     g_child = ch.pid;
@@ -429,13 +489,14 @@ int srv_bench_update(int argc, char **argv)
     const uint64_t rss_start = rss_bytes(ch.pid);
 
     printf("graphswap bench update: %s\n", model);
-    printf("checkpoint %.3f GB in %zu tensors (%d file%s); single-thread memcpy %.2f GB/s; server pid %d\n",
-           (double)ck.bytes / 1e9, ck.n, ck.n_files, ck.n_files == 1 ? "" : "s", mc, (int)ch.pid);
+    printf("checkpoint %.3f GB in %zu tensors (%d file%s); single-thread memcpy %.2f GB/s; bare loopback TCP "
+           "%.2f GB/s; server pid %d\n",
+           (double)ck.bytes / 1e9, ck.n, ck.n_files, ck.n_files == 1 ? "" : "s", mc, lo, (int)ch.pid);
     printf("server VmRSS after start: %.1f MB\n\n", (double)rss_start / 1e6);
-    printf("%-9s %7s %9s %9s %8s %9s %9s %8s %10s %10s %10s %12s\n", "bucket", "buckets", "GB/s", "GB/s", "x memcpy",
-           "finish", "finish", "hook", "RSS before", "RSS peak", "RSS after", "growth");
-    printf("%-9s %7s %9s %9s %8s %9s %9s %8s %10s %10s %10s %12s\n", "MiB", "", "best", "median", "(best)", "ms",
-           "share", "ms", "MB", "MB", "MB", "MB/update");
+    printf("%-9s %7s %9s %9s %8s %10s %9s %9s %8s %10s %10s %10s %12s\n", "bucket", "buckets", "GB/s", "GB/s",
+           "x memcpy", "x loopback", "finish", "finish", "hook", "RSS before", "RSS peak", "RSS after", "growth");
+    printf("%-9s %7s %9s %9s %8s %10s %9s %9s %8s %10s %10s %10s %12s\n", "MiB", "", "best", "median", "(best)",
+           "(best)", "ms", "share", "ms", "MB", "MB", "MB", "MB/update");
     fflush(stdout);
 
     int failures = 0;
@@ -512,8 +573,8 @@ int srv_bench_update(int argc, char **argv)
         qsort(sorted, (size_t)ns, sizeof *sorted, cmp_double);
         const double best = sorted[ns - 1], med = sorted[ns / 2];
         const double growth = updates > 1 ? ((double)rss_after - (double)rss_first) / (updates - 1) / 1e6 : 0.0;
-        printf("%-9.0f %7zu %9.2f %9.2f %8.2f %9.3f %8.2f%% %8.3f %10.1f %10.1f %10.1f %12.3f\n",
-               (double)sizes[s] / 1048576.0, nb, best, med, best / mc, fin_ms / updates, 100 * share / updates,
+        printf("%-9.0f %7zu %9.2f %9.2f %8.2f %10.2f %9.3f %8.2f%% %8.3f %10.1f %10.1f %10.1f %12.3f\n",
+               (double)sizes[s] / 1048576.0, nb, best, med, best / mc, best / lo, fin_ms / updates, 100 * share / updates,
                hook_ms / updates, (double)rss_before / 1e6, (double)atomic_load(&smp.peak) / 1e6,
                (double)rss_after / 1e6, growth);
         fflush(stdout);
@@ -525,6 +586,7 @@ int srv_bench_update(int argc, char **argv)
     g_child = 0;
     ckpt_close(&ck);
     printf("\nGB/s: tensor bytes / wall time from begin to the finish answer (one keep-alive connection);\n"
+           "x loopback: against bare loopback TCP (no HTTP, no weights), the ceiling of an HTTP transport;\n"
            "finish = post-load hook + plan guard (GET /v1/weights last_update), share of that wall time;\n"
            "growth: VmRSS change per update after the first update of that bucket size.\n");
     if (model == gen && keep) printf("checkpoint kept in %s\n", gen);
