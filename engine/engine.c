@@ -82,8 +82,9 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
     }
     if (c->max_seqs > c->max_step_tokens) c->max_seqs = c->max_step_tokens;
     const int R = c->max_step_tokens, S = c->max_seqs;
-    /* logits rows per step: one per sequence, or every verify row with a drafter */
-    const int LR = draft ? R : S;
+    /* logits rows per step: any row may need one (verify rows with a drafter, a prompt being scored
+     * for prompt logprobs), so the workspace holds R; a step computes only the n_logits it uses */
+    const int LR = R;
     e->io.max_rows = R;
     e->io.max_seqs = S;
     e->io.block_size = c->block_size;
@@ -553,13 +554,11 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
         if (decode != (left == 1)) continue;
         int take = left < c->prefill_chunk ? left : c->prefill_chunk;
         if (take > c->max_step_tokens - *rows) take = c->max_step_tokens - *rows;
-        /* the row of position p scores prompt[p + 1] while p + 1 < n_prompt (the last known token's
-         * row samples): every row of a scoring prefill needs a logits row, others only their last */
-        const int first = q->n_computed, scoring = q->req->out_prompt_logprobs && first + 1 < q->req->n_prompt;
-        const int free_logits = e->max_logits - *nl;
-        if (scoring && take > free_logits) take = free_logits;
-        if (!scoring && take == left && free_logits == 0) take = left - 1;
         if (take <= 0) continue;
+        /* the row of position p scores prompt[p + 1] while p + 1 < n_prompt (the last known token's
+         * row samples): every row of a scoring prefill has a logits row, others only their last
+         * (at most one per row: the max_logits = max_step_tokens rows always suffice) */
+        const int first = q->n_computed, scoring = q->req->out_prompt_logprobs && first + 1 < q->req->n_prompt;
         const int row0 = *rows;
         eng_add_rows(e, s, take, rows);
         for (int i = 0; i < take; i++) {
@@ -574,6 +573,7 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
                 e->logit_seq[(*nl)++] = s;
             }
         }
+        assert(*nl <= e->max_logits);
     }
 }
 

@@ -88,8 +88,7 @@ void eng_retire_and_admit(eng_engine *e);
 void eng_add_rows(eng_engine *e, int slot, int count, int *rows);
 /* Adds the rows of every sequence with exactly one known token left (decode = 1) or more (decode =
  * 0: prefill chunks of at most prefill_chunk) within max_step_tokens; a sequence whose rows reach
- * its last known token gets a logits row, and a sequence scoring its prompt one per row (within the
- * max_logits rows of a step). */
+ * its last known token gets a logits row, and a sequence scoring its prompt one per row. */
 void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl);
 /* Sampling parameters of the logits rows [from, nl) eng_schedule_rows added (score or sample). */
 void eng_set_prefill_rows(eng_engine *e, int from, int nl);

@@ -7,8 +7,8 @@
 (d) seeded sampling: same seed => same output, alone and inside a batch; different seed => different
 (e) load errors: missing / unknown / mis-shaped / I32 tensor, truncated safetensors, unknown
     architecture => non-zero exit, "graphswap: error:" on stderr naming the tensor (or file / arch)
-(f) prompt logprobs (--prompt-logprobs / "prompt_logprobs"): the same bits alone, in a batch whose
-    logits rows run short (--max-seqs 2: a step scores at most 2 positions), chunked, eager, after the
+(f) prompt logprobs (--prompt-logprobs / "prompt_logprobs"): the same bits alone, in a 2-slot batch
+    with small steps (scoring rows next to other sequences' sampling rows), chunked, eager, after the
     same prompt filled the prefix cache (scoring computes it again), and with a DFlash drafter; the
     generated tokens are unchanged by asking for them (values are checked against the numpy reference
     in tests/reference/test_reference.py)
@@ -396,14 +396,14 @@ def test_prompt_logprobs(binary, tmp, models):
         C.check(prompt_key(o) == prompt_key(base), "(f) prompt logprobs with %s differ from alone" % what)
         same("(f) generated tokens with %s" % what, base, o)
     # a batch: P plain first (fills the prefix cache), then P scored twice, Q scored with 0 alternatives,
-    # P plain again; two slots, so scoring rows compete with the other sequences' sampling rows
+    # P plain again; two slots and 8-row steps, so scoring rows share steps with sampling rows
     reqs = [{"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0},
             {"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0, "prompt_logprobs": 3},
             {"prompt_ids": Q, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 0},
             {"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0, "prompt_logprobs": 3},
             {"prompt_ids": P, "max_tokens": 6, "logprobs": 2, "temperature": 0}]
     outs = H.generate_batch(C, "(f) prompt logprobs batch", binary, d, reqs, os.path.join(tmp, "plp.jsonl"),
-                            extra=["--max-seqs", "2", "--prefill-chunk", "7"])
+                            extra=["--max-seqs", "2", "--prefill-chunk", "7", "--max-step-tokens", "8"])
     if outs is not None:
         for i in (1, 3):
             C.check(prompt_key(outs[i]) == prompt_key(base), "(f) batch request %d: prompt logprobs differ" % i)
