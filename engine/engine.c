@@ -555,15 +555,16 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
         int take = left < c->prefill_chunk ? left : c->prefill_chunk;
         if (take > c->max_step_tokens - *rows) take = c->max_step_tokens - *rows;
         if (take <= 0) continue;
-        /* the row of position p scores prompt[p + 1] while p + 1 < n_prompt (the last known token's
-         * row samples): every row of a scoring prefill has a logits row, others only their last
-         * (at most one per row: the max_logits = max_step_tokens rows always suffice) */
-        const int first = q->n_computed, scoring = q->req->out_prompt_logprobs && first + 1 < q->req->n_prompt;
-        const int row0 = *rows;
+        /* the row of position p scores prompt[p + 1] while p + 1 < n_prompt and that position is not
+         * scored yet (a prefill repeated after a "recompute" weight update does not score again);
+         * the last known token's row samples; other rows need no logits (at most one per row: the
+         * max_logits = max_step_tokens rows always suffice) */
+        const eng_request *rq = q->req;
+        const int first = q->n_computed, row0 = *rows;
         eng_add_rows(e, s, take, rows);
         for (int i = 0; i < take; i++) {
             const int p = first + i;
-            if (p + 1 < q->req->n_prompt && scoring) {
+            if (rq->out_prompt_logprobs && p + 1 < rq->n_prompt && p + 1 >= rq->n_prompt_scored) {
                 e->h_logit_idx[*nl] = row0 + i;
                 e->logit_score[*nl] = p + 1;
                 e->logit_seq[(*nl)++] = s;

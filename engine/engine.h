@@ -70,7 +70,8 @@ struct eng_request {
      * receives the raw logprob of prompt[i] after prompt[0..i) and out_prompt_rank[i] its rank (1 =
      * the best id), out_prompt_top[i * prompt_top ..] the prompt_top best ids there; entry 0 is left
      * as the caller set it. Such a request computes its whole prompt (no prefix-cache reuse), and its
-     * prefill rows each compute logits (lm_head and the sample op). n_prompt_scored: entries [1, n_prompt_scored) are
+     * prefill rows each compute logits (lm_head and the sample op). A position is scored once: a
+     * prefill repeated after a "recompute" weight update keeps the scores it has. n_prompt_scored: entries [1, n_prompt_scored) are
      * written (the engine's count; all of them before the first token). */
     int prompt_top;
     float *out_prompt_logprobs;

@@ -365,6 +365,75 @@ static void test_recompute_and_keep(void **state)
     }
 }
 
+/* Prompt logprobs across a "recompute" update in the middle of a scored prefill: each position is
+ * scored once, by the weights that first computed it (the repeated prefill does not score again):
+ * positions [1, 33) equal a cold W0 run's, the rest a cold W1 run's. */
+enum { PL_N = 60, PL_K = 2 };
+typedef struct {
+    eng_request r;
+    int32_t out[4];
+    float lp[4], plp[PL_N];
+    int32_t rank[PL_N];
+    eng_toplp top[PL_N * PL_K];
+} pl_req;
+
+static void pl_submit(rt *x, pl_req *q, const int32_t *prompt)
+{
+    memset(q, 0, sizeof *q);
+    q->r.prompt = prompt;
+    q->r.n_prompt = PL_N;
+    q->r.max_tokens = 3;
+    q->r.ignore_eos = 1;
+    q->r.out_tokens = q->out;
+    q->r.out_logprobs = q->lp;
+    q->r.prompt_top = PL_K;
+    q->r.out_prompt_logprobs = q->plp;
+    q->r.out_prompt_rank = q->rank;
+    q->r.out_prompt_top = q->top;
+    char err[512];
+    assert_int_equal(eng_submit(x->e, &q->r, NULL, err, sizeof err), 0);
+}
+
+static void test_prompt_logprobs_across_recompute(void **state)
+{
+    (void)state;
+    int32_t prompt[PL_N];
+    for (int i = 0; i < PL_N; i++) prompt[i] = (i * 37 + 11) % 190;
+    pl_req q, c0, c1;
+    rt x, y;
+    char err[512];
+    int status;
+    open_rt(&x, T0, NULL);
+    pl_submit(&x, &q, prompt);
+    eng_step(x.e); /* 32 rows (max_step_tokens): positions 1..32 scored under W0 */
+    assert_int_equal(q.r.n_prompt_scored, 33);
+    assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_TARGET, ENG_PAUSE_RECOMPUTE, NULL, NULL, err, sizeof err,
+                                       &status), 0);
+    push_dir(&x, T1, "", 6, 11, 0);
+    assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), 0);
+    eng_run_until_idle(x.e);
+    assert_int_equal(q.r.n_out, 3);
+    assert_int_equal(q.r.n_prompt_scored, PL_N);
+    for (int w = 0; w < 2; w++) {
+        pl_req *c = w ? &c1 : &c0;
+        open_rt(&y, w ? T1 : T0, NULL);
+        pl_submit(&y, c, prompt);
+        eng_run_until_idle(y.e);
+        assert_int_equal(c->r.n_prompt_scored, PL_N);
+        test_rt_close(&y);
+    }
+    for (int i = 1; i < PL_N; i++) {
+        const pl_req *c = i < 33 ? &c0 : &c1;
+        if (memcmp(&q.plp[i], &c->plp[i], sizeof q.plp[i]) != 0 || q.rank[i] != c->rank[i] ||
+            memcmp(&q.top[i * PL_K], &c->top[i * PL_K], PL_K * sizeof q.top[0]) != 0)
+            fail_msg("prompt position %d: %.9g rank %d, cold W%d %.9g rank %d", i, (double)q.plp[i], q.rank[i],
+                     i < 33 ? 0 : 1, (double)c->plp[i], c->rank[i]);
+    }
+    /* the weights differ, so the two halves really came from different versions */
+    assert_true(memcmp(&c0.plp[40], &c1.plp[40], sizeof c0.plp[40]) != 0);
+    test_rt_close(&x);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -389,6 +458,7 @@ int main(void)
         cmocka_unit_test(test_incomplete_abort_and_order),
         cmocka_unit_test(test_guard_fires),
         cmocka_unit_test(test_recompute_and_keep),
+        cmocka_unit_test(test_prompt_logprobs_across_recompute),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
