@@ -106,12 +106,12 @@ typedef enum {
      *          logit, equal logits by the lower id (a total order over every bit pattern: +0 above
      *          -0, a positive NaN above +inf).
      *   raw    lse = log(sum_{all i} exp(l[i])) (no bans, no temperature); out.logprob =
-     *          l[tok] - lse; out.rank = 1 + |{i : i better than tok}| (over all V ids); out.top =
-     *          the n_logprobs best ids of all V (best first) with their raw logprobs; out.n_top =
-     *          min(n_logprobs, V); entries past n_top are not written.
+     *          l[tok] - lse; out.top = the n_logprobs best ids of all V (best first) with their raw
+     *          logprobs; out.n_top = min(n_logprobs, V); entries past n_top are not written.
      *   score  (score = 1, draft >= 0; a prompt token's logprob): tok = draft, accepted = 0, the raw
-     *          outputs above; nothing is drawn (temperature, top-k/p, min-p ignored; bans are still
-     *          checked, C0 must not be empty).
+     *          outputs above, and out.rank = 1 + |{i : i better than tok}| (over all V ids); nothing
+     *          is drawn (temperature, top-k/p, min-p ignored; bans are still checked, C0 must not be
+     *          empty). Other rows set out.rank = 0 (a decode step pays no rank pass).
      *   greedy (temperature <= 1e-5): tok = best of C0; a verify row (draft >= 0) sets
      *          accepted = (tok == draft); accepted is 0 on every row with draft < 0.
      *   sampling: lmax = max l over C0; weight w[i] = (float)exp(((double)l[i] - lmax) * (1.0 / T))
@@ -163,7 +163,7 @@ typedef struct {
     int32_t tok;
     int32_t accepted;
     float logprob; /* raw logprob of tok */
-    int32_t rank;  /* 1 + the number of ids better than tok (raw order) */
+    int32_t rank;  /* score rows: 1 + the number of ids better than tok (raw order); else 0 */
     int32_t n_top;
     kern_toplp top[KERN_SAMPLE_MAX_TOP];
 } kern_sample_out; /* 180 bytes */

@@ -122,10 +122,13 @@ static void raw_logprobs(const float *l, int V, const kern_sample_params *sp, ke
     for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
     const double lse = (double)mx + log(sum);
     o->logprob = (float)((double)l[o->tok] - lse);
-    const uint64_t tk = kern_sample_key(l[o->tok], o->tok);
-    int32_t better = 0;
-    for (int32_t i = 0; i < V; i++) better += kern_sample_key(l[i], i) > tk;
-    o->rank = 1 + better;
+    o->rank = 0;
+    if (sp->score) {
+        const uint64_t tk = kern_sample_key(l[o->tok], o->tok);
+        int32_t better = 0;
+        for (int32_t i = 0; i < V; i++) better += kern_sample_key(l[i], i) > tk;
+        o->rank = 1 + better;
+    }
     int k = sp->n_logprobs < V ? sp->n_logprobs : V;
     o->n_top = k;
     if (k <= 0) return;

@@ -15,7 +15,7 @@
  *              sums its KS_DRAW_PER consecutive ids, a block exclusive scan (double) plus the carry
  *              of the previous chunks gives each thread its starting running sum, the thread walks
  *              its ids, and the lowest id whose running sum exceeds u * zz wins (block min);
- *   rank       the count of ids whose key is above the chosen (or scored) token's.
+ *   rank       score rows only: the count of ids whose key is above the scored token's.
  * The radix selection is kernels/cpu/sample.c's select_key, byte for byte: eight passes from the
  * top byte of the 64-bit key, each building a 256-bin histogram of the candidates that share the
  * bytes chosen so far, then walking the bins best first, accumulating until the target is reached,
@@ -534,18 +534,22 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
         }
     }
 
-    /* rank: 1 + the ids better than tok (every id, raw order) */
-    const unsigned long long tkey = ks_key(r.l[tok], tok);
-    int better = 0;
-    for (int i = tid; i < V; i += KS_THREADS) better += ks_key(r.l[i], i) > tkey;
-    better = ks_reduce(better, sm.red.i, ks_op_sum_i());
+    /* score rows: rank = 1 + the ids better than tok (every id, raw order); sp.score is uniform over
+     * the block, so the reduction's barriers are reached by every thread or by none */
+    int rank = 0;
+    if (sp.score) {
+        const unsigned long long tkey = ks_key(r.l[tok], tok);
+        int better = 0;
+        for (int i = tid; i < V; i += KS_THREADS) better += ks_key(r.l[i], i) > tkey;
+        rank = 1 + ks_reduce(better, sm.red.i, ks_op_sum_i());
+    }
 
     if (tid == 0) {
         kern_sample_out *o = out + row;
         o->tok = tok;
         o->accepted = accepted;
         o->logprob = (float)((double)r.l[tok] - lse);
-        o->rank = 1 + better;
+        o->rank = rank;
         o->n_top = ntop;
         /* insertion sort, best (largest key) first */
         for (int a = 1; a < ntop; a++) {

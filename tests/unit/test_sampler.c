@@ -229,9 +229,13 @@ static void test_sample_op_matches_reference(void **state)
                          "draft %d bans %d)", round, j, out[j].tok, out[j].accepted, tok, acc, p->temperature,
                          p->top_k, p->top_p, p->min_p, p->draft, p->n_ban);
             assert_true(out[j].logprob == lp);
-            int32_t rank = 1; /* larger logits first; at equal ones +0 before -0, then lower ids */
-            for (int i = 0; i < V; i++)
-                rank += l[i] > l[tok] || (l[i] == l[tok] && (signbit(l[i]) != signbit(l[tok]) ? !signbit(l[i]) : i < tok));
+            int32_t rank = 0; /* score rows only: larger logits first; at equal ones +0 before -0, then lower ids */
+            if (p->score) {
+                rank = 1;
+                for (int i = 0; i < V; i++)
+                    rank += l[i] > l[tok] ||
+                            (l[i] == l[tok] && (signbit(l[i]) != signbit(l[tok]) ? !signbit(l[i]) : i < tok));
+            }
             assert_int_equal(out[j].rank, rank);
             assert_int_equal(out[j].n_top, p->n_logprobs);
             for (int k = 0; k < p->n_logprobs; k++) {
