@@ -139,7 +139,6 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
     e->h_logit_idx = calloc((size_t)LR, i32);
     e->logit_seq = calloc((size_t)LR, i32);
     e->logit_score = calloc((size_t)LR, i32);
-    e->max_logits = LR;
     e->h_bt = calloc((size_t)S * (size_t)e->io.max_blocks, i32);
     e->h_samp = calloc((size_t)LR, sizeof *e->h_samp);
     e->h_samp_out = calloc((size_t)LR, sizeof *e->h_samp_out);
@@ -499,19 +498,22 @@ void eng_run_target(eng_engine *e, int rows, int nl)
     e->stats.rows += (uint64_t)rows;
 }
 
+/* The k best alternatives of a sample record into a request's output slot i (k per slot). */
+static void copy_top(eng_toplp *dst, size_t i, const kern_sample_out *o, int k)
+{
+    assert(o->n_top == k);
+    for (int t = 0; t < k; t++) {
+        dst[i * (size_t)k + (size_t)t].id = o->top[t].id;
+        dst[i * (size_t)k + (size_t)t].logprob = o->top[t].logprob;
+    }
+}
+
 eng_finish eng_emit_sampled(eng_engine *e, int s, int j)
 {
     eng_request *r = e->seqs[s].req;
     const kern_sample_out *o = &e->h_samp_out[j];
-    assert(o->n_top == r->sp.logprobs);
     r->out_logprobs[r->n_out] = o->logprob;
-    if (r->sp.logprobs > 0) {
-        eng_toplp *top = r->out_top + (size_t)r->n_out * (size_t)r->sp.logprobs;
-        for (int k = 0; k < r->sp.logprobs; k++) {
-            top[k].id = o->top[k].id;
-            top[k].logprob = o->top[k].logprob;
-        }
-    }
+    copy_top(r->out_top, (size_t)r->n_out, o, r->sp.logprobs);
     return eng_append_token(e, s, o->tok);
 }
 
@@ -555,26 +557,21 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
         int take = left < c->prefill_chunk ? left : c->prefill_chunk;
         if (take > c->max_step_tokens - *rows) take = c->max_step_tokens - *rows;
         if (take <= 0) continue;
-        /* the row of position p scores prompt[p + 1] while p + 1 < n_prompt and that position is not
-         * scored yet (a prefill repeated after a "recompute" weight update does not score again);
-         * the last known token's row samples; other rows need no logits (at most one per row: the
-         * max_logits = max_step_tokens rows always suffice) */
+        /* a logits row (at most one per row, so the R of the workspace always suffice): the row of
+         * position p scores prompt[p + 1] while p + 1 < n_prompt and that position is not scored yet
+         * (a prefill repeated after a "recompute" weight update does not score again); the row of
+         * the last known token samples the next one; other rows need no logits */
         const eng_request *rq = q->req;
         const int first = q->n_computed, row0 = *rows;
         eng_add_rows(e, s, take, rows);
         for (int i = 0; i < take; i++) {
             const int p = first + i;
-            if (rq->out_prompt_logprobs && p + 1 < rq->n_prompt && p + 1 >= rq->n_prompt_scored) {
-                e->h_logit_idx[*nl] = row0 + i;
-                e->logit_score[*nl] = p + 1;
-                e->logit_seq[(*nl)++] = s;
-            } else if (p == q->n_tokens - 1) { /* its last known token: logits for the next one */
-                e->h_logit_idx[*nl] = row0 + i;
-                e->logit_score[*nl] = 0;
-                e->logit_seq[(*nl)++] = s;
-            }
+            const int at = rq->out_prompt_logprobs && p + 1 < rq->n_prompt && p + 1 >= rq->n_prompt_scored ? p + 1 : 0;
+            if (!at && p != q->n_tokens - 1) continue;
+            e->h_logit_idx[*nl] = row0 + i;
+            e->logit_score[*nl] = at;
+            e->logit_seq[(*nl)++] = s;
         }
-        assert(*nl <= e->max_logits);
     }
 }
 
@@ -607,13 +604,10 @@ void eng_emit_prefill(eng_engine *e, int from, int nl)
             continue;
         }
         const kern_sample_out *o = &e->h_samp_out[j];
-        assert(o->tok == r->prompt[at] && o->n_top == r->prompt_top && at == r->n_prompt_scored);
+        assert(o->tok == r->prompt[at] && at == r->n_prompt_scored);
         r->out_prompt_logprobs[at] = o->logprob;
         r->out_prompt_rank[at] = o->rank;
-        for (int k = 0; k < r->prompt_top; k++) {
-            r->out_prompt_top[(size_t)at * (size_t)r->prompt_top + (size_t)k].id = o->top[k].id;
-            r->out_prompt_top[(size_t)at * (size_t)r->prompt_top + (size_t)k].logprob = o->top[k].logprob;
-        }
+        copy_top(r->out_prompt_top, (size_t)at, o, r->prompt_top);
         r->n_prompt_scored = at + 1;
     }
 }

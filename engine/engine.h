@@ -71,8 +71,9 @@ struct eng_request {
      * the best id), out_prompt_top[i * prompt_top ..] the prompt_top best ids there; entry 0 is left
      * as the caller set it. Such a request computes its whole prompt (no prefix-cache reuse), and its
      * prefill rows each compute logits (lm_head and the sample op). A position is scored once: a
-     * prefill repeated after a "recompute" weight update keeps the scores it has. n_prompt_scored: entries [1, n_prompt_scored) are
-     * written (the engine's count; all of them before the first token). */
+     * prefill repeated after a "recompute" weight update keeps the scores it has.
+     * n_prompt_scored (the engine's count): entries [1, n_prompt_scored) are written, all of them
+     * before the first token. */
     int prompt_top;
     float *out_prompt_logprobs;
     int32_t *out_prompt_rank;

@@ -31,7 +31,6 @@ struct eng_engine {
     int bt_dirty;
     int32_t *logit_seq; /* slot of each logits row */
     int32_t *logit_score; /* [LR] prompt index scored by each logits row (>= 1), or 0: a sampling row */
-    int max_logits;       /* LR: logits rows per step */
     kern_sample_params *h_samp; /* [LR] sampling parameters of each logits row */
     kern_sample_out *h_samp_out; /* [LR] what the step chose for each logits row */
     int32_t *h_bans;             /* [io.n_bans] */

@@ -2,10 +2,10 @@
  * names under a "graphswap:" prefix, so vLLM dashboards and RL-side monitors read them unchanged.
  *
  * Sources. Gauges (running / waiting requests, KV usage) and the engine's token counters are copied
- * into atomics by the engine thread (srv_metrics_publish) after each step, and also before a request's
- * first token or its finish can reach the client (server/oai_run.c), so a client never sees its own
- * request missing from them: a handler thread never reads engine state. Histograms and finish counters are updated by the engine-thread callbacks
- * under met.mu and read under it here.
+ * into atomics by the engine thread (srv_metrics_publish) after each step, and also before a
+ * request's first token or its finish can reach the client (server/oai_run.c), so a client never sees
+ * its own request missing from them: a handler thread never reads engine state. Histograms and finish
+ * counters are updated by the engine-thread callbacks under met.mu and read under it here.
  */
 #include <stdarg.h>
 #include <stdio.h>

@@ -349,7 +349,6 @@ static int job_choices(srv_job *j, srv_err *e)
                 r->out_prompt_top = ptop ? malloc(np * (size_t)ptop * sizeof *r->out_prompt_top) : NULL;
                 if (!r->out_prompt_logprobs || !r->out_prompt_rank || (ptop && !r->out_prompt_top))
                     return srv_errf(e, 500, NULL, "out of memory allocating prompt logprobs for %zu tokens", np);
-                r->out_prompt_logprobs[0] = NAN;
             }
             r->on_token = on_token;
             r->on_finish = on_finish;
@@ -566,6 +565,15 @@ static cJSON *lp_prompt_vllm(const srv_job *j, const srv_choice *ch)
     return a;
 }
 
+/* vLLM's placement of prompt_logprobs: in the choice for completions, at the top of a chat answer or
+ * chunk (from choice 0: every chat choice has the same prompt). */
+static void add_prompt_logprobs(const srv_job *j, const srv_choice *ch, cJSON *o, cJSON *c)
+{
+    if (j->g.prompt_logprobs < 0) return;
+    if (j->g.api != SRV_API_CHAT) cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt_vllm(j, ch));
+    else if (ch == &j->ch[0]) cJSON_AddItemToObject(o, "prompt_logprobs", lp_prompt_vllm(j, ch));
+}
+
 static cJSON *chat_lp_entry(const srv_job *j, int32_t id, float lp)
 {
     char raw[1024];
@@ -695,7 +703,7 @@ static cJSON *full_response(const srv_job *j)
                                                       : lp_legacy(j, ch, 0, ch->n_pub, elen, j->g.echo));
         else
             cJSON_AddNullToObject(c, "logprobs");
-        if (!chat && j->g.prompt_logprobs >= 0) cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt_vllm(j, ch));
+        add_prompt_logprobs(j, ch, o, c);
         cJSON_AddStringToObject(c, "finish_reason", finish_name(ch));
         add_stop_reason(c, j, ch);
         if (j->g.return_token_ids) {
@@ -705,7 +713,6 @@ static cJSON *full_response(const srv_job *j)
     }
     if (chat && j->g.return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(j->g.prompts[0].ids, j->g.prompts[0].n));
-    if (chat && j->g.prompt_logprobs >= 0) cJSON_AddItemToObject(o, "prompt_logprobs", lp_prompt_vllm(j, &j->ch[0]));
     add_usage(o, j);
     cJSON_AddItemToObject(o, "weight_version", versions_json(j, -1));
     return o;
@@ -791,7 +798,7 @@ static void first_event(const srv_job *j, srv_choice *ch, srv_buf *b)
     }
     if (!chat && j->g.echo && j->g.logprobs) cJSON_AddItemToObject(c, "logprobs", lp_legacy(j, ch, 0, 0, 0, 1));
     else cJSON_AddNullToObject(c, "logprobs");
-    if (!chat && j->g.prompt_logprobs >= 0) cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt_vllm(j, ch));
+    add_prompt_logprobs(j, ch, o, c);
     cJSON_AddNullToObject(c, "finish_reason");
     if (j->g.return_token_ids) {
         cJSON_AddItemToObject(c, "token_ids", cJSON_CreateArray());
@@ -799,8 +806,6 @@ static void first_event(const srv_job *j, srv_choice *ch, srv_buf *b)
     }
     if (chat && j->g.return_token_ids && ch == &j->ch[0])
         cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(pr->ids, pr->n));
-    if (chat && j->g.prompt_logprobs >= 0 && ch == &j->ch[0])
-        cJSON_AddItemToObject(o, "prompt_logprobs", lp_prompt_vllm(j, ch));
     ob_event(b, o);
 }
 
