@@ -647,10 +647,11 @@ void opcase_confidence(oc_harness *h)
 /* ---- KOP_SAMPLE -------------------------------------------------------------------------------------
  * Random rows of every mode (greedy, temperature, top-k, top-p, min-p and their combinations; bans short,
  * past the kernel's shared-memory staging, duplicated, the best id banned; n_logprobs 0 / 5 / 20; verify
- * rows whose draft is the argmax, a random id or a banned id; score rows) through one op, compared field by
- * field: tok, accepted, rank, n_top and the top ids equal, logprobs within 1e-5 (absolute; -inf equal). Some rows are
- * rounded to a coarse grid so that exact ties (broken by the lower id) are common, some carry a tie at the
- * maximum or a run of tied best ids inside one warp batch, some mask most ids with -inf. Every out word
+ * rows whose draft is the argmax, a random id or a banned id; score rows) through one op, compared field
+ * by field: tok, accepted, rank, n_top and the top ids equal, logprobs within 1e-5 (absolute; -inf
+ * equal). Some rows are rounded to a coarse grid so that exact ties (broken by the lower id) are
+ * common, some carry a tie at the maximum or a run of tied best ids inside one warp batch, some mask
+ * most ids with -inf. Every out word
  * starts as the poison; what the CPU leaves unwritten (top entries past n_top, rows past n) must stay
  * poisoned. A GPU runs each op twice (bitwise equal: the kernel's sums have fixed orders), the emulation
  * under two schedules. Draws differ between backends only when u * zz or top_p * z1 lands within rounding
