@@ -147,7 +147,7 @@ void spec_free(eng_engine *e)
 static void run_draft(eng_engine *e, int ns)
 {
     eng_backend *be = e->be;
-    const int B = e->spec_B, W = e->spec_W, dspark = e->draft->cfg.arch == MDL_ARCH_DSPARK;
+    const int B = e->spec_B, dspark = e->draft->cfg.arch == MDL_ARCH_DSPARK;
     const int32_t mask = e->draft->cfg.mask_token_id;
     int rows = 0, nl = 0;
     for (int j = 0; j < ns; j++) {
@@ -163,7 +163,7 @@ static void run_draft(eng_engine *e, int ns)
             if (dspark || i >= 1) e->h_d_logit_idx[nl++] = rows;
         }
     }
-    assert(nl == ns * W);
+    assert(nl == ns * e->spec_W);
     const size_t i32 = sizeof(int32_t);
     int32_t n_rows = rows, n_logits = nl, n_seq = ns;
     be->ops->upload(be, e->dio.d_tok, e->h_d_tok, (size_t)rows * i32);
