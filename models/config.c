@@ -1,4 +1,5 @@
 #include "models/config.h"
+#include "models/json_guard.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -226,6 +227,11 @@ int mdl_config_check_drafter(const mdl_config *t, const mdl_config *d, char *err
 int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
+    char why[160];
+    if (mdl_json_check(json, len, MDL_JSON_MAX_DEPTH, 0, NULL, why, sizeof why) != 0) {
+        snprintf(err, errlen, "config.json: %s", why);
+        return -1;
+    }
     cJSON *root = cJSON_ParseWithLength(json, len);
     int rc = -1;
     if (!root || !cJSON_IsObject(root)) {

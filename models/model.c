@@ -1,5 +1,6 @@
 /* models/model.c — parameter table, storage, load sessions and cold loading (see model.h). */
 #include "models/model.h"
+#include "models/json_guard.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -472,7 +473,10 @@ int mdl_ckpt_foreach_bucket(const char *dir, size_t bucket_bytes, mdl_bucket_fn 
     size_t len;
     char *txt = mdl_read_file(path, 64u << 20, &len, err, errlen);
     if (!txt) return -1;
-    cJSON *index = cJSON_ParseWithLength(txt, len);
+    char why[160];
+    cJSON *index = mdl_json_check(txt, len, MDL_JSON_MAX_DEPTH, 0, NULL, why, sizeof why) == 0
+                       ? cJSON_ParseWithLength(txt, len)
+                       : NULL;
     free(txt);
     const cJSON *wm = index ? cJSON_GetObjectItemCaseSensitive(index, "weight_map") : NULL;
     const char **files = NULL;

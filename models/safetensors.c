@@ -11,6 +11,8 @@
 
 #include "models/safetensors.h"
 
+#include "models/json_guard.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -148,27 +150,6 @@ static int json_uint(const cJSON *v, uint64_t *out)
     if ((double)u != d)
         return -1;
     *out = u;
-    return 0;
-}
-
-/* cJSON turns a raw NUL or a \u0000 escape inside a string into an early terminator, so the C name
- * we would store could differ from the JSON key (two distinct keys could alias one name). Such
- * headers are refused up front. A \u0000 only counts when its backslash is itself unescaped. */
-static int header_has_nul(const char *h, size_t n)
-{
-    if (memchr(h, '\0', n))
-        return 1;
-    for (size_t i = 0; i + 6 <= n; i++) {
-        if (h[i] != '\\')
-            continue;
-        size_t run = 0;
-        while (i + run < n && h[i + run] == '\\')
-            run++;
-        /* pairs of backslashes are escaped backslashes; an odd run leaves one escaping h[i+run] */
-        if ((run & 1) && i + run + 5 <= n && memcmp(h + i + run, "u0000", 5) == 0)
-            return 1;
-        i += run - 1;
-    }
     return 0;
 }
 
@@ -457,8 +438,15 @@ int mdl_st_parse(const uint8_t *buf, size_t len, const char *what, mdl_st_file *
     }
     memcpy(text, buf + 8, hl);
     text[hl] = '\0';
-    if (header_has_nul(text, hl)) {
-        seterr(err, errlen, "%s: header contains a NUL character (raw or \\u0000)", what);
+    /* cJSON recurses per nesting level (a deep header overflows a worker's stack) and keeps names
+     * as C strings (a NUL would cut a tensor name): both are refused before it runs */
+    mdl_json_scan sc;
+    char why[160];
+    if (mdl_json_check(text, hl, MDL_JSON_MAX_DEPTH, 1, &sc, why, sizeof why) != 0) {
+        if (sc.nul)
+            seterr(err, errlen, "%s: header contains a NUL character (raw or \\u0000)", what);
+        else
+            seterr(err, errlen, "%s: header %s", what, why);
         goto done;
     }
     const char *end = NULL;

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/json_guard.h"
 #include "models/tokenizer_internal.h"
 
 #define MDL_TOK_MAX_ID (1 << 24)              /* ids are < 16M (largest real vocabularies ~260k) */
@@ -385,6 +386,12 @@ static cJSON *parse_json_file(const char *path, char *err, size_t errlen) {
     size_t len = 0;
     char *buf = read_file(path, &len, err, errlen);
     if (!buf) return NULL;
+    char why[160];
+    if (mdl_json_check(buf, len, MDL_JSON_MAX_DEPTH, 0, NULL, why, sizeof why) != 0) {
+        seterr(err, errlen, "%s: %s", path, why);
+        free(buf);
+        return NULL;
+    }
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(buf, len + 1, &end, 1); /* +1: the NUL after the data */
     if (!j) {
