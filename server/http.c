@@ -13,6 +13,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "models/json_guard.h"
 #include "server/srv.h"
 
 double srv_now(void)
@@ -122,7 +123,7 @@ int srv_send_err(struct mg_connection *c, const srv_err *e)
 {
     cJSON *o = srv_err_json(e);
     char extra[128] = "";
-    if (e->status == 503 || e->status == 429) snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
+    if ((e->status == 503 && !e->type) || e->status == 429) snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
     if (e->status == 401) snprintf(extra, sizeof extra, "WWW-Authenticate: Bearer\r\n");
     char *txt = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
@@ -161,7 +162,7 @@ char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, sr
         mg_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
     size_t cap = cl >= 0 ? (size_t)cl + 1 : 65536, n = 0;
     char *buf = malloc(cap);
-    const double t0 = srv_now();
+    double t_read = srv_now(); /* when the last mg_read began */
     for (;;) {
         if (!buf) {
             srv_errf(e, 500, NULL, "out of memory reading the request body");
@@ -182,6 +183,7 @@ char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, sr
             cap = nc;
             continue;
         }
+        t_read = srv_now();
         int r = mg_read(c, buf + n, cap - n - 1);
         if (r < 0) break; /* error or timeout: judged below */
         if (r == 0) break;
@@ -194,10 +196,11 @@ char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, sr
     }
     if (cl >= 0 && (long long)n != cl) {
         free(buf);
-        /* civetweb gives up on a silent client after request_timeout_ms (= --request-timeout) */
-        if (srv_now() - t0 >= s->request_timeout * 0.9)
-            srv_errf(e, 408, NULL, "timed out reading the request body (%zu of %lld bytes after %.0f s)", n, cl,
-                     s->request_timeout);
+        /* civetweb's read gives up on a client silent for request_timeout_ms (= the I/O timeout);
+         * one that ends sooner met the end of the stream */
+        if (srv_now() - t_read >= s->io_timeout * 0.9)
+            srv_errf(e, 408, NULL, "timed out reading the request body (%zu of %lld bytes, then nothing for %.0f s)",
+                     n, cl, s->io_timeout);
         else
             srv_errf(e, 400, NULL, "truncated request body: got %zu of %lld bytes (Content-Length)", n, cl);
         return NULL;
@@ -207,11 +210,15 @@ char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, sr
     return buf;
 }
 
-cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e)
+cJSON *srv_parse_json_object(const char *txt, size_t len, srv_err *e)
 {
-    size_t len;
-    char *txt = srv_read_body(s, c, &len, e);
-    if (!txt) return NULL;
+    /* before cJSON: its recursion would overflow a civetweb worker's small stack on a deeply nested
+     * body, and it would cut every string at a \u0000 (a silently shorter prompt or stop string) */
+    char why[160];
+    if (mdl_json_check(txt, len, MDL_JSON_MAX_DEPTH, 1, NULL, why, sizeof why) != 0) {
+        srv_errf(e, 400, NULL, "request body: %s", why);
+        return NULL;
+    }
     const char *end = NULL;
     cJSON *body = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
     if (!body) {
@@ -230,6 +237,15 @@ cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e)
             body = NULL;
         }
     }
+    return body;
+}
+
+cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e)
+{
+    size_t len;
+    char *txt = srv_read_body(s, c, &len, e);
+    if (!txt) return NULL;
+    cJSON *body = srv_parse_json_object(txt, len, e);
     free(txt);
     return body;
 }
@@ -261,12 +277,15 @@ static int authorized(const srv_state *s, struct mg_connection *c)
     return bearer_matches(c, s->api_key);
 }
 
-/* Weight routes: the admin key when one is set; disabled on a non-loopback listener without one. */
+/* Admin routes (weights, pause, cache): disabled on a non-loopback listener without an admin key;
+ * else the admin key when one is set, else the API key when one is set (an API key protects every
+ * route but /health and /metrics), else open (loopback only). */
 static int admin_authorized(const srv_state *s, struct mg_connection *c)
 {
     if (s->admin_disabled) return 0;
-    if (!s->admin_key) return 1;
-    return bearer_matches(c, s->admin_key);
+    if (s->admin_key) return bearer_matches(c, s->admin_key);
+    if (s->api_key) return bearer_matches(c, s->api_key);
+    return 1;
 }
 
 static int dispatch(srv_state *s, struct mg_connection *c);
@@ -288,15 +307,21 @@ static int dispatch(srv_state *s, struct mg_connection *c)
     size_t an = 0;
     for (int i = 0; i < s->n_routes; i++) {
         const srv_route *r = &s->routes[i];
-        if (strcmp(r->path, path) != 0) continue;
+        const size_t pl = strlen(r->path);
+        const int prefix = pl && r->path[pl - 1] == '*';
+        if (prefix ? strncmp(r->path, path, pl - 1) != 0 || !path[pl - 1] : strcmp(r->path, path) != 0) continue;
         if (strcmp(r->method, ri->request_method) == 0) {
             if (r->auth == 2 && !admin_authorized(s, c)) {
                 srv_err e;
                 if (s->admin_disabled)
                     srv_errf(&e, 403, NULL,
                              "weight routes are disabled on a non-loopback listener without --admin-key");
-                else
+                else if (s->admin_key)
                     srv_errf(&e, 401, NULL, "missing or invalid admin key: send 'Authorization: Bearer <admin key>'");
+                else
+                    srv_errf(&e, 401, NULL,
+                             "missing or invalid API key: admin routes need 'Authorization: Bearer <key>' "
+                             "(the API key, as no --admin-key is set)");
                 return srv_send_err(c, &e);
             }
             if (r->auth == 1 && !authorized(s, c)) {

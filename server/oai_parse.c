@@ -374,6 +374,34 @@ static int refuse_unsupported(const cJSON *body, const srv_gen *g, srv_err *e)
     if (v && !(cJSON_IsString(v) && !v->valuestring[0])) return srv_errf(e, 400, "suffix", "suffix is not supported");
     v = field(body, "tools");
     if (v && !(cJSON_IsArray(v) && !v->child)) return srv_errf(e, 400, "tools", "tools are not supported");
+    /* constrained decoding is not built: answering unconstrained text to a client that asked for
+     * JSON would be a silent wrong answer */
+    v = field(body, "response_format");
+    if (v) {
+        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+        if (!cJSON_IsString(t))
+            return srv_errf(e, 400, "response_format", "response_format must be an object with a \"type\"");
+        if (strcmp(t->valuestring, "text") != 0)
+            return srv_errf(e, 400, "response_format",
+                            "response_format type \"%.64s\" is not supported (only \"text\": no constrained decoding)",
+                            t->valuestring);
+    }
+    static const char *guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                   "structured_outputs"};
+    for (size_t i = 0; i < sizeof guided / sizeof guided[0]; i++)
+        if (field(body, guided[i]))
+            return srv_errf(e, 400, guided[i], "%s is not supported (no constrained decoding)", guided[i]);
+    if (g->api == SRV_API_CHAT) {
+        v = field(body, "echo");
+        if (v && !cJSON_IsBool(v)) return srv_errf(e, 400, "echo", "echo must be a boolean");
+        if (v && cJSON_IsTrue(v))
+            return srv_errf(e, 400, "echo", "echo is not supported on chat completions (use /v1/completions)");
+        v = field(body, "chat_template");
+        if (v && !cJSON_IsString(v)) return srv_errf(e, 400, "chat_template", "chat_template must be a string");
+        if (v)
+            return srv_errf(e, 400, "chat_template",
+                            "a request's own chat_template is not supported (the model's built-in template is used)");
+    }
     return 0;
 }
 
@@ -390,6 +418,13 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
 
     const cJSON *model = field(body, "model");
     if (model && !cJSON_IsString(model)) return srv_errf(e, 400, "model", "model must be a string");
+    /* vLLM: a name other than the served one is 404 NotFoundError (absent: the served model) */
+    if (model && strcmp(model->valuestring, s->model_name) != 0) {
+        srv_errf(e, 404, "model", "The model `%.200s` does not exist (this server serves `%.200s`).",
+                 model->valuestring, s->model_name);
+        e->type = "NotFoundError";
+        return -1;
+    }
 
     if (get_int(body, "n", 1, SRV_MAX_N, &v, NULL, e)) return -1;
     if (field(body, "n")) g->n = (int)v;
@@ -427,14 +462,19 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     for (int i = 0; i < g->n_prompts; i++) {
         long total = (long)g->prompts[i].n + g->max_tokens;
         const char *what = chat ? "messages" : "prompt";
+        /* the field to blame: the prompt when it leaves no room for a single token, else an explicit
+         * max_tokens, else the prompt (the default max_tokens follows from it) */
+        const char *blame = g->prompts[i].n >= s->max_model_len || g->prompts[i].n >= s->kv_tokens || !max_set
+                                ? what
+                                : mt_key;
         if (total > s->max_model_len)
-            return srv_errf(e, 400, max_set ? mt_key : what,
+            return srv_errf(e, 400, blame,
                             "This model's maximum context length is %d tokens. However, you requested %ld tokens "
                             "(%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
                             s->max_model_len, total, g->prompts[i].n, chat ? "messages" : "prompt", g->max_tokens,
                             chat ? "messages" : "prompt");
         if (total > s->kv_tokens)
-            return srv_errf(e, 400, max_set ? mt_key : what,
+            return srv_errf(e, 400, blame,
                             "the request needs %ld tokens of KV cache (%d prompt + %d max_tokens) but the cache "
                             "holds %d tokens", total, g->prompts[i].n, g->max_tokens, s->kv_tokens);
     }

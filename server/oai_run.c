@@ -228,6 +228,9 @@ static void job_submit(srv_state *s, srv_job *j)
     if (submitted < j->n_ch) {
         for (int i = 0; i < submitted; i++) atomic_store(&j->ch[i].r.cancel, 1);
         srv_errf(&j->rej, busy ? 503 : 400, NULL, "%s", err);
+        /* busy 2: the weights are unusable (a failed update), not a full queue: no point retrying
+         * until a trainer repairs them */
+        if (busy == 2) j->rej.type = "service_unavailable";
         j->state = JOB_REJECTED;
     } else {
         j->state = JOB_ACCEPTED;

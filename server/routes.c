@@ -25,12 +25,10 @@ int srv_route_health(srv_state *s, struct mg_connection *c)
     return st;
 }
 
-int srv_route_models(srv_state *s, struct mg_connection *c)
+/* The served model as /v1/models lists it (vLLM's ModelCard). */
+static cJSON *model_card(const srv_state *s)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
     cJSON_AddStringToObject(m, "id", s->model_name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)(long long)s->t_start);
@@ -38,8 +36,34 @@ int srv_route_models(srv_state *s, struct mg_connection *c)
     cJSON_AddStringToObject(m, "root", s->model_dir);
     cJSON_AddNullToObject(m, "parent");
     cJSON_AddNumberToObject(m, "max_model_len", s->max_model_len);
+    return m;
+}
+
+int srv_route_models(srv_state *s, struct mg_connection *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), model_card(s));
     int st = srv_send_json(c, 200, o);
     cJSON_Delete(o);
+    return st;
+}
+
+/* GET /v1/models/{id} (the OpenAI client's models.retrieve): the card, or vLLM's 404. The id may
+ * hold slashes (a model folder as the name); civetweb has decoded the path already. */
+int srv_route_model_one(srv_state *s, struct mg_connection *c)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    const char *id = ri->local_uri + strlen("/v1/models/");
+    if (strcmp(id, s->model_name) != 0) {
+        srv_err e;
+        srv_errf(&e, 404, "model", "The model `%.200s` does not exist.", id);
+        e.type = "NotFoundError";
+        return srv_send_err(c, &e);
+    }
+    cJSON *m = model_card(s);
+    int st = srv_send_json(c, 200, m);
+    cJSON_Delete(m);
     return st;
 }
 

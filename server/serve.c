@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "server/srv.h"
@@ -79,11 +80,14 @@ static const char help[] =
     "  --served-model-name S  the model name in responses and /v1/models (default: --model)\n"
     "  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize\n"
     "                         (also GRAPHSWAP_API_KEY); /health and /metrics stay public\n"
-    "  --http-threads N       HTTP handler threads = concurrent connections (default 128)\n"
+    "  --http-threads N       HTTP handler threads = concurrent connections (default 512)\n"
     "  --max-body-bytes N     largest request body (default 8388608), else 413\n"
     "  --request-timeout S    seconds per request, reading included (default 600): a request still\n"
     "                         running is cancelled (504, or an error event on a stream)\n"
     "  --keep-alive-ms N      idle keep-alive connection timeout (default 5000)\n"
+    "  --io-timeout S         a client that sends no byte for S seconds while its request line,\n"
+    "                         headers or body are read, or takes none of its response, is dropped\n"
+    "                         (a stalled body gets 408; default 10, at most --request-timeout)\n"
     "  --queue-cap N          requests waiting for a sequence slot (default 4096), else 503\n"
     "  --max-batch N          sequences (prompts x n) per request (default 256)\n"
     "\n"
@@ -101,7 +105,7 @@ int srv_cmd_serve(int argc, char **argv)
     srv_runtime_opts ro;
     srv_runtime_defaults(&ro);
     const char *host = "127.0.0.1", *api_key = getenv("GRAPHSWAP_API_KEY"), *served = NULL;
-    int port = 8080, http_threads = 128, max_body = 8 << 20, timeout_s = 600, keep_alive_ms = 5000;
+    int port = 8080, http_threads = 512, max_body = 8 << 20, timeout_s = 600, keep_alive_ms = 5000, io_s = 10;
     int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60;
     const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
@@ -119,6 +123,7 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--max-body-bytes", 1024, 1 << 30, &max_body) ||
             srv_arg_int(argc, argv, &i, "--request-timeout", 1, 1 << 24, &timeout_s) ||
             srv_arg_int(argc, argv, &i, "--keep-alive-ms", 0, 1 << 24, &keep_alive_ms) ||
+            srv_arg_int(argc, argv, &i, "--io-timeout", 1, 1 << 24, &io_s) ||
             srv_arg_int(argc, argv, &i, "--queue-cap", 1, 1 << 20, &queue_cap) ||
             srv_arg_int(argc, argv, &i, "--max-batch", 1, 1 << 16, &max_batch) ||
             srv_arg_str(argc, argv, &i, "--admin-key", &admin_key) ||
@@ -156,6 +161,7 @@ int srv_cmd_serve(int argc, char **argv)
     s->api_key = api_key;
     s->max_body = (size_t)max_body;
     s->request_timeout = timeout_s;
+    s->io_timeout = io_s < timeout_s ? io_s : timeout_s;
     s->max_choices = max_batch;
     s->t_start = srv_wall();
     s->seed_base = (uint64_t)(srv_wall() * 1e9) ^ ((uint64_t)getpid() << 32);
@@ -178,6 +184,7 @@ int srv_cmd_serve(int argc, char **argv)
     srv_route_add(s, "GET", "/health", srv_route_health, 0);
     srv_route_add(s, "GET", "/metrics", srv_route_metrics, 0);
     srv_route_add(s, "GET", "/v1/models", srv_route_models, 1);
+    srv_route_add(s, "GET", "/v1/models/*", srv_route_model_one, 1);
     srv_route_add(s, "POST", "/v1/completions", srv_route_completions, 1);
     srv_route_add(s, "POST", "/v1/chat/completions", srv_route_chat, 1);
     srv_route_add(s, "POST", "/tokenize", srv_route_tokenize, 1);
@@ -198,10 +205,21 @@ int srv_cmd_serve(int argc, char **argv)
     char ports[300], nthreads[16], rto[32], kat[32];
     snprintf(ports, sizeof ports, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     snprintf(nthreads, sizeof nthreads, "%d", http_threads);
-    snprintf(rto, sizeof rto, "%lld", (long long)timeout_s * 1000);
+    /* civetweb's request_timeout_ms bounds each silent wait on a socket (request line and headers,
+     * each body read, each write), not a whole request: the I/O timeout, so that a client sending a
+     * partial header holds its worker for seconds, not for --request-timeout (slowloris). The
+     * generation deadline (--request-timeout) is enforced by the handlers. */
+    snprintf(rto, sizeof rto, "%lld", (long long)(s->io_timeout * 1000));
     snprintf(kat, sizeof kat, "%d", keep_alive_ms);
     const char *opts[] = {"listening_ports", ports, "num_threads", nthreads, "enable_keep_alive", "yes",
                           "keep_alive_timeout_ms", kat, "request_timeout_ms", rto, "tcp_nodelay", "1", NULL};
+    /* one descriptor per connection: let --http-threads connections exist (the soft limit is often
+     * 1024, below the hard one) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
     mg_init_library(0);
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof cb);

@@ -92,7 +92,8 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
 typedef int (*srv_route_fn)(srv_state *s, struct mg_connection *c);
 typedef struct {
     const char *method; /* "GET", "POST" */
-    const char *path;   /* exact path */
+    const char *path;   /* exact path, or a prefix when it ends in '*' (/v1/models/{id} is "/v1/models/" + star: one more
+                           non-empty part) */
     srv_route_fn fn;
     int auth;           /* 1: needs the API key when one is configured; 2: an admin (weights) route:
                            needs the admin key when one is configured, and is disabled on a
@@ -122,6 +123,7 @@ struct srv_state {
     const char *api_key;     /* NULL: no auth */
     size_t max_body;
     double request_timeout;  /* seconds */
+    double io_timeout;       /* seconds a client may send nothing while its request is read (slowloris) */
     int max_choices;         /* engine requests per HTTP request (prompts x n) */
     uint64_t seed_base;      /* per-process randomness for unseeded requests */
     double t_start;          /* wall clock at start (for "created") */
@@ -237,6 +239,9 @@ cJSON *srv_err_json(const srv_err *e);
 char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, srv_err *e);
 /* Reads and parses the body as a JSON object; NULL with e filled. */
 cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e);
+/* Parses txt[0..len) as one JSON object (400 with e filled otherwise): nesting deeper than
+ * MDL_JSON_MAX_DEPTH, a NUL in a string, invalid JSON, another value, or trailing data. */
+cJSON *srv_parse_json_object(const char *txt, size_t len, srv_err *e);
 
 /* A growable byte buffer (responses, SSE batches, the metrics page, rendered chat templates). Out of
  * memory sets oom and makes later appends no-ops; the contents stay NUL-terminated. */
@@ -267,6 +272,7 @@ int srv_ct_equal(const char *a, size_t an, const char *b, size_t bn);
 /* Route handlers that live outside oai_run.c. */
 int srv_route_health(srv_state *s, struct mg_connection *c);
 int srv_route_models(srv_state *s, struct mg_connection *c);
+int srv_route_model_one(srv_state *s, struct mg_connection *c); /* GET /v1/models/{id} */
 int srv_route_metrics(srv_state *s, struct mg_connection *c);
 int srv_route_tokenize(srv_state *s, struct mg_connection *c);
 int srv_route_detokenize(srv_state *s, struct mg_connection *c);

@@ -554,17 +554,8 @@ static cJSON *read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
     if (!txt) return NULL;
     size_t i = 0;
     while (i < len && strchr(" \t\r\n", txt[i])) i++;
-    cJSON *o = NULL;
-    if (i == len) {
-        o = cJSON_CreateObject();
-    } else {
-        o = cJSON_ParseWithLength(txt, len);
-        if (!cJSON_IsObject(o)) {
-            cJSON_Delete(o);
-            o = NULL;
-            srv_errf(e, 400, NULL, "request body must be a JSON object");
-        }
-    }
+    /* the same checks as every other JSON body: depth, NUL, one object, no trailing data */
+    cJSON *o = i == len ? cJSON_CreateObject() : srv_parse_json_object(txt, len, e);
     free(txt);
     return o;
 }
