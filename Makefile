@@ -1,6 +1,7 @@
 # Thin wrapper over CMake. Two entry points for a fresh Debian machine (as root):
 #   make serve   install packages, build, create the default model, serve on 127.0.0.1:8080
-#   make check   install packages, build, run the whole test suite (and again under ASan+UBSan)
+#   make check   install packages, build, run the whole test suite (and again under ASan+UBSan),
+#                and build the Release and MinSizeRel types (a build type a user picks must not break)
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
 JOBS        ?= $(shell nproc)
@@ -10,7 +11,7 @@ PORT        ?= 8080
 APT_PACKAGES = build-essential cmake pkg-config libcivetweb-dev libcjson-dev libcmocka-dev \
                libpcre2-dev python3 python3-numpy
 
-.PHONY: all deps build serve check check-fast check-asan model bench clean
+.PHONY: all deps build serve check check-fast check-asan check-release model bench clean
 
 all: build
 
@@ -46,10 +47,19 @@ check-asan: deps
 	cd $(ASAN_BUILD) && GRAPHSWAP_CHECKED=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -L 'unit|integration|reference'
 
-check: check-fast check-asan
+# Release (-O3, NDEBUG: assert-only variables, -Wformat-truncation) with its unit tests, and
+# MinSizeRel (-Os) CPU-only, build only.
+check-release: deps
+	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release
+	cmake --build build-release -j $(JOBS)
+	cd build-release && ctest --output-on-failure -j $(JOBS) -L unit
+	cmake -S . -B build-minsizerel -DCMAKE_BUILD_TYPE=MinSizeRel -DGS_CUDA=OFF
+	cmake --build build-minsizerel -j $(JOBS)
+
+check: check-fast check-asan check-release
 
 bench: model
 	$(BUILD)/graphswap bench decode --model $(MODEL)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-release build-minsizerel
