@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "server/srv.h" /* srv_utf8_valid */
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int log_format = SRV_LOG_TEXT;
@@ -57,6 +58,9 @@ static void puts_(srv_logline *l, const char *s) { put(l, s, strlen(s)); }
 static void put_value_str(srv_logline *l, const char *s, int json)
 {
     int quote = json || !*s || strpbrk(s, " =\"") != NULL;
+    /* a string that is not UTF-8 (a request path is the client's bytes) has its bytes >= 0x80
+     * escaped too, so a JSON line always parses */
+    const int utf8 = srv_utf8_valid(s, strlen(s));
     size_t save = l->n;
     if (quote) put(l, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p && !l->full; p++) {
@@ -65,7 +69,7 @@ static void put_value_str(srv_logline *l, const char *s, int json)
             esc[0] = '\\';
             esc[1] = (char)*p;
             put(l, esc, 2);
-        } else if (*p < 0x20 || *p == 0x7f) {
+        } else if (*p < 0x20 || *p == 0x7f || (*p >= 0x80 && !utf8)) {
             snprintf(esc, sizeof esc, json ? "\\u%04x" : "\\x%02x", *p);
             puts_(l, esc);
         } else {
@@ -137,9 +141,10 @@ void srv_log_begin(srv_logline *l, const char *level, const char *event, const c
         if (fmt) {
             puts_(l, " ");
             /* the message as it is (unquoted), control characters escaped */
+            const int utf8 = srv_utf8_valid(msg, strlen(msg));
             for (const unsigned char *p = (const unsigned char *)msg; *p && !l->full; p++) {
                 char esc[8];
-                if (*p < 0x20 || *p == 0x7f) {
+                if (*p < 0x20 || *p == 0x7f || (*p >= 0x80 && !utf8)) {
                     snprintf(esc, sizeof esc, "\\x%02x", *p);
                     puts_(l, esc);
                 } else {

@@ -135,8 +135,10 @@ static void *engine_main(void *arg)
         int slept = 0;
         while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) {
             if (log_wait) {
-                struct timespec ts = deadline_in(sl->t_last + sl->interval - srv_now());
-                if (pthread_cond_timedwait(&s->inbox_cv, &s->mu, &ts) == ETIMEDOUT) break;
+                const double left = sl->t_last + sl->interval - srv_now();
+                if (left <= 0) break; /* the window ended while this iteration ran */
+                struct timespec ts = deadline_in(left);
+                if (pthread_cond_timedwait(&s->inbox_cv, &s->mu, &ts) != 0) break; /* ETIMEDOUT (or EINVAL) */
             } else {
                 pthread_cond_wait(&s->inbox_cv, &s->mu);
                 slept = 1;

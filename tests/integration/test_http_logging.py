@@ -5,7 +5,8 @@
     level, event; the start-up summary (events model, engine, routes, serve) names the model,
     parameter count, dtype, backend, threads, KV blocks / bytes, plan-capture time and how the
     routes are protected; one "access" line per request (method, path, status, ms, and bytes equal
-    to what the client received, headers included); a "stats" line (prompt / generation tok/s,
+    to what the client received, headers included; a path that is not UTF-8 has its bytes escaped,
+    so every line stays valid UTF-8 JSON); a "stats" line (prompt / generation tok/s,
     running, waiting, KV usage) after requests ran, and none while idle; one "weights" line per
     HTTP weight update (version, bytes, buckets, GB/s, hook runs, ms) and one "weights_failed"
     line for a failed finish;
@@ -86,6 +87,8 @@ def test_json(C, binary, model):
         C.check(rc.status == 200, "completions: %r" % rc)
         r404 = H.get(srv, "/nope")
         C.check(r404.status == 404, "/nope: %r" % r404)
+        # a path that is not UTF-8 once decoded: the line must still be valid UTF-8 JSON
+        C.check(raw_get(srv, "/bad%ff%fe").startswith(b"HTTP/1.1 404"), "raw /bad%ff%fe: not 404")
         # the stats line for the window with the request
         C.check(wait_for(lambda: '"event": "stats"' in srv.stderr_text(), 5), "no stats line within 5 s")
         # idle: no further stats lines
@@ -139,6 +142,9 @@ def test_json(C, binary, model):
     C.check(len(comp) == 1 and comp[0].get("method") == "POST" and comp[0].get("status") == 200 and
             comp[0].get("bytes", 0) > len(rc.raw) and comp[0].get("ms", -1) >= 0, "access completions: %r" % comp)
     C.check(any(o.get("path") == "/nope" and o.get("status") == 404 for o in acc), "access /nope 404 missing")
+    C.check("\ufffd" not in srv.stderr_text(), "stderr holds bytes that are not UTF-8")
+    C.check(any(o.get("path") == "/bad\u00ff\u00fe" and o.get("status") == 404 for o in acc),
+            "access line of /bad%%ff%%fe (bytes escaped as \\u00ff\\u00fe): %r" % [o.get("path") for o in acc])
     wroutes = [o["path"] for o in acc if o.get("path", "").startswith("/v1/weights/")]
     C.check(wroutes.count("/v1/weights/bucket") == 2 and wroutes.count("/v1/weights/finish") == 2,
             "access weight routes: %r" % wroutes)
