@@ -235,15 +235,17 @@ static void on_load_progress(uint64_t done, uint64_t total, int last, void *user
     load_progress *p = user;
     const double now = mono_ms(), el = now - p->t0;
     if (!p->tty && el < 1000 && !p->shown) return;
-    if (!last && (done == 0 || now - p->last < 500)) return;
+    if (!last && (done == 0 || done >= total || now - p->last < 500)) return; /* (100%: the final line says it) */
     if (last && !p->shown && !p->tty && el < 1000) return;
     p->last = now;
     p->shown = 1;
     const double gbs = el > 0 ? (double)done / (el * 1e-3) / 1e9 : 0;
     srv_logline l;
-    srv_log_begin(&l, "info", "load", "%s %s: %.2f / %.2f GB (%.0f%%), %.2f GB/s%s", last ? "loaded" : "loading",
-                  p->dir, (double)done / 1e9, (double)total / 1e9, total ? 100.0 * (double)done / (double)total : 100.0,
-                  gbs, last ? "" : " ...");
+    const int gb = total >= 1000000000ull; /* small checkpoints in MB, so the figures are not 0.00 */
+    const double unit = gb ? 1e9 : 1e6;
+    srv_log_begin(&l, "info", "load", "%s %s: %.2f / %.2f %s (%.0f%%), %.2f GB/s%s", last ? "loaded" : "loading",
+                  p->dir, (double)done / unit, (double)total / unit, gb ? "GB" : "MB",
+                  total ? 100.0 * (double)done / (double)total : 100.0, gbs, last ? "" : " ...");
     srv_log_str(&l, "model", p->what);
     srv_log_str(&l, "dir", p->dir);
     srv_log_int(&l, "bytes", (long long)done);

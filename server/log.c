@@ -88,16 +88,18 @@ static void put_key(srv_logline *l, const char *key)
         puts_(l, key);
         put(l, "\": ", 3);
     } else {
-        put(l, " ", 1);
+        put(l, l->fields ? " " : " | ", l->fields ? 1 : 3);
         puts_(l, key);
         put(l, "=", 1);
     }
+    l->fields++;
 }
 
 void srv_log_begin(srv_logline *l, const char *level, const char *event, const char *fmt, ...)
 {
     l->n = 0;
     l->full = 0;
+    l->fields = 0;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

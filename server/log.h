@@ -6,7 +6,7 @@
  * engine thread may log between steps.
  *
  * Formats (--log-format):
- *   text  2026-01-31 12:00:00.123 INFO  engine: message key=value key="a value"
+ *   text  2026-01-31 12:00:00.123 INFO  engine: message | key=value key="a value"
  *   json  {"ts": "2026-01-31T12:00:00.123Z", "level": "info", "event": "engine", "msg": "message",
  *          "key": value, ...}   (one object per line; ", " and ": " separators, like Python's json)
  */
@@ -38,6 +38,7 @@ typedef struct {
     char buf[SRV_LOG_LINE];
     size_t n;
     int full;
+    int fields; /* fields appended so far (text: the first is set off from the message by " |") */
 } srv_logline;
 
 /* level: "info", "warn" or "error". msg may be NULL (no message). */

@@ -232,9 +232,10 @@ def run_pty(args):
 def test_load_progress(C, binary, model):
     args = [binary, "generate", "--model", model, "--prompt-ids", "1,2", "--max-tokens", "1"]
     rc, out = run_pty(args)
-    m = re.search(r"load: loaded (\S+): ([\d.]+) / ([\d.]+) GB \(100%\), [\d.]+ GB/s.* bytes=(\d+) total=(\d+)", out)
+    m = re.search(r"load: loaded (\S+): ([\d.]+) / ([\d.]+) [MG]B \(100%\), [\d.]+ GB/s.* bytes=(\d+) total=(\d+)", out)
     C.check(rc == 0 and m is not None and m.group(4) == m.group(5) and int(m.group(5)) > 0,
             "pty: no 'loaded' progress line (rc %r): %r" % (rc, out[-1500:]))
+    C.check(out.count("load: ") == 1, "pty: a quick load printed more than the final line: %r" % out[-1500:])
     p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
     C.check(p.returncode == 0 and b"load:" not in p.stderr, "pipe: a quick load printed progress: %r" % p.stderr[-500:])
 
