@@ -25,17 +25,21 @@ deps:
 	fi
 
 build: deps
+	@echo "==> building graphswap in $(BUILD)/ (cmake, RelWithDebInfo, $(JOBS) jobs)"
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The default model: Qwen3-shaped, random weights, with a tokenizer so it speaks text.
 model: build
 	@if [ ! -f $(MODEL)/config.json ]; then \
+	  echo "==> writing the default model to $(MODEL)/ (Qwen3-shaped, random weights, with a tokenizer)"; \
 	  $(BUILD)/graphswap mkmodel --arch qwen3 --out $(MODEL) --hidden 256 --layers 4 --heads 4 \
 	    --kv-heads 2 --head-dim 64 --intermediate 768 --vocab 4096 --seed 1; \
+	else echo "==> model: $(MODEL)/ exists, kept (delete it to write a fresh one)"; \
 	fi
 
 serve: model
+	@echo "==> serving $(MODEL) on http://$(HOST):$(PORT) (Ctrl-C stops; OpenAI API under /v1, metrics at /metrics)"
 	$(BUILD)/graphswap serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
 check-fast: build

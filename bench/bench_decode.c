@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
+#include "models/config.h"
 #include "server/cli.h"
 
 static double now_s(void)
@@ -147,6 +149,7 @@ static int bench_decode(int argc, char **argv)
             continue;
         srv_die_usage("bench decode", argv[i]);
     }
+    bench_preflight("decode", "decode tokens/s at batch 1, 4, 16 (plans and eager) against the memory-bandwidth floor");
     char err[1024];
     srv_runtime rt;
     if (srv_runtime_open(&rt, &ro, err, sizeof err) != 0) srv_die("%s", err);
@@ -209,9 +212,29 @@ static int bench_spec(int argc, char **argv)
     }
     if (!ro.draft_dir) srv_die("--draft DIR is required");
     const char *draft = ro.draft_dir;
-    printf("target: %s  drafter: %s\n", ro.model_dir, draft);
-    printf("%-6s %-6s %9s %9s %8s %8s %8s %8s %9s  %s\n", "batch", "mode", "tok/s", "step ms", "draft%", "verify%",
-           "ctx%", "mean AL", "step/dec", "accepted per position");
+    /* drafts verified per step: the drafter's width (DFlash: block - 1, DSpark: block, as
+     * engine/engine.c sets it), capped by --num-spec-tokens; one column per position */
+    char err[1024];
+    mdl_config dc;
+    if (mdl_config_load(draft, &dc, err, sizeof err) != 0) srv_die("%s", err);
+    int width = dc.arch == MDL_ARCH_DSPARK ? dc.block_size : dc.block_size - 1;
+    if (ro.ecfg.num_spec_tokens > 0 && width > ro.ecfg.num_spec_tokens) width = ro.ecfg.num_spec_tokens;
+    if (width > 64) width = 64;
+    if (width < 1) width = 1;
+    bench_preflight("spec", "speculative decoding vs plain decoding at batch 1 and 8 (same prompts, greedy)");
+    printf("target: %s  drafter: %s (%s, %d drafts per step)\n", ro.model_dir, draft, mdl_arch_name(dc.arch), width);
+    printf("columns: tok/s generated tokens per second; step ms wall time per engine step; draft%% verify%% ctx%%\n"
+           "  the speculative step's time in drafting, verifying and updating the drafter context; mean AL\n"
+           "  tokens emitted per step (1 + accepted drafts per step); step/dec a step's cost in plain decode\n"
+           "  steps; p1..p%d the share of steps whose draft at that position was accepted\n", width);
+    printf("%-6s %-6s %9s %9s %8s %8s %8s %8s %9s ", "batch", "mode", "tok/s", "step ms", "draft%", "verify%", "ctx%",
+           "mean AL", "step/dec");
+    for (int k = 0; k < width; k++) {
+        char col[16];
+        snprintf(col, sizeof col, "p%d", k + 1);
+        printf(" %5s", col);
+    }
+    printf("\n");
     const int batches[] = {1, 8};
     for (int bi = 0; bi < 2; bi++) {
         ro.draft_dir = NULL;
@@ -226,13 +249,23 @@ static int bench_spec(int argc, char **argv)
         printf("%-6d %-6s %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %8.2f %9.2f ", batches[bi], "spec", r.tok_s, r.step_ms,
                100 * d->spec_ns_draft / tot, 100 * d->spec_ns_verify / tot, 100 * d->spec_ns_context / tot, al,
                r.step_ms / p.step_ms);
-        for (int k = 0; k < 16 && d->spec_drafts; k++)
-            printf("%s%.2f", k ? " " : "", (double)d->spec_accepted_per_pos[k] / (double)d->spec_drafts);
+        for (int k = 0; k < width; k++)
+            printf(" %5.2f", d->spec_drafts ? (double)d->spec_accepted_per_pos[k] / (double)d->spec_drafts : 0.0);
         printf("\n");
         fflush(stdout);
     }
     return 0;
 }
+
+static const char bench_help[] =
+    "usage: graphswap bench <bench> [options]   (graphswap bench <bench> --help for its options)\n"
+    "\n"
+    "benches:\n"
+    "  decode     decode tokens/s at batch 1, 4, 16 (plans and eager) against the memcpy / read floor\n"
+    "  spec       speculative decoding with a drafter vs plain decoding: tok/s, acceptance per position\n"
+    "  serve      a running (or started) server over loopback HTTP: req/s, tok/s, TTFT, HTTP overhead\n"
+    "  update     weight-update throughput over loopback HTTP by bucket size (GB/s, hook, guard)\n"
+    "  transfer   weight-update throughput inside the process (host and device paths) vs copy floors\n";
 
 int srv_cmd_bench(int argc, char **argv)
 {
@@ -241,6 +274,8 @@ int srv_cmd_bench(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) return srv_bench_serve(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "update") == 0) return srv_bench_update(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "transfer") == 0) return srv_bench_transfer(argc - 1, argv + 1);
-    fprintf(stderr, "usage: graphswap bench decode|spec|serve|update|transfer [options] (graphswap bench decode --help)\n");
-    return (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) ? 0 : 2;
+    const int asked = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
+    if (argc >= 2 && !asked) fprintf(stderr, "graphswap bench: unknown bench %s\n", argv[1]);
+    fputs(bench_help, asked ? stdout : stderr);
+    return asked ? 0 : 2;
 }

@@ -422,6 +422,8 @@ int srv_bench_serve(int argc, char **argv)
         srv_die_usage("bench serve", argv[i]);
     }
     if (!url && !model) srv_die("give --url of a running server or --model DIR to start one");
+    bench_preflight("serve", "streaming requests over loopback HTTP at each concurrency level (req/s, tok/s, TTFT, "
+                             "inter-token latency) and the HTTP overhead against the engine in the process");
     signal(SIGPIPE, SIG_IGN);
     bs_target t = {.api_key = api_key};
     bench_child child = {.pid = -1};

@@ -159,6 +159,8 @@ int srv_bench_transfer(int argc, char **argv)
     ro.ecfg.max_step_tokens = 64;
     ro.ecfg.prefill_chunk = 64;
     ro.ecfg.kv_bytes = (size_t)64 << 20;
+    bench_preflight("transfer", "weight-update throughput inside the process (full and partial updates, host and "
+                                "device paths) against the upload / device-copy floors");
     char err[1024];
     srv_runtime rt;
     if (srv_runtime_open(&rt, &ro, err, sizeof err) != 0) srv_die("%s", err);

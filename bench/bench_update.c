@@ -439,6 +439,7 @@ int srv_bench_update(int argc, char **argv)
         if (*end && *end != ',') srv_die("--bucket-mb: bad list %s", list);
     }
 
+    bench_preflight("update", "weight-update throughput over loopback HTTP (begin, buckets, finish) by bucket size");
     char tmpdir[] = "/tmp/graphswap-bench-update-XXXXXX";
     char gen[128];
     g_keep = keep;

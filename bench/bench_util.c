@@ -20,6 +20,60 @@ double bench_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void bench_warn(const char *name, const char *msg)
+{
+    fprintf(stderr, "graphswap bench %s: warning: %s\n", name, msg);
+    if (!isatty(STDOUT_FILENO)) printf("warning: %s\n", msg);
+}
+
+double bench_preflight(const char *name, const char *what)
+{
+    printf("graphswap bench %s: %s\n", name, what);
+    fflush(stdout);
+    char msg[512];
+    /* load: other processes compete for the cores every figure here depends on */
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    FILE *f = fopen("/proc/loadavg", "r");
+    double load = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &load) != 1) load = -1;
+        fclose(f);
+    }
+    if (load > (double)cores) {
+        snprintf(msg, sizeof msg, "1-minute load average %.2f is above the %ld online cores: figures will be low and noisy",
+                 load, cores);
+        bench_warn(name, msg);
+    }
+    /* memory: one thread copying 64 MiB (best of 3). Any recent x86 / arm64 core copies several
+     * GB/s; far less means a throttled, overcommitted or swapping machine. */
+    const size_t n = (size_t)64 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (a && b) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        for (int i = 0; i < 3; i++) {
+            double t0 = bench_now();
+            memcpy(b, a, n);
+            double dt = bench_now() - t0;
+            if (dt > 0 && (double)n / dt / 1e9 > best) best = (double)n / dt / 1e9;
+        }
+        if (b[n / 2] != 1) best = 0; /* (reads the copy: the compiler may not drop it) */
+    }
+    free(a);
+    free(b);
+    double expect = BENCH_MEMCPY_EXPECT_GBS;
+    const char *env = getenv("GRAPHSWAP_BENCH_MEMCPY_GBS");
+    if (env && atof(env) > 0) expect = atof(env);
+    if (best < expect / 2) {
+        snprintf(msg, sizeof msg, "single-thread memcpy %.2f GB/s is far below the expected %.1f GB/s: the machine is "
+                 "loaded or throttled", best, expect);
+        bench_warn(name, msg);
+    }
+    fflush(stdout);
+    return best;
+}
+
 int bench_connect(bench_conn *c, const char *host, int port)
 {
     struct addrinfo hints, *res = NULL;

@@ -40,4 +40,12 @@ int bench_start_server(const char *model, const char *const *extra, double timeo
 /* SIGTERM, wait up to 60 s, then SIGKILL. */
 void bench_stop_server(bench_child *ch);
 
+/* The start of every bench: one line saying what it measures, then warnings when the machine is
+ * not in a state to measure anything (a 1-minute load average above the online cores, or a
+ * single-thread memcpy far below BENCH_MEMCPY_EXPECT_GBS; GRAPHSWAP_BENCH_MEMCPY_GBS overrides the
+ * expected figure). Warnings go to stderr, and to stdout too when stdout is not a terminal, so a
+ * saved result file carries them. Returns the measured memcpy GB/s. */
+#define BENCH_MEMCPY_EXPECT_GBS 4.0
+double bench_preflight(const char *name, const char *what);
+
 #endif

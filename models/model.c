@@ -517,12 +517,59 @@ static int session_bucket_fn(const mdl_st_tensor *t, size_t n, const char *what,
     return mdl_session_bucket(user, t, n, what, err, errlen);
 }
 
-int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen)
+/* Bytes a checkpoint tensor fills in the model's storage (its destination's dtype, not the file's):
+ * the unit of load progress, so the count reaches the total whatever dtype the checkpoint has. */
+static uint64_t dest_bytes(const mdl_model *m, const mdl_dest *d)
+{
+    return (uint64_t)d->rows * (uint64_t)(d->ndim == 2 ? d->cols : 1) * mdl_dtype_size(m->params[d->param].dt);
+}
+
+typedef struct {
+    mdl_session *s;
+    mdl_load_progress_fn fn;
+    void *user;
+    uint64_t done, total;
+} progress_ctx;
+
+static int progress_bucket_fn(const mdl_st_tensor *t, size_t n, const char *what, void *user, char *err,
+                              size_t errlen)
+{
+    progress_ctx *p = user;
+    if (mdl_session_bucket(p->s, t, n, what, err, errlen) != 0) return -1;
+    for (size_t i = 0; i < n; i++) {
+        const mdl_dest *d = mdl_model_find(p->s->m, t[i].name); /* (the bucket was validated: found) */
+        if (d) p->done += dest_bytes(p->s->m, d);
+    }
+    /* a tied checkpoint may also hold lm_head.weight (the same storage, written twice) */
+    if (p->done > p->total) p->done = p->total;
+    p->fn(p->done, p->total, 0, p->user);
+    return 0;
+}
+
+int mdl_model_load_dir_progress(mdl_model *m, const char *dir, mdl_load_progress_fn fn, void *user, char *err,
+                                size_t errlen)
 {
     mdl_session s;
     if (mdl_session_begin(&s, m, MDL_LOAD_FULL, err, errlen) != 0) return -1;
-    int rc = mdl_ckpt_foreach_bucket(dir, 0, session_bucket_fn, &s, err, errlen);
-    if (rc == 0) rc = mdl_session_finish(&s, err, errlen);
+    int rc;
+    if (fn) {
+        progress_ctx p = {&s, fn, user, 0, m->weight_bytes};
+        fn(0, p.total, 0, user);
+        /* buckets of about 64 MiB (instead of one per file) so a single-file checkpoint reports
+         * progress while it loads; a cold load that fails is discarded whole, so smaller buckets
+         * change nothing else */
+        rc = mdl_ckpt_foreach_bucket(dir, (size_t)64 << 20, progress_bucket_fn, &p, err, errlen);
+        if (rc == 0) rc = mdl_session_finish(&s, err, errlen);
+        if (rc == 0) fn(p.total, p.total, 1, user);
+    } else {
+        rc = mdl_ckpt_foreach_bucket(dir, 0, session_bucket_fn, &s, err, errlen);
+        if (rc == 0) rc = mdl_session_finish(&s, err, errlen);
+    }
     mdl_session_end(&s);
     return rc;
+}
+
+int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen)
+{
+    return mdl_model_load_dir_progress(m, dir, NULL, NULL, err, errlen);
 }

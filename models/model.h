@@ -125,6 +125,12 @@ int mdl_ckpt_foreach_bucket(const char *dir, size_t bucket_bytes, mdl_bucket_fn 
 
 /* Cold load of a checkpoint folder: one session, one bucket per safetensors file, finish. */
 int mdl_model_load_dir(mdl_model *m, const char *dir, char *err, size_t errlen);
+/* The same, calling fn(done, total, final, user) before the first bucket, after each bucket of about
+ * 64 MiB (bytes of model storage filled so far, of all of it) and, with final = 1, once the load
+ * succeeded; fn decides what to show. */
+typedef void (*mdl_load_progress_fn)(uint64_t done, uint64_t total, int final, void *user);
+int mdl_model_load_dir_progress(mdl_model *m, const char *dir, mdl_load_progress_fn fn, void *user, char *err,
+                                size_t errlen);
 
 /* ---- forward ------------------------------------------------------------------------------------ */
 typedef struct {

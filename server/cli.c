@@ -5,6 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/log.h"
 
 #ifdef GS_HAVE_CUDA
 #include <dlfcn.h>
@@ -209,6 +213,56 @@ int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
     return 0;
 }
 
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Cold-load progress: a large checkpoint takes seconds to minutes to read, and a silent process
+ * looks hung. Lines go out at most twice a second, and only when someone is watching (stderr is a
+ * terminal) or the load is slow enough to matter (past 1 s): a quick load in a script or a test
+ * stays quiet. */
+typedef struct {
+    const char *what, *dir;
+    double t0, last;
+    int tty, shown;
+} load_progress;
+
+static void on_load_progress(uint64_t done, uint64_t total, int last, void *user)
+{
+    load_progress *p = user;
+    const double now = mono_ms(), el = now - p->t0;
+    if (!p->tty && el < 1000 && !p->shown) return;
+    if (!last && (done == 0 || done >= total || now - p->last < 500)) return; /* (100%: the final line says it) */
+    if (last && !p->shown && !p->tty && el < 1000) return;
+    p->last = now;
+    p->shown = 1;
+    const double gbs = el > 0 ? (double)done / (el * 1e-3) / 1e9 : 0;
+    srv_logline l;
+    const int gb = total >= 1000000000ull; /* small checkpoints in MB, so the figures are not 0.00 */
+    const double unit = gb ? 1e9 : 1e6;
+    srv_log_begin(&l, "info", "load", "%s %s: %.2f / %.2f %s (%.0f%%), %.2f GB/s%s", last ? "loaded" : "loading",
+                  p->dir, (double)done / unit, (double)total / unit, gb ? "GB" : "MB",
+                  total ? 100.0 * (double)done / (double)total : 100.0, gbs, last ? "" : " ...");
+    srv_log_str(&l, "model", p->what);
+    srv_log_str(&l, "dir", p->dir);
+    srv_log_int(&l, "bytes", (long long)done);
+    srv_log_int(&l, "total", (long long)total);
+    srv_log_num(&l, "gb_s", gbs, 3);
+    srv_log_num(&l, "ms", el, 1);
+    srv_log_end(&l);
+}
+
+static int load_dir(mdl_model *m, const char *what, const char *dir, double *ms, char *err, size_t errlen)
+{
+    load_progress p = {what, dir, mono_ms(), 0, isatty(STDERR_FILENO), 0};
+    int rc = mdl_model_load_dir_progress(m, dir, on_load_progress, &p, err, errlen);
+    *ms = mono_ms() - p.t0;
+    return rc;
+}
+
 int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size_t errlen)
 {
     memset(rt, 0, sizeof *rt);
@@ -237,19 +291,21 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
         goto fail;
     }
     rt->m = mdl_model_create(&cfg, rt->be, err, errlen);
-    if (!rt->m || mdl_model_load_dir(rt->m, o->model_dir, err, errlen) != 0) goto fail;
+    if (!rt->m || load_dir(rt->m, "target", o->model_dir, &rt->load_ms, err, errlen) != 0) goto fail;
     if (o->draft_dir) {
         mdl_config dcfg;
         char derr[1024];
         if (mdl_config_load(o->draft_dir, &dcfg, derr, sizeof derr) != 0 ||
             mdl_config_check_drafter(&cfg, &dcfg, derr, sizeof derr) != 0 ||
             !(rt->draft = mdl_model_create(&dcfg, rt->be, derr, sizeof derr)) ||
-            mdl_model_load_dir(rt->draft, o->draft_dir, derr, sizeof derr) != 0) {
+            load_dir(rt->draft, "draft", o->draft_dir, &rt->draft_load_ms, derr, sizeof derr) != 0) {
             snprintf(err, errlen, "%s: %s", o->draft_dir, derr);
             goto fail;
         }
     }
+    const double t_eng = mono_ms();
     rt->e = eng_create_spec(&o->ecfg, rt->m, rt->draft, rt->be, err, errlen);
+    rt->engine_ms = mono_ms() - t_eng;
     if (!rt->e) goto fail;
     return 0;
 fail:

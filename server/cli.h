@@ -33,6 +33,8 @@ typedef struct {
     mdl_model *m;
     mdl_model *draft;
     eng_engine *e;
+    /* start-up timings for the operator log: checkpoint loads, engine creation (plan capture) */
+    double load_ms, draft_load_ms, engine_ms;
 } srv_runtime;
 
 void srv_runtime_defaults(srv_runtime_opts *o);

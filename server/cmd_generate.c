@@ -1,20 +1,30 @@
-/* server/cmd_generate.c — `graphswap generate`: token-id prompts in, JSON out.
- * Single prompt (--prompt-ids) or many (--batch-file, JSONL) through the continuous batcher; output
- * objects are printed in input order once everything finished. */
+/* server/cmd_generate.c — `graphswap generate`: prompts in, JSON out.
+ * Single prompt (--prompt TEXT or --prompt-ids) or many (--batch-file, JSONL) through the continuous
+ * batcher; output objects are printed in input order once everything finished. A text prompt is
+ * encoded as POST /tokenize encodes it (special tokens parsed, BOS prepended when the tokenizer has
+ * one), so a prompt tried here gives the same ids over HTTP. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "models/config.h"
+#include "models/tokenizer.h"
 #include "server/cli.h"
+#include "server/srv.h"
 
 static const char help[] =
-    "usage: graphswap generate --model DIR (--prompt-ids 1,2,3 | --batch-file FILE) [options]\n"
+    "usage: graphswap generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3 | --batch-file FILE) [options]\n"
     "\n"
     "Prints {\"token_ids\":[...],\"logprobs\":[...],\"top_logprobs\":[[[id,logprob],...],...],\n"
-    "\"finish_reason\":\"length\"|\"stop\"} (one line per request with --batch-file, in input order).\n"
+    "\"finish_reason\":\"length\"|\"stop\",\"text\":\"...\"} (one line per request with --batch-file, in\n"
+    "input order; \"text\", the generated tokens decoded without special tokens, when the model folder\n"
+    "has a tokenizer).\n"
     "\n"
+    "  --prompt TEXT          a text prompt, encoded with the model's tokenizer as POST /tokenize does\n"
+    "                         (BOS prepended when the tokenizer has one); the output adds\n"
+    "                         \"prompt_token_ids\"\n"
     "  --prompt-ids LIST      comma-separated token ids\n"
     "  --batch-file FILE      JSONL: {\"prompt_ids\":[..],\"max_tokens\":N,\"temperature\":T,\"top_k\":K,\n"
     "                         \"top_p\":P,\"min_p\":P,\"seed\":S,\"logprobs\":K,\"ignore_eos\":B,\"min_tokens\":N,\n"
@@ -129,7 +139,63 @@ static cJSON *top_pairs(const eng_toplp *t, int k)
     return step;
 }
 
-static void print_result(const eng_request *r, int spec)
+/* The encoding of POST /tokenize (server/oai_parse.c srv_parse_prompt_text, add_special_tokens
+ * true): special tokens parsed, BOS prepended unless the text already starts with it. */
+static int encode_prompt(const mdl_tokenizer *tok, const char *text, int vocab, int32_t **out, int *n_out, char *err,
+                         size_t errlen)
+{
+    const size_t len = strlen(text);
+    if (len == 0) return snprintf(err, errlen, "--prompt must not be empty"), -1;
+    if (!srv_utf8_valid(text, len)) return snprintf(err, errlen, "--prompt is not valid UTF-8"), -1;
+    size_t n = 0, got = 0;
+    if (mdl_tok_encode(tok, text, len, 1, NULL, 0, &n, err, errlen) != 0) return -1;
+    int32_t *ids = malloc((n + 1) * sizeof *ids);
+    if (!ids) return snprintf(err, errlen, "out of memory"), -1;
+    if (mdl_tok_encode(tok, text, len, 1, ids + 1, n, &got, err, errlen) != 0 || got != n) {
+        free(ids);
+        return -1;
+    }
+    const int32_t bos = mdl_tok_bos(tok);
+    if (bos >= 0 && !(n > 0 && ids[1] == bos)) {
+        ids[0] = bos;
+        n++;
+    } else {
+        memmove(ids, ids + 1, n * sizeof *ids);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            snprintf(err, errlen, "--prompt: token %d is outside the model vocabulary (%d)", ids[i], vocab);
+            free(ids);
+            return -1;
+        }
+    if (n == 0) {
+        free(ids);
+        return snprintf(err, errlen, "--prompt encodes to no tokens"), -1;
+    }
+    *out = ids;
+    *n_out = (int)n;
+    return 0;
+}
+
+/* The generated ids as text (special tokens skipped, as /v1/completions does by default); NULL
+ * without a tokenizer. Invalid UTF-8 (a token cut inside a character) becomes U+FFFD. */
+static cJSON *decode_text(const mdl_tokenizer *tok, const int32_t *ids, int n)
+{
+    if (!tok) return NULL;
+    char err[128];
+    size_t need = 0, got = 0;
+    if (mdl_tok_decode(tok, ids, (size_t)n, 1, NULL, 0, &need, err, sizeof err) != 0) return NULL;
+    char *raw = malloc(need + 1);
+    if (!raw || mdl_tok_decode(tok, ids, (size_t)n, 1, raw, need, &got, err, sizeof err) != 0 || got != need) {
+        free(raw);
+        return NULL;
+    }
+    cJSON *j = srv_json_bytes(raw, need);
+    free(raw);
+    return j;
+}
+
+static void print_result(const eng_request *r, int spec, const mdl_tokenizer *tok, int with_prompt)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *ids = cJSON_AddArrayToObject(o, "token_ids");
@@ -157,6 +223,12 @@ static void print_result(const eng_request *r, int spec)
         }
     }
     cJSON_AddStringToObject(o, "finish_reason", eng_finish_name(r->finish));
+    cJSON *text = decode_text(tok, r->out_tokens, r->n_out);
+    if (text) cJSON_AddItemToObject(o, "text", text);
+    if (with_prompt) {
+        cJSON *pi = cJSON_AddArrayToObject(o, "prompt_token_ids");
+        for (int i = 0; i < r->n_prompt; i++) cJSON_AddItemToArray(pi, cJSON_CreateNumber(r->prompt[i]));
+    }
     if (spec) {
         cJSON *al = cJSON_AddArrayToObject(o, "acceptance_lengths");
         for (int i = 0; i < r->n_accept; i++) cJSON_AddItemToArray(al, cJSON_CreateNumber(r->out_accept_lens[i]));
@@ -248,7 +320,7 @@ int srv_cmd_generate(int argc, char **argv)
 {
     srv_runtime_opts ro;
     srv_runtime_defaults(&ro);
-    const char *ids = NULL, *batch = NULL, *trace_path = NULL;
+    const char *ids = NULL, *batch = NULL, *trace_path = NULL, *prompt_text = NULL;
     gen_item dflt;
     memset(&dflt, 0, sizeof dflt);
     dflt.r.max_tokens = 16;
@@ -263,6 +335,7 @@ int srv_cmd_generate(int argc, char **argv)
         }
         uint64_t seed;
         if (srv_runtime_arg(argc, argv, &i, &ro) || srv_arg_str(argc, argv, &i, "--prompt-ids", &ids) ||
+            srv_arg_str(argc, argv, &i, "--prompt", &prompt_text) ||
             srv_arg_str(argc, argv, &i, "--batch-file", &batch) ||
             srv_arg_str(argc, argv, &i, "--trace", &trace_path) ||
             srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 24, &dflt.r.max_tokens) ||
@@ -283,12 +356,31 @@ int srv_cmd_generate(int argc, char **argv)
         srv_die_usage("generate", argv[i]);
     }
     if (!have_seed) dflt.r.sp.seed = 0; /* generate is reproducible by default */
-    if (!ids == !batch) srv_die("give exactly one of --prompt-ids or --batch-file");
+    if ((ids != NULL) + (batch != NULL) + (prompt_text != NULL) != 1)
+        srv_die("give exactly one of --prompt, --prompt-ids or --batch-file");
 
     gen_item *items = NULL;
     int n_items = 0;
     char err[1024];
-    if (ids) {
+    /* the model folder's tokenizer, when it has one: --prompt needs it, and outputs add "text" */
+    mdl_tokenizer *tok = NULL;
+    if (ro.model_dir) {
+        char tokpath[4200];
+        snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", ro.model_dir);
+        if (access(tokpath, R_OK) == 0 && !(tok = mdl_tok_load(ro.model_dir, err, sizeof err))) srv_die("%s", err);
+    }
+    if (prompt_text) {
+        if (!tok) srv_die("--prompt: %s has no tokenizer (tokenizer.json); use --prompt-ids", ro.model_dir ? ro.model_dir : "the model");
+        mdl_config mc;
+        if (mdl_config_load(ro.model_dir, &mc, err, sizeof err) != 0) srv_die("%s", err);
+        items = calloc(1, sizeof *items);
+        if (!items) srv_die("out of memory");
+        items[0] = dflt;
+        if (encode_prompt(tok, prompt_text, mc.vocab, &items[0].prompt, &items[0].r.n_prompt, err, sizeof err) != 0)
+            srv_die("%s", err);
+        items[0].r.prompt = items[0].prompt;
+        n_items = 1;
+    } else if (ids) {
         items = calloc(1, sizeof *items);
         if (!items) srv_die("out of memory");
         items[0] = dflt;
@@ -338,11 +430,12 @@ int srv_cmd_generate(int argc, char **argv)
     }
     eng_run_until_idle(rt.e);
     for (int i = 0; i < n_items; i++) {
-        print_result(&items[i].r, ro.draft_dir != NULL);
+        print_result(&items[i].r, ro.draft_dir != NULL, tok, prompt_text != NULL);
         free_item(&items[i]);
     }
     free(items);
     if (trace && fclose(trace) != 0) srv_die("%s: write error", trace_path);
     srv_runtime_close(&rt);
+    mdl_tok_free(tok);
     return 0;
 }

@@ -1,17 +1,60 @@
 /* server/cmd_mkmodel.c — `graphswap mkmodel`: random-init checkpoints in Hugging Face layout. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "models/config.h"
 #include "models/mkmodel.h"
+#include "models/model.h"
 #include "server/cli.h"
+
+static int count_params(const mdl_st_tensor *t, size_t n, const char *what, void *user, char *err, size_t errlen)
+{
+    (void)what, (void)err, (void)errlen;
+    for (size_t i = 0; i < n; i++) *(uint64_t *)user += t[i].numel;
+    return 0;
+}
+
+static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* What mkmodel wrote, read back from the folder (not from the options): the architecture, the
+ * parameter count of the checkpoint as a loader sees it, and every file with its size. */
+static void report(const char *out)
+{
+    char err[1024];
+    mdl_config cfg;
+    uint64_t params = 0;
+    if (mdl_config_load(out, &cfg, err, sizeof err) != 0 ||
+        mdl_ckpt_foreach_bucket(out, 0, count_params, &params, err, sizeof err) != 0)
+        srv_die("%s: cannot read back what was written: %s", out, err);
+    DIR *d = opendir(out);
+    if (!d) srv_die("%s: cannot list", out);
+    char *names[256];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < 256;)
+        if (e->d_name[0] != '.' && (names[n] = strdup(e->d_name)) != NULL) n++;
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, name_cmp);
+    printf("wrote %s: %s, %llu parameters (%.2fM), %d files\n", out, mdl_arch_name(cfg.arch),
+           (unsigned long long)params, (double)params / 1e6, n);
+    for (int i = 0; i < n; i++) {
+        char path[4352];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", out, names[i]);
+        if (stat(path, &st) == 0) printf("  %-36s %12lld bytes\n", names[i], (long long)st.st_size);
+        free(names[i]);
+    }
+}
 
 static const char help[] =
     "usage: graphswap mkmodel --out DIR [options]\n"
     "\n"
     "Writes config.json, model.safetensors (or N shards + model.safetensors.index.json) and a small\n"
     "byte-level BPE tokenizer (tokenizer.json, tokenizer_config.json; vocab >= 512) in the exact\n"
-    "layout and naming of a Hugging Face checkpoint, with seeded random weights.\n"
+    "layout and naming of a Hugging Face checkpoint, with seeded random weights, then prints what it\n"
+    "wrote: the folder, the architecture, the parameter count and each file with its size.\n"
     "\n"
     "  --arch qwen3|llama|qwen2|dflash|dspark   (default qwen3)\n"
     "  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --intermediate N  --vocab N\n"
@@ -102,5 +145,6 @@ int srv_cmd_mkmodel(int argc, char **argv)
     }
     char err[1024];
     if (mdl_mkmodel(&o, out, err, sizeof err) != 0) srv_die("%s", err);
+    report(out);
     return 0;
 }

@@ -294,7 +294,9 @@ int srv_dispatch(struct mg_connection *c, void *cbdata)
 {
     srv_state *s = cbdata;
     atomic_fetch_add(&s->active, 1);
+    const double t0 = srv_log_access_begin(); /* --access-log: one line per request (server/log.c) */
     int st = dispatch(s, c);
+    srv_log_access_end(c, st, t0);
     atomic_fetch_sub(&s->active, 1);
     return st;
 }

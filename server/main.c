@@ -8,10 +8,13 @@ static const char usage[] =
     "usage: graphswap <command> [options]\n"
     "\n"
     "commands:\n"
-    "  serve      serve a model over HTTP (OpenAI-compatible completions)\n"
-    "  generate   generate tokens for token-id prompts, print JSON\n"
-    "  mkmodel    write a random-init checkpoint in Hugging Face layout\n"
-    "  bench      benchmarks (bench decode)\n"
+    "  serve      serve a model over HTTP: OpenAI-compatible completions and chat, tokenize,\n"
+    "             Prometheus metrics, live weight updates\n"
+    "  generate   generate from a text prompt (--prompt) or token ids (--prompt-ids, --batch-file);\n"
+    "             prints JSON with ids, logprobs and text\n"
+    "  mkmodel    write a random-init checkpoint (target or drafter) in Hugging Face layout\n"
+    "  bench      benchmarks: decode, spec, serve, update, transfer (graphswap bench --help)\n"
+    "  help       this list\n"
     "\n"
     "graphswap <command> --help shows the command's options.\n";
 

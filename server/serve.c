@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,18 +32,119 @@ static void on_signal(int sig) { g_signal = sig; }
 
 /* ---- engine thread ------------------------------------------------------------------------------- */
 
+/* The periodic throughput line (--log-interval), as vLLM's "Avg prompt throughput" line: counter
+ * deltas over the window since the last line. Engine thread only; no allocation. */
+typedef struct {
+    double interval;  /* seconds; 0: off */
+    double t_last;    /* start of the window (monotonic) */
+    uint64_t prompt, gen, drafts, draft_tokens, accepted;
+    int has_drafter;
+} stats_log;
+
+/* 1 when the window holds something worth a line: tokens moved, or requests run or wait. */
+static int stats_pending(const stats_log *sl, const eng_engine *e)
+{
+    const eng_stats *st = eng_get_stats(e);
+    return st->prompt_tokens != sl->prompt || st->generated_tokens != sl->gen || eng_num_running(e) > 0 ||
+           eng_num_waiting(e) > 0;
+}
+
+static void stats_reset(stats_log *sl, const eng_engine *e, double now)
+{
+    const eng_stats *st = eng_get_stats(e);
+    sl->t_last = now;
+    sl->prompt = st->prompt_tokens;
+    sl->gen = st->generated_tokens;
+    sl->drafts = st->spec_drafts;
+    sl->draft_tokens = st->spec_draft_tokens;
+    sl->accepted = st->spec_accepted;
+}
+
+static void stats_tick(stats_log *sl, const eng_engine *e, double now)
+{
+    if (sl->interval <= 0 || now - sl->t_last < sl->interval) return;
+    if (!stats_pending(sl, e)) {
+        stats_reset(sl, e, now);
+        return;
+    }
+    const eng_stats *st = eng_get_stats(e);
+    const double dt = now - sl->t_last;
+    const double ptps = (double)(st->prompt_tokens - sl->prompt) / dt, gtps = (double)(st->generated_tokens - sl->gen) / dt;
+    const int kv_total = eng_kv_blocks_total(e), kv_used = eng_kv_blocks_in_use(e);
+    const double kv_pct = kv_total ? 100.0 * kv_used / kv_total : 0;
+    srv_logline l;
+    if (sl->has_drafter) {
+        const uint64_t dd = st->spec_drafts - sl->drafts, dtok = st->spec_draft_tokens - sl->draft_tokens,
+                       acc = st->spec_accepted - sl->accepted;
+        const double rate = dtok ? 100.0 * (double)acc / (double)dtok : 0, mal = dd ? 1.0 + (double)acc / (double)dd : 0;
+        srv_log_begin(&l, "info", "stats",
+                      "prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV %.1f%%, "
+                      "spec acceptance %.1f%% (mean length %.2f)",
+                      ptps, gtps, eng_num_running(e), eng_num_waiting(e), kv_pct, rate, mal);
+        srv_log_num(&l, "prompt_tok_s", ptps, 1);
+        srv_log_num(&l, "gen_tok_s", gtps, 1);
+        srv_log_int(&l, "running", eng_num_running(e));
+        srv_log_int(&l, "waiting", eng_num_waiting(e));
+        srv_log_num(&l, "kv_usage_pct", kv_pct, 1);
+        srv_log_num(&l, "spec_acceptance_pct", rate, 1);
+        srv_log_num(&l, "spec_mean_acceptance_length", mal, 2);
+        srv_log_int(&l, "spec_drafts", (long long)dd);
+    } else {
+        srv_log_begin(&l, "info", "stats", "prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV %.1f%%",
+                      ptps, gtps, eng_num_running(e), eng_num_waiting(e), kv_pct);
+        srv_log_num(&l, "prompt_tok_s", ptps, 1);
+        srv_log_num(&l, "gen_tok_s", gtps, 1);
+        srv_log_int(&l, "running", eng_num_running(e));
+        srv_log_int(&l, "waiting", eng_num_waiting(e));
+        srv_log_num(&l, "kv_usage_pct", kv_pct, 1);
+    }
+    srv_log_num(&l, "interval_s", dt, 2);
+    srv_log_end(&l);
+    stats_reset(sl, e, now);
+}
+
+/* pthread_cond_timedwait deadline `sec` seconds from now on the inbox condition's clock (monotonic) */
+static struct timespec deadline_in(double sec)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const long long ns = (long long)ts.tv_nsec + (long long)(sec * 1e9);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    return ts;
+}
+
+static stats_log g_stats; /* set by srv_cmd_serve before the engine thread starts */
+
 static void *engine_main(void *arg)
 {
     srv_state *s = arg;
     eng_engine *e = s->rt.e;
     int draining = 0;
+    stats_log *sl = &g_stats;
+    stats_reset(sl, e, srv_now());
     for (;;) {
         /* no step while a weight session is open or generation is paused (I7), unless a "wait"
          * command is draining the running requests */
         const int frozen = srv_engine_frozen(s) && !draining;
         const int work = !frozen && eng_num_running(e) + eng_num_waiting(e) > 0;
+        /* Idle with an unlogged window: wake at its end so the last burst gets its line. Idle with
+         * nothing to log: sleep until woken, and start a fresh window then (an idle hour must not
+         * dilute the next line's rates). */
+        const int log_wait = sl->interval > 0 && stats_pending(sl, e);
         pthread_mutex_lock(&s->mu);
-        while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) pthread_cond_wait(&s->inbox_cv, &s->mu);
+        int slept = 0;
+        while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) {
+            if (log_wait) {
+                const double left = sl->t_last + sl->interval - srv_now();
+                if (left <= 0) break; /* the window ended while this iteration ran */
+                struct timespec ts = deadline_in(left);
+                if (pthread_cond_timedwait(&s->inbox_cv, &s->mu, &ts) != 0) break; /* ETIMEDOUT (or EINVAL) */
+            } else {
+                pthread_cond_wait(&s->inbox_cv, &s->mu);
+                slept = 1;
+            }
+        }
         srv_job *list = s->inbox_head;
         s->inbox_head = s->inbox_tail = NULL;
         const int stopping = s->stopping;
@@ -54,8 +156,10 @@ static void *engine_main(void *arg)
             srv_metrics_publish(&s->met, e);
             return NULL;
         }
+        if (slept) stats_reset(sl, e, srv_now());
         if ((draining || !srv_engine_frozen(s)) && eng_num_running(e) + eng_num_waiting(e) > 0) eng_step(e);
         srv_metrics_publish(&s->met, e); /* (the weight state changes only in commands: published there) */
+        stats_tick(sl, e, srv_now());
     }
 }
 
@@ -63,11 +167,109 @@ static void *engine_main(void *arg)
 static int log_civetweb(const struct mg_connection *c, const char *msg)
 {
     (void)c;
-    fprintf(stderr, "graphswap: http: %s\n", msg);
+    srv_logf("error", "http", "%s", msg);
     return 1;
 }
 
+static long long param_count(const mdl_model *m)
+{
+    long long n = 0;
+    for (int i = 0; i < m->n_params; i++) n += (long long)m->params[i].rows * (long long)m->params[i].cols;
+    return n;
+}
+
+static int is_loopback(const char *host)
+{
+    return strcmp(host, "127.0.0.1") == 0 || strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 ||
+           strncmp(host, "127.", 4) == 0;
+}
+
+/* The start-up summary, as vLLM and llama.cpp print one: what runs, on what, how big the cache is,
+ * how long start-up took, and who may call what. Three lines (model, engine, routes). */
+static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const char *host)
+{
+    const mdl_model *m = eng_model(s->rt.e);
+    const mdl_config *mc = &m->cfg;
+    const eng_config *ec = eng_get_config(s->rt.e);
+    const long long np = param_count(m);
+    const char *dt = m->wdt == KERN_DT_BF16 ? "bf16" : "f32";
+    srv_logline l;
+    srv_log_begin(&l, "info", "model", "%s (%s): %.1fM parameters, %s, %d layers, vocab %d%s%s", s->model_dir,
+                  mdl_arch_name(mc->arch), (double)np / 1e6, dt, mc->layers, mc->vocab,
+                  s->rt.draft ? ", drafter " : "", s->rt.draft ? ro->draft_dir : "");
+    srv_log_str(&l, "model", s->model_dir);
+    srv_log_str(&l, "served_name", s->model_name);
+    srv_log_str(&l, "arch", mdl_arch_name(mc->arch));
+    srv_log_int(&l, "params", np);
+    srv_log_str(&l, "dtype", dt);
+    srv_log_int(&l, "weight_bytes", (long long)m->weight_bytes);
+    srv_log_num(&l, "load_ms", s->rt.load_ms, 1);
+    srv_log_str(&l, "tokenizer", s->tok ? "yes" : "none");
+    if (s->rt.draft) {
+        srv_log_str(&l, "draft", ro->draft_dir);
+        srv_log_str(&l, "draft_arch", mdl_arch_name(s->rt.draft->cfg.arch));
+        srv_log_int(&l, "draft_params", param_count(s->rt.draft));
+        srv_log_int(&l, "num_spec_tokens", ec->num_spec_tokens);
+        srv_log_num(&l, "draft_load_ms", s->rt.draft_load_ms, 1);
+    } else {
+        srv_log_str(&l, "draft", NULL);
+    }
+    srv_log_end(&l);
+
+    long threads = ro->threads > 0 ? ro->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    const int blocks = eng_kv_blocks_total(s->rt.e);
+    const long long kv_bytes = 2LL * mc->layers * blocks * ec->block_size * mc->kv_heads * mc->head_dim * (long long)sizeof(float);
+    const char *backend = ro->backend ? ro->backend : "cpu";
+    srv_log_begin(&l, "info", "engine",
+                  "%s backend, %ld threads, %d KV blocks x %d tokens (%.1f MiB), max %d seqs x %d tokens, %s %.0f ms",
+                  backend, threads, blocks, ec->block_size, (double)kv_bytes / (1 << 20), ec->max_seqs, ec->max_model_len,
+                  ec->use_plans ? "plans captured in" : "eager (no plans), engine ready in", s->rt.engine_ms);
+    srv_log_str(&l, "backend", backend);
+    srv_log_int(&l, "threads", threads);
+    srv_log_int(&l, "kv_blocks", blocks);
+    srv_log_int(&l, "block_size", ec->block_size);
+    srv_log_int(&l, "kv_bytes", kv_bytes);
+    srv_log_int(&l, "max_seqs", ec->max_seqs);
+    srv_log_int(&l, "max_model_len", ec->max_model_len);
+    srv_log_int(&l, "max_step_tokens", ec->max_step_tokens);
+    srv_log_bool(&l, "plans", ec->use_plans);
+    srv_log_bool(&l, "prefix_caching", ec->prefix_caching);
+    srv_log_num(&l, "plan_capture_ms", s->rt.engine_ms, 1);
+    srv_log_end(&l);
+
+    const char *api = s->api_key ? "api-key" : "open";
+    const char *admin = s->admin_key ? "admin-key" : s->admin_disabled ? "disabled" : "loopback-only";
+    srv_log_begin(&l, "info", "routes",
+                  "/v1/*, /tokenize, /detokenize: %s; weight routes: %s; /health, /metrics: open; disk loads: %s",
+                  s->api_key ? "API key required" : "open (no --api-key)",
+                  s->admin_key ? "admin key required" : s->admin_disabled ? "disabled (non-loopback --host without --admin-key)"
+                                                                          : "no key, loopback listener only",
+                  s->weights_root ? s->weights_root : "off");
+    srv_log_str(&l, "api", api);
+    srv_log_str(&l, "admin", admin);
+    srv_log_str(&l, "weights_root", s->weights_root);
+    srv_log_str(&l, "host", host);
+    srv_log_bool(&l, "loopback", is_loopback(host));
+    srv_log_end(&l);
+}
+
 /* ---- the command ------------------------------------------------------------------------------------- */
+
+/* A start-up error, in the log format (a JSON log shipper sees it too), then exit(1). */
+static void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fatal(const char *fmt, ...)
+{
+    char msg[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (srv_log_get_format() == SRV_LOG_JSON) {
+        srv_logf("error", "serve", "%s", msg);
+        exit(1);
+    }
+    srv_die("%s", msg);
+}
 
 static const char help[] =
     "usage: graphswap serve --model DIR [--host 127.0.0.1] [--port 8080] [options]\n"
@@ -98,7 +300,14 @@ static const char help[] =
     "  --weights-root DIR     folder disk loads (/v1/weights/load) must lie under (default: disabled)\n"
     "  --max-bucket-bytes N   largest HTTP bucket (default 2147483648)\n"
     "  --update-bucket-bytes N  bucket size of disk loads (default 536870912)\n"
-    "  --drain-timeout S      seconds a \"wait\" pause lets running requests finish (default 60)\n";
+    "  --drain-timeout S      seconds a \"wait\" pause lets running requests finish (default 60)\n"
+    "\n"
+    "Logging (stderr; a start-up summary, one line per weight update, errors):\n"
+    "  --log-format text|json one line per event as text (default) or as one JSON object per line\n"
+    "  --access-log           one line per HTTP request: method, path, status, bytes, duration\n"
+    "  --log-interval S       every S seconds a throughput line (prompt / generation tok/s, running,\n"
+    "                         waiting, KV usage, spec acceptance), only when something ran\n"
+    "                         (default 10; 0 = off)\n";
 
 int srv_cmd_serve(int argc, char **argv)
 {
@@ -109,6 +318,8 @@ int srv_cmd_serve(int argc, char **argv)
     int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60;
     const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
+    const char *log_format = "text";
+    int access_log = 0, log_interval = 10;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -130,22 +341,34 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_str(argc, argv, &i, "--weights-root", &weights_root) ||
             srv_arg_u64(argc, argv, &i, "--max-bucket-bytes", &max_bucket) ||
             srv_arg_u64(argc, argv, &i, "--update-bucket-bytes", &update_bucket) ||
-            srv_arg_int(argc, argv, &i, "--drain-timeout", 0, 1 << 20, &drain_s))
+            srv_arg_int(argc, argv, &i, "--drain-timeout", 0, 1 << 20, &drain_s) ||
+            srv_arg_str(argc, argv, &i, "--log-format", &log_format) ||
+            srv_arg_flag(argc, argv, &i, "--access-log", &access_log) ||
+            srv_arg_int(argc, argv, &i, "--log-interval", 0, 1 << 20, &log_interval))
             continue;
         srv_die_usage("serve", argv[i]);
     }
+    srv_log_format lf;
+    if (srv_log_parse_format(log_format, &lf) != 0) {
+        fprintf(stderr, "graphswap: --log-format must be text or json\n");
+        exit(2);
+    }
+    /* set before anything is loaded: load progress lines use the format too */
+    srv_log_set_format(lf);
+    srv_log_set_access(access_log);
+    g_stats.interval = log_interval;
     if (api_key && !api_key[0]) api_key = NULL;
     ro.ecfg.queue_cap = queue_cap;
 
     srv_state *s = calloc(1, sizeof *s);
     if (!s) srv_die("out of memory");
     char err[1024];
-    if (srv_runtime_open(&s->rt, &ro, err, sizeof err) != 0) srv_die("%s", err);
+    if (srv_runtime_open(&s->rt, &ro, err, sizeof err) != 0) fatal("%s", err);
     char tokpath[4200];
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", ro.model_dir);
     if (access(tokpath, R_OK) == 0) {
         s->tok = mdl_tok_load(ro.model_dir, err, sizeof err);
-        if (!s->tok) srv_die("%s", err);
+        if (!s->tok) fatal("%s", err);
         s->chat = mdl_tok_chat_family(s->tok);
     }
     /* immutable copies, so handler threads never read engine or model state */
@@ -166,7 +389,12 @@ int srv_cmd_serve(int argc, char **argv)
     s->t_start = srv_wall();
     s->seed_base = (uint64_t)(srv_wall() * 1e9) ^ ((uint64_t)getpid() << 32);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->inbox_cv, NULL);
+    /* monotonic: the engine thread's timed wait (the throughput line) must not jump with the clock */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->inbox_cv, &ca);
+    pthread_condattr_destroy(&ca);
     srv_metrics_init(&s->met);
     srv_metrics_publish(&s->met, s->rt.e);
     srv_weights_init(s);
@@ -175,7 +403,7 @@ int srv_cmd_serve(int argc, char **argv)
     /* weight routes on a reachable address need a key */
     s->admin_disabled = !admin_key && strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 &&
                         strcmp(host, "::1") != 0 && strncmp(host, "127.", 4) != 0;
-    if (weights_root && !(s->weights_root = realpath(weights_root, NULL))) srv_die("--weights-root %s: %s", weights_root, strerror(errno));
+    if (weights_root && !(s->weights_root = realpath(weights_root, NULL))) fatal("--weights-root %s: %s", weights_root, strerror(errno));
     s->max_bucket = (size_t)max_bucket;
     s->update_bucket = (size_t)update_bucket;
     s->drain_timeout = drain_s;
@@ -200,7 +428,9 @@ int srv_cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     pthread_t eng_thread;
-    if (pthread_create(&eng_thread, NULL, engine_main, s) != 0) srv_die("cannot start the engine thread");
+    g_stats.has_drafter = s->rt.draft != NULL;
+    log_startup(s, &ro, host);
+    if (pthread_create(&eng_thread, NULL, engine_main, s) != 0) fatal("cannot start the engine thread");
 
     char ports[300], nthreads[16], rto[32], kat[32];
     snprintf(ports, sizeof ports, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
@@ -225,17 +455,28 @@ int srv_cmd_serve(int argc, char **argv)
     memset(&cb, 0, sizeof cb);
     cb.log_message = log_civetweb;
     struct mg_context *ctx = mg_start(&cb, s, opts);
-    if (!ctx) srv_die("cannot listen on %s", ports);
+    if (!ctx) fatal("cannot listen on %s", ports);
     mg_set_request_handler(ctx, "/", srv_dispatch, s);
     struct mg_server_port sp[4];
     int nports = mg_get_server_ports(ctx, 4, sp);
     int bound = nports > 0 ? sp[0].port : port;
-    fprintf(stderr, "graphswap: serving %s as \"%s\" on http://%s%s%s:%d%s\n", ro.model_dir, s->model_name,
-            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", bound, api_key ? " (API key required)" : "");
-    fflush(stderr);
+    char url[340];
+    snprintf(url, sizeof url, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", bound);
+    {
+        /* (scripts and tests read the port from "on http://HOST:PORT" in this line) */
+        srv_logline l;
+        srv_log_begin(&l, "info", "serve", "serving %s as \"%s\" on %s%s", ro.model_dir, s->model_name, url,
+                      api_key ? " (API key required)" : "");
+        srv_log_str(&l, "url", url);
+        srv_log_int(&l, "port", bound);
+        srv_log_int(&l, "http_threads", http_threads);
+        srv_log_bool(&l, "access_log", access_log);
+        srv_log_int(&l, "log_interval_s", log_interval);
+        srv_log_end(&l);
+    }
 
     while (!g_signal) usleep(20000);
-    fprintf(stderr, "graphswap: signal %d, shutting down\n", (int)g_signal);
+    srv_logf("info", "serve", "signal %d, shutting down", (int)g_signal);
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_signal(&s->inbox_cv);
@@ -253,6 +494,6 @@ int srv_cmd_serve(int argc, char **argv)
     pthread_cond_destroy(&s->inbox_cv);
     pthread_mutex_destroy(&s->mu);
     free(s);
-    fprintf(stderr, "graphswap: stopped\n");
+    srv_logf("info", "serve", "stopped");
     return 0;
 }

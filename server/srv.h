@@ -35,6 +35,7 @@
 #include "engine/weights.h"
 #include "models/tokenizer.h"
 #include "server/cli.h"
+#include "server/log.h"
 
 #define SRV_MAX_STOP 8          /* stop strings per request */
 #define SRV_MAX_STOP_BYTES 256  /* bytes per stop string */

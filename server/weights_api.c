@@ -448,6 +448,7 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         eng_weights_set_version(e, c->version);
         break;
     }
+    srv_log_weight_cmd(e, st, err); /* one line when a session ended (server/log.c) */
     c->status = st;
     return 1;
 }

@@ -12,10 +12,17 @@
     same prompt filled the prefix cache (scoring computes it again), and with a DFlash drafter; the
     generated tokens are unchanged by asking for them (values are checked against the numpy reference
     in tests/reference/test_reference.py)
+(g) the command surface: `graphswap --help` lists every command, `graphswap bench --help` every
+    bench; mkmodel reports the folder, its files and the parameter count of what it wrote;
+    `generate --prompt TEXT` encodes as POST /tokenize does (same ids, BOS included) and prints the
+    same tokens as --prompt-ids and the same text as /v1/completions; `bench spec` prints one
+    acceptance column per draft position with a header explaining the columns, and warns when the
+    machine measures below the expected memcpy figure
 """
 
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -25,6 +32,7 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+sys.path.insert(0, HERE)
 import gs_harness as H  # noqa: E402
 import ref_model as rm  # noqa: E402
 
@@ -422,6 +430,101 @@ def test_prompt_logprobs(binary, tmp, models):
         same("(f) generated tokens with a drafter", base, o)
 
 
+# ------------------------------------------------------------------------------------------------
+# (g) the command surface: help, mkmodel report, --prompt, bench spec columns
+# ------------------------------------------------------------------------------------------------
+
+def listed(text, names):
+    """The names that have a line of their own ('  name  description') in text."""
+    return [n for n in names if re.search(r"^  %s\s+\S" % re.escape(n), text, re.M)]
+
+
+def test_cli_surface(binary, tmp, models):
+    cmds = ["serve", "generate", "mkmodel", "bench", "help"]
+    res = H.run([binary, "--help"])
+    C.check(res.rc == 0 and listed(res.stdout, cmds) == cmds, "(g) --help lists %r: %r" % (cmds, res.stdout))
+    res = H.run([binary])
+    C.check(res.rc == 2 and listed(res.stderr, cmds) == cmds, "(g) no command: rc %r, %r" % (res.rc, res.stderr))
+    benches = ["decode", "spec", "serve", "update", "transfer"]
+    res = H.run([binary, "bench", "--help"])
+    C.check(res.rc == 0 and listed(res.stdout, benches) == benches, "(g) bench --help: %r" % res.stdout)
+    res = H.run([binary, "bench", "nosuch"])
+    C.check(res.rc == 2 and "unknown bench nosuch" in res.stderr and listed(res.stderr, benches) == benches,
+            "(g) bench nosuch: %r" % res.stderr)
+    for c in [["serve"], ["generate"], ["mkmodel"]] + [["bench", b] for b in benches]:
+        res = H.run([binary] + c + ["--help"])
+        C.check(res.rc == 0 and res.stdout.startswith("usage: graphswap " + " ".join(c)),
+                "(g) %s --help: rc %r %r" % (" ".join(c), res.rc, res.stdout[:200]))
+    res = H.run([binary, "generate", "--help"])
+    C.check("--prompt TEXT" in res.stdout, "(g) generate --help lacks --prompt")
+
+    # mkmodel says what it wrote
+    out = os.path.join(tmp, "mk_report")
+    res = H.mkmodel(binary, out, "qwen3", hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16, inter=64, vocab=512,
+                    shards=2, seed=9)
+    if C.check(res.rc == 0, "(g) mkmodel: %s" % res.stderr):
+        n = sum(int(np.prod(t.shape)) for t in rm.read_checkpoint_tensors(out).values())
+        m = re.search(r"^wrote (\S+): Qwen3ForCausalLM, (\d+) parameters .*, (\d+) files$", res.stdout, re.M)
+        files = sorted(os.listdir(out))
+        C.check(m is not None and m.group(1) == out and int(m.group(2)) == n and int(m.group(3)) == len(files),
+                "(g) mkmodel report (%d parameters, %d files): %r" % (n, len(files), res.stdout))
+        for f in files:
+            sz = os.path.getsize(os.path.join(out, f))
+            C.check(re.search(r"^  %s\s+%d bytes$" % (re.escape(f), sz), res.stdout, re.M) is not None,
+                    "(g) mkmodel report lacks %s (%d bytes): %r" % (f, sz, res.stdout))
+
+    # --prompt TEXT: the ids of POST /tokenize, the tokens of --prompt-ids, the text of /v1/completions
+    d, _ = models["qwen3"]
+    import test_http_basic as HB
+    srv = HB.Server(C, binary, d)
+    try:
+        for text in ("Hello world, this is graphswap.", "caf\u00e9 <|im_start|>user\n\u4e2d\u6587 tokens"):
+            r = HB.post(srv, "/tokenize", {"prompt": text})
+            want = (r.json or {}).get("tokens")
+            if not C.check(r.status == 200 and want, "(g) /tokenize %r: %r" % (text, r)):
+                continue
+            res = H.run([binary, "generate", "--model", d, "--prompt", text, "--max-tokens", "6", "--ignore-eos"])
+            o = H.parse_objects(res.stdout)[0] if res.rc == 0 and res.stdout.strip() else None
+            if not C.check(o is not None, "(g) generate --prompt %r: %s" % (text, res.stderr)):
+                continue
+            C.check(o.get("prompt_token_ids") == want, "(g) --prompt %r ids %r, /tokenize %r" % (text, o.get("prompt_token_ids"), want))
+            ids = H.generate(C, "(g) --prompt-ids", binary, d, want, max_tokens=6)
+            same("(g) --prompt %r vs --prompt-ids" % text, o, ids)
+            r = HB.post(srv, "/v1/completions", {"prompt": text, "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+            C.check(r.status == 200 and o.get("text") == r.json["choices"][0]["text"],
+                    "(g) --prompt text %r vs /v1/completions %r" % (o.get("text"), r))
+        HB.stop_clean(C, srv)
+    finally:
+        srv.kill()
+    res = H.run([binary, "generate", "--model", d, "--prompt", "x", "--prompt-ids", "1"])
+    C.check(res.rc != 0 and "exactly one of" in res.stderr, "(g) --prompt with --prompt-ids: %r" % res.stderr)
+
+    # bench spec: one column per draft position (DFlash block 6: 5 drafts), a header, the load warning
+    dd = os.path.join(tmp, "bench_dflash")
+    res = H.run([binary, "mkmodel", "--arch", "dflash", "--target", d, "--out", dd, "--block-size", "6", "--seed", "4"])
+    if C.check(res.rc == 0, "(g) mkmodel dflash: %s" % res.stderr):
+        env = dict(os.environ, GRAPHSWAP_BENCH_MEMCPY_GBS="1000000")
+        p = H.subprocess.run([binary, "bench", "spec", "--model", d, "--draft", dd, "--tokens", "8", "--threads", "1"],
+                             stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE, env=env, timeout=300)
+        out_s, err_s = p.stdout.decode(), p.stderr.decode()
+        C.check(p.returncode == 0 and out_s.startswith("graphswap bench spec: "), "(g) bench spec: %r %r" % (out_s, err_s))
+        C.check("columns:" in out_s and "p1..p5" in out_s, "(g) bench spec header: %r" % out_s)
+        head = [l for l in out_s.splitlines() if l.startswith("batch")]
+        C.check(len(head) == 1 and head[0].split()[-5:] == ["p1", "p2", "p3", "p4", "p5"] and "p6" not in head[0],
+                "(g) bench spec column header: %r" % head)
+        rows = [l.split() for l in out_s.splitlines() if re.match(r"^\d+\s+spec\s", l)]
+        C.check(len(rows) == 2 and all(len(r) == 9 + 5 for r in rows), "(g) bench spec rows: %r" % rows)
+        C.check("warning: single-thread memcpy" in err_s and "warning: single-thread memcpy" in out_s,
+                "(g) bench spec: no memcpy warning with an unreachable expected figure: %r" % err_s)
+        p = H.subprocess.run([binary, "bench", "spec", "--model", d, "--draft", dd, "--tokens", "4", "--threads", "1",
+                              "--num-spec-tokens", "2"], stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE,
+                             env=dict(os.environ, GRAPHSWAP_BENCH_MEMCPY_GBS="0.001"), timeout=300)
+        head = [l for l in p.stdout.decode().splitlines() if l.startswith("batch")]
+        C.check(len(head) == 1 and head[0].split()[-2:] == ["p1", "p2"] and "p3" not in head[0],
+                "(g) bench spec --num-spec-tokens 2 header: %r" % head)
+        C.check("memcpy" not in p.stderr.decode(), "(g) memcpy warning below a low expected figure: %r" % p.stderr)
+
+
 def main():
     binary = H.require_bin(C)
     tmp = H.scratch_dir("engine_cli")
@@ -430,6 +533,7 @@ def main():
     test_batch(binary, tmp, models)
     test_prompt_logprobs(binary, tmp, models)
     test_load_errors(binary, tmp)
+    test_cli_surface(binary, tmp, models)
     return C.finish()
 
 
