@@ -238,12 +238,18 @@ static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const ch
     srv_log_end(&l);
 
     const char *api = s->api_key ? "api-key" : "open";
-    const char *admin = s->admin_key ? "admin-key" : s->admin_disabled ? "disabled" : "loopback-only";
+    /* the rule of admin_authorized (http.c) */
+    const char *admin = s->admin_disabled ? "disabled"
+                        : s->admin_key    ? "admin-key"
+                        : s->api_key      ? "api-key"
+                                          : "loopback-only";
     srv_log_begin(&l, "info", "routes",
                   "/v1/*, /tokenize, /detokenize: %s; weight routes: %s; /health, /metrics: open; disk loads: %s",
                   s->api_key ? "API key required" : "open (no --api-key)",
-                  s->admin_key ? "admin key required" : s->admin_disabled ? "disabled (non-loopback --host without --admin-key)"
-                                                                          : "no key, loopback listener only",
+                  s->admin_disabled ? "disabled (non-loopback --host without --admin-key)"
+                  : s->admin_key    ? "admin key required"
+                  : s->api_key      ? "API key required (no --admin-key)"
+                                    : "no key, loopback listener only",
                   s->weights_root ? s->weights_root : "off");
     srv_log_str(&l, "api", api);
     srv_log_str(&l, "admin", admin);
@@ -280,8 +286,8 @@ static const char help[] =
     "  --host ADDR            listen address (default 127.0.0.1)\n"
     "  --port N               listen port (default 8080; 0 = any free port, printed at start)\n"
     "  --served-model-name S  the model name in responses and /v1/models (default: --model)\n"
-    "  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize\n"
-    "                         (also GRAPHSWAP_API_KEY); /health and /metrics stay public\n"
+    "  --api-key KEY          require 'Authorization: Bearer KEY' on every route but /health and\n"
+    "                         /metrics (also GRAPHSWAP_API_KEY; admin routes: see --admin-key)\n"
     "  --http-threads N       HTTP handler threads = concurrent connections (default 512)\n"
     "  --max-body-bytes N     largest request body (default 8388608), else 413\n"
     "  --request-timeout S    seconds per request, reading included (default 600): a request still\n"
@@ -296,7 +302,8 @@ static const char help[] =
     "Weight updates (POST /v1/weights/{begin,bucket,finish,abort,load}, GET /v1/weights,\n"
     "GET /v1/weights/checksums, and the vLLM / SGLang routes; see README):\n"
     "  --admin-key KEY        require 'Authorization: Bearer KEY' on the weight routes (also\n"
-    "                         GRAPHSWAP_ADMIN_KEY); without one they are disabled on a non-loopback --host\n"
+    "                         GRAPHSWAP_ADMIN_KEY); without one they take the --api-key when one is\n"
+    "                         set, and are disabled on a non-loopback --host\n"
     "  --weights-root DIR     folder disk loads (/v1/weights/load) must lie under (default: disabled)\n"
     "  --max-bucket-bytes N   largest HTTP bucket (default 2147483648)\n"
     "  --update-bucket-bytes N  bucket size of disk loads (default 536870912)\n"
