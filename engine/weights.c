@@ -184,6 +184,17 @@ int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause
         *status = 409;
         return -1;
     }
+    /* A partial update writes only some tensors, so it cannot make inconsistent weights whole
+     * again: finishing it would answer 200 while generation stays refused. Refuse it up front,
+     * before anything is written (I8: only a complete full update repairs). */
+    if (!full && w->state == ENG_W_INCONSISTENT) {
+        snprintf(err, errlen,
+                 "the weights are inconsistent (%s): a partial update cannot repair them; send a complete "
+                 "full update (mode \"full\")",
+                 w->reason);
+        *status = 409;
+        return -1;
+    }
     if (which != ENG_WMODEL_TARGET && !e->draft) {
         snprintf(err, errlen, "model \"%s\": this server has no drafter", which == ENG_WMODEL_DRAFT ? "draft" : "all");
         *status = 400;
@@ -385,13 +396,10 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
     } else if (version && *version) {
         snprintf(w->version, sizeof w->version, "%s", version);
     }
-    /* a complete full update repairs an inconsistent model; a partial one does not */
-    if (w->prev_state_ok || e->ws_full) {
-        w->state = ENG_W_READY;
-        w->reason[0] = 0;
-    } else {
-        w->state = ENG_W_INCONSISTENT;
-    }
+    /* a complete full update repairs an inconsistent model. Invariant: a session that began on
+     * inconsistent weights is a full one (begin refuses partial ones), so every success ends READY */
+    w->state = ENG_W_READY;
+    w->reason[0] = 0;
     w->updates_ok++;
     return 0;
 }

@@ -220,12 +220,18 @@ static void test_incomplete_abort_and_order(void **state)
     assert_int_equal(wi.state, ENG_W_INCONSISTENT);
     req q;
     assert_int_equal(generate(&x, &q, 4), -2);
-    /* a partial update does not repair it; a complete full one does */
-    assert_int_equal(eng_weights_begin(x.e, 0, ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), 0);
-    push_dir(&x, T1, "", 4, 3, 1);
-    assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), 0);
+    /* a partial update cannot repair it: refused at begin (409 saying a full update is needed),
+     * nothing opened, nothing counted as ok; a complete full one repairs it */
+    uint64_t ok0 = wi.updates_ok;
+    assert_int_equal(eng_weights_begin(x.e, 0, ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 409);
+    assert_non_null(strstr(err, "full update"));
     eng_weights_get_info(x.e, &wi);
     assert_int_equal(wi.state, ENG_W_INCONSISTENT);
+    assert_int_equal(wi.session_open, 0);
+    assert_int_equal(wi.updates_ok, ok0);
+    assert_int_equal(eng_weights_begin(x.e, 0, ENG_WMODEL_ALL, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 409);
     update(&x, ENG_WMODEL_TARGET, T1, NULL, 7, 9);
     eng_weights_get_info(x.e, &wi);
     assert_int_equal(wi.state, ENG_W_READY);
