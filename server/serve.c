@@ -41,13 +41,33 @@ static void *engine_main(void *arg)
         const int frozen = srv_engine_frozen(s) && !draining;
         const int work = !frozen && eng_num_running(e) + eng_num_waiting(e) > 0;
         pthread_mutex_lock(&s->mu);
-        while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) pthread_cond_wait(&s->inbox_cv, &s->mu);
+        while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) {
+            /* an open weight session wakes the thread for its --weight-session-timeout (checked at
+             * least once a second, so an upload in progress is seen as activity) */
+            const double due = srv_weights_session_due(s);
+            if (due == -1) {
+                pthread_cond_wait(&s->inbox_cv, &s->mu);
+                continue;
+            }
+            if (due <= 0) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */
+            const double w = due < 1.0 ? due : 1.0;
+            ts.tv_sec += (time_t)w;
+            ts.tv_nsec += (long)((w - (double)(time_t)w) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->inbox_cv, &s->mu, &ts);
+        }
         srv_job *list = s->inbox_head;
         s->inbox_head = s->inbox_tail = NULL;
         const int stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
         srv_jobs_dispatch(s, list, stopping);
         draining = srv_cmds_run(s, stopping);
+        if (!stopping) srv_weights_expire(s);
         if (stopping) {
             eng_abort_all(e);
             srv_metrics_publish(&s->met, e);
@@ -94,7 +114,9 @@ static const char help[] =
     "  --weights-root DIR     folder disk loads (/v1/weights/load) must lie under (default: disabled)\n"
     "  --max-bucket-bytes N   largest HTTP bucket (default 2147483648)\n"
     "  --update-bucket-bytes N  bucket size of disk loads (default 536870912)\n"
-    "  --drain-timeout S      seconds a \"wait\" pause lets running requests finish (default 60)\n";
+  "  --drain-timeout S      seconds a \"wait\" pause lets running requests finish (default 60)\n"
+    "  --weight-session-timeout S  abort an open weight session after S seconds without a bucket or\n"
+    "                         command, as /v1/weights/abort would (default 300; 0 = never)\n";
 
 int srv_cmd_serve(int argc, char **argv)
 {
@@ -102,7 +124,7 @@ int srv_cmd_serve(int argc, char **argv)
     srv_runtime_defaults(&ro);
     const char *host = "127.0.0.1", *api_key = getenv("GRAPHSWAP_API_KEY"), *served = NULL;
     int port = 8080, http_threads = 128, max_body = 8 << 20, timeout_s = 600, keep_alive_ms = 5000;
-    int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60;
+    int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60, wsess_s = 300;
     const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     for (int i = 1; i < argc; i++) {
@@ -125,7 +147,8 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_str(argc, argv, &i, "--weights-root", &weights_root) ||
             srv_arg_u64(argc, argv, &i, "--max-bucket-bytes", &max_bucket) ||
             srv_arg_u64(argc, argv, &i, "--update-bucket-bytes", &update_bucket) ||
-            srv_arg_int(argc, argv, &i, "--drain-timeout", 0, 1 << 20, &drain_s))
+            srv_arg_int(argc, argv, &i, "--drain-timeout", 0, 1 << 20, &drain_s) ||
+            srv_arg_int(argc, argv, &i, "--weight-session-timeout", 0, 1 << 24, &wsess_s))
             continue;
         srv_die_usage("serve", argv[i]);
     }
@@ -173,6 +196,7 @@ int srv_cmd_serve(int argc, char **argv)
     s->max_bucket = (size_t)max_bucket;
     s->update_bucket = (size_t)update_bucket;
     s->drain_timeout = drain_s;
+    s->session_timeout = wsess_s;
     srv_weights_publish(s);
 
     srv_route_add(s, "GET", "/health", srv_route_health, 0);
