@@ -15,7 +15,7 @@ typedef struct eng_guard_entry {
     size_t bytes;
     int dtype;        /* mdl_dtype of a parameter / derived buffer, -1 for other allocations */
     const void *owner; /* the mdl_param it was recorded from (NULL for other allocations) */
-    char tag[48];
+    char tag[64]; /* a parameter name (mdl_param.name, 64) or an allocation tag */
 } eng_guard_entry;
 
 static double now_ms(void)
