@@ -609,6 +609,8 @@ static int send_cmd_result(struct mg_connection *conn, srv_cmd *c, cJSON *ok_bod
 }
 
 /* A JSON object body, where an empty body means {}. */
+static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n'; } /* (not NUL) */
+
 static cJSON *read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
@@ -617,27 +619,25 @@ static cJSON *read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
     char *txt = srv_read_body(s, c, &len, e);
     if (!txt) return NULL;
     size_t i = 0;
-    while (i < len && strchr(" \t\r\n", txt[i])) i++;
-    cJSON *o = NULL;
-    if (i == len) {
-        o = cJSON_CreateObject();
+    while (i < len && is_ws(txt[i])) i++;
+    if (i == len) { /* empty or whitespace only (curl -X POST sends no body) */
+        free(txt);
+        return cJSON_CreateObject();
+    }
+    /* the same rules as srv_read_json: one JSON object, only whitespace after it */
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
+    size_t at = end && end >= txt ? (size_t)(end - txt) : 0;
+    if (!o) {
+        srv_errf(e, 400, NULL, "request body is not valid JSON (error near byte %zu of %zu)", at, len);
+    } else if (!cJSON_IsObject(o)) {
+        srv_errf(e, 400, NULL, "request body must be a JSON object");
+        cJSON_Delete(o);
+        o = NULL;
     } else {
-        /* the same rules as srv_read_json: one JSON object, only whitespace after it */
-        const char *end = NULL;
-        o = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
-        if (!o) {
-            size_t at = end && end >= txt ? (size_t)(end - txt) : 0;
-            srv_errf(e, 400, NULL, "request body is not valid JSON (error near byte %zu of %zu)", at, len);
-        } else if (!cJSON_IsObject(o)) {
-            srv_errf(e, 400, NULL, "request body must be a JSON object");
-        } else {
-            while (end && (size_t)(end - txt) < len && strchr(" \t\r\n", *end)) end++;
-            if (end && (size_t)(end - txt) < len)
-                srv_errf(e, 400, NULL, "request body has data after the JSON object (at byte %zu)", (size_t)(end - txt));
-            else
-                end = NULL; /* ok */
-        }
-        if (o && (!cJSON_IsObject(o) || end)) {
+        while (at < len && is_ws(txt[at])) at++;
+        if (at < len) {
+            srv_errf(e, 400, NULL, "request body has data after the JSON object (at byte %zu)", at);
             cJSON_Delete(o);
             o = NULL;
         }

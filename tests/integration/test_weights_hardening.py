@@ -129,6 +129,7 @@ def test_versions_and_bodies(C, srv, ck):
     # data after the JSON object
     for path, body in (("/v1/weights/begin", b'{"model": "target"} {"model": "draft"}'),
                        ("/v1/weights/begin", b'{"model": "target"}x'),
+                       ("/v1/weights/begin", b'{"model": "target"} \x00'),
                        ("/pause", b'{"mode": "keep"}]'), ("/weight_checker", b'{"action": "checksum"} 1')):
         r = H.post(srv, path, body)
         H.error_ok(C, "%s with trailing data" % path, r, 400)
