@@ -10,7 +10,12 @@
  * Commands run in arrival order on the engine thread between steps. A "wait" begin (or /pause with
  * mode=wait) first stops admission and lets running requests finish, bounded by --drain-timeout;
  * what still runs then is aborted. While a session is open or generation is paused, the engine does
- * not step (I7); requests queue.
+ * not step (I7); requests queue. A session without a command or a bucket upload for
+ * --weight-session-timeout seconds (the trainer died) is aborted by the engine thread, as an
+ * explicit abort would (srv_weights_expire), so queued requests do not wait forever.
+ *
+ * Disk loads are confined to --weights-root file by file: relative paths are taken under the root,
+ * and the folder and every file the loader opens must resolve under it (confine, confine_ckpt).
  *
  * Bucket bodies (application/octet-stream safetensors) stream into one staging buffer reused by
  * every bucket of every session (bucket_mu: one upload at a time), bounded by --max-bucket-bytes.
