@@ -15,7 +15,7 @@ typedef struct eng_guard_entry {
     size_t bytes;
     int dtype;        /* mdl_dtype of a parameter / derived buffer, -1 for other allocations */
     const void *owner; /* the mdl_param it was recorded from (NULL for other allocations) */
-    char tag[48];
+    char tag[64]; /* a parameter name (mdl_param.name, 64) or an allocation tag */
 } eng_guard_entry;
 
 static double now_ms(void)
@@ -184,6 +184,17 @@ int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause
     }
     if (w->session_open) {
         snprintf(err, errlen, "a weight update session is already open (state %s)", eng_wstate_name(w->state));
+        *status = 409;
+        return -1;
+    }
+    /* A partial update writes only some tensors, so it cannot make inconsistent weights whole
+     * again: finishing it would answer 200 while generation stays refused. Refuse it up front,
+     * before anything is written (I8: only a complete full update repairs). */
+    if (!full && w->state == ENG_W_INCONSISTENT) {
+        snprintf(err, errlen,
+                 "the weights are inconsistent (%s): a partial update cannot repair them; send a complete "
+                 "full update (mode \"full\")",
+                 w->reason);
         *status = 409;
         return -1;
     }
@@ -388,13 +399,10 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
     } else if (version && *version) {
         snprintf(w->version, sizeof w->version, "%s", version);
     }
-    /* a complete full update repairs an inconsistent model; a partial one does not */
-    if (w->prev_state_ok || e->ws_full) {
-        w->state = ENG_W_READY;
-        w->reason[0] = 0;
-    } else {
-        w->state = ENG_W_INCONSISTENT;
-    }
+    /* a complete full update repairs an inconsistent model. Invariant: a session that began on
+     * inconsistent weights is a full one (begin refuses partial ones), so every success ends READY */
+    w->state = ENG_W_READY;
+    w->reason[0] = 0;
     w->updates_ok++;
     return 0;
 }
@@ -450,6 +458,71 @@ int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name,
         fn(p->name, hex, u);
     }
     free(buf);
+    return 0;
+}
+
+/* Checkpoint-name checksums (see weights.h). Each checkpoint tensor is a contiguous row range
+ * [row0, row0 + rows) x cols of its destination (row-major), so its bytes are downloaded as one
+ * run, converted from the storage dtype to the checkpoint's torch_dtype (round to nearest even;
+ * exact whenever the value came from a tensor of that dtype) and hashed. */
+int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u),
+                               void *u, mdl_dtype *hash_dt)
+{
+    const mdl_model *m = draft ? e->draft : e->m;
+    if (!m) return -1;
+    const mdl_dtype hd = m->cfg.dtype;
+    if (hash_dt) *hash_dt = hd;
+    eng_backend *be = e->be;
+    size_t cap = 0, ccap = 0;
+    uint8_t *buf = NULL, *cbuf = NULL;
+    int rc = 0;
+    char hex[65];
+    for (int k = 0; k < m->n_dests && rc == 0; k++) {
+        const mdl_dest *d = &m->dests[k];
+        /* tied embeddings: lm_head.weight is an alias of model.embed_tokens.weight (the same
+         * storage), not a checkpoint tensor of its own (the same rule as coverage) */
+        if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
+        const mdl_param *p = &m->params[d->param];
+        const size_t n = (size_t)d->rows * (size_t)p->cols, es = mdl_dtype_size(p->dt);
+        if (n * es > cap || n * mdl_dtype_size(hd) > ccap) {
+            free(buf);
+            free(cbuf);
+            cap = n * es;
+            ccap = n * mdl_dtype_size(hd);
+            buf = malloc(cap ? cap : 1);
+            cbuf = malloc(ccap ? ccap : 1);
+            if (!buf || !cbuf) {
+                rc = -2;
+                break;
+            }
+        }
+        be->ops->download(be, buf, (const uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols * es, n * es);
+        be->ops->synchronize(be);
+        const uint8_t *src = buf;
+        if (p->dt != hd) {
+            if (mdl_convert(cbuf, hd, buf, p->dt, n) != 0) {
+                rc = -2;
+                break;
+            }
+            src = cbuf;
+        }
+        eng_sha256_hex(src, n * mdl_dtype_size(hd), hex);
+        fn(d->name, hex, u);
+    }
+    free(buf);
+    free(cbuf);
+    if (rc != 0) return rc;
+    /* derived buffers have no checkpoint name: their own entry, over their stored bytes */
+    for (int k = 0; k < m->n_derived; k++) {
+        const mdl_param *p = &m->derived[k];
+        uint8_t *b = malloc(p->bytes ? p->bytes : 1);
+        if (!b) return -2;
+        be->ops->download(be, b, p->ptr, p->bytes);
+        be->ops->synchronize(be);
+        eng_sha256_hex(b, p->bytes, hex);
+        free(b);
+        fn(p->name, hex, u);
+    }
     return 0;
 }
 

@@ -230,7 +230,8 @@ cJSON *srv_parse_json_object(const char *txt, size_t len, srv_err *e)
         body = NULL;
     } else {
         /* only whitespace may follow the object */
-        while (end && (size_t)(end - txt) < len && strchr(" \t\r\n", *end)) end++;
+        while (end && (size_t)(end - txt) < len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+            end++; /* (not strchr: it would match the NUL terminator) */
         if (end && (size_t)(end - txt) < len) {
             srv_errf(e, 400, NULL, "request body has data after the JSON object (at byte %zu)", (size_t)(end - txt));
             cJSON_Delete(body);

@@ -7,20 +7,35 @@
 
 #include "server/srv.h"
 
-/* 200 while the weights are usable (ready, or an update in progress); 503 with the reason when
- * they are inconsistent (a failed update) or undefined (the plan guard fired). */
+/* GET /health: liveness, as vLLM / SGLang users expect it: 200 while the process serves, also while a
+ * weight session is open or generation is paused (a load balancer must not kill or drop a server for
+ * taking an update; requests queue meanwhile), with "status" "updating" / "paused" saying so; 503
+ * with the reason when the weights are inconsistent (a failed update) or undefined (the plan guard
+ * fired), since nothing can be generated until an update repairs them.
+ * GET /health?ready=1: readiness: 503 also while updating or paused, so a readiness probe takes the
+ * server out of rotation until generation runs again. */
 int srv_route_health(srv_state *s, struct mg_connection *c)
 {
     pthread_mutex_lock(&s->wmu);
     eng_weights_info w = s->wpub;
+    int paused = s->is_paused_pub;
     pthread_mutex_unlock(&s->wmu);
+    char ready_q[8] = "";
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    if (ri->query_string) mg_get_var(ri->query_string, strlen(ri->query_string), "ready", ready_q, sizeof ready_q);
+    const int want_ready = ready_q[0] && strcmp(ready_q, "0") != 0 && strcmp(ready_q, "false") != 0;
     cJSON *o = cJSON_CreateObject();
-    int bad = w.state == ENG_W_INCONSISTENT || w.state == ENG_W_UNDEFINED;
-    cJSON_AddStringToObject(o, "status", bad ? "unavailable" : "ok");
+    const int bad = w.state == ENG_W_INCONSISTENT || w.state == ENG_W_UNDEFINED;
+    const int updating = w.session_open || w.state == ENG_W_UPDATING;
+    const int ready = !bad && !updating && !paused;
+    cJSON_AddStringToObject(o, "status", bad ? "unavailable" : updating ? "updating" : paused ? "paused" : "ok");
     cJSON_AddStringToObject(o, "weights", eng_wstate_name(w.state));
     cJSON_AddStringToObject(o, "weight_version", w.version);
+    cJSON_AddBoolToObject(o, "ready", ready);
+    cJSON_AddBoolToObject(o, "session_open", w.session_open);
+    cJSON_AddBoolToObject(o, "paused", paused);
     if (bad) cJSON_AddStringToObject(o, "reason", w.reason);
-    int st = srv_send_json(c, bad ? 503 : 200, o);
+    int st = srv_send_json(c, bad || (want_ready && !ready) ? 503 : 200, o);
     cJSON_Delete(o);
     return st;
 }
@@ -93,12 +108,16 @@ int srv_route_metrics(srv_state *s, struct mg_connection *c)
                       "# HELP graphswap:weights_state 0 ready, 1 updating, 2 inconsistent, 3 undefined.\n"
                       "# TYPE graphswap:weights_state gauge\n"
                       "graphswap:weights_state %d\n"
+                      "# HELP graphswap:weight_sessions_timed_out_total Sessions aborted by --weight-session-timeout.\n"
+                      "# TYPE graphswap:weight_sessions_timed_out_total counter\n"
+                      "graphswap:weight_sessions_timed_out_total %llu\n"
                       "# HELP graphswap:weight_update_last_seconds Duration of the last update.\n"
                       "# TYPE graphswap:weight_update_last_seconds gauge\n"
                       "graphswap:weight_update_last_seconds %.6f\n",
                       (unsigned long long)w.hook_runs_target, (unsigned long long)w.hook_runs_draft,
                       (unsigned long long)w.updates_ok, (unsigned long long)w.updates_failed,
-                      (unsigned long long)w.version_num, (int)w.state, w.ms / 1e3);
+                      (unsigned long long)w.version_num, (int)w.state,
+                      (unsigned long long)atomic_load(&s->w_sessions_timed_out), w.ms / 1e3);
     char *all = malloc(n + (size_t)en + 1);
     if (!all) {
         free(txt);

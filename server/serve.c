@@ -135,15 +135,27 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&s->mu);
         int slept = 0;
         while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) {
+            /* Wake at the earlier of: the end of an unlogged stats window; an open weight session's
+             * --weight-session-timeout (checked at least once a second, so that an upload in
+             * progress counts as activity). Neither: sleep until woken. */
+            double wait = -1;
             if (log_wait) {
-                const double left = sl->t_last + sl->interval - srv_now();
-                if (left <= 0) break; /* the window ended while this iteration ran */
-                struct timespec ts = deadline_in(left);
-                if (pthread_cond_timedwait(&s->inbox_cv, &s->mu, &ts) != 0) break; /* ETIMEDOUT (or EINVAL) */
-            } else {
-                pthread_cond_wait(&s->inbox_cv, &s->mu);
-                slept = 1;
+                wait = sl->t_last + sl->interval - srv_now();
+                if (wait <= 0) break; /* the window ended while this iteration ran */
             }
+            const double due = srv_weights_session_due(s);
+            if (due != -1) {
+                if (due <= 0) break;
+                const double d = due < 1.0 ? due : 1.0;
+                if (wait < 0 || d < wait) wait = d;
+            }
+            if (!log_wait) slept = 1;
+            if (wait < 0) {
+                pthread_cond_wait(&s->inbox_cv, &s->mu);
+                continue;
+            }
+            struct timespec ts = deadline_in(wait);
+            (void)pthread_cond_timedwait(&s->inbox_cv, &s->mu, &ts); /* woken or timed out: look again */
         }
         srv_job *list = s->inbox_head;
         s->inbox_head = s->inbox_tail = NULL;
@@ -151,6 +163,7 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&s->mu);
         srv_jobs_dispatch(s, list, stopping);
         draining = srv_cmds_run(s, stopping);
+        if (!stopping) srv_weights_expire(s);
         if (stopping) {
             eng_abort_all(e);
             srv_metrics_publish(&s->met, e);
@@ -308,6 +321,8 @@ static const char help[] =
     "  --max-bucket-bytes N   largest HTTP bucket (default 2147483648)\n"
     "  --update-bucket-bytes N  bucket size of disk loads (default 536870912)\n"
     "  --drain-timeout S      seconds a \"wait\" pause lets running requests finish (default 60)\n"
+    "  --weight-session-timeout S  abort an open weight session after S seconds without a bucket or\n"
+    "                         command, as /v1/weights/abort would (default 300; 0 = never)\n"
     "\n"
     "Logging (stderr; a start-up summary, one line per weight update, errors):\n"
     "  --log-format text|json one line per event as text (default) or as one JSON object per line\n"
@@ -322,7 +337,7 @@ int srv_cmd_serve(int argc, char **argv)
     srv_runtime_defaults(&ro);
     const char *host = "127.0.0.1", *api_key = getenv("GRAPHSWAP_API_KEY"), *served = NULL;
     int port = 8080, http_threads = 512, max_body = 8 << 20, timeout_s = 600, keep_alive_ms = 5000, io_s = 10;
-    int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60;
+    int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60, wsess_s = 300;
     const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     const char *log_format = "text";
@@ -349,6 +364,7 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_u64(argc, argv, &i, "--max-bucket-bytes", &max_bucket) ||
             srv_arg_u64(argc, argv, &i, "--update-bucket-bytes", &update_bucket) ||
             srv_arg_int(argc, argv, &i, "--drain-timeout", 0, 1 << 20, &drain_s) ||
+            srv_arg_int(argc, argv, &i, "--weight-session-timeout", 0, 1 << 24, &wsess_s) ||
             srv_arg_str(argc, argv, &i, "--log-format", &log_format) ||
             srv_arg_flag(argc, argv, &i, "--access-log", &access_log) ||
             srv_arg_int(argc, argv, &i, "--log-interval", 0, 1 << 20, &log_interval))
@@ -414,6 +430,7 @@ int srv_cmd_serve(int argc, char **argv)
     s->max_bucket = (size_t)max_bucket;
     s->update_bucket = (size_t)update_bucket;
     s->drain_timeout = drain_s;
+    s->session_timeout = wsess_s;
     srv_weights_publish(s);
 
     srv_route_add(s, "GET", "/health", srv_route_health, 0);

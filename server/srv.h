@@ -149,10 +149,19 @@ struct srv_state {
     size_t max_bucket;          /* --max-bucket-bytes */
     size_t update_bucket;       /* --update-bucket-bytes (disk loads) */
     double drain_timeout;       /* seconds a "wait" pause waits for running requests */
+    double session_timeout;     /* --weight-session-timeout: an open session with no command and no
+                                   bucket upload for this long is aborted (0: never) */
+    double wsess_last;          /* engine thread: when the last weight command ran */
+    atomic_int w_uploads;       /* bucket uploads being read or waiting for bucket_mu (activity) */
+    atomic_uint w_upload_events; /* +1 at the start and at the end of every upload */
+    unsigned w_events_seen;     /* engine thread: w_upload_events when last looked at */
+    _Atomic uint64_t w_sessions_timed_out;
     pthread_mutex_t bucket_mu;  /* one bucket upload at a time: it owns the staging buffer */
     uint8_t *staging;           /* reusable bucket staging buffer (grown, never shrunk) */
     size_t staging_cap;
-    uint64_t n_buckets_rx;
+    uint64_t n_buckets_rx;      /* HTTP buckets received in session rx_session (bucket_mu): error
+                                   messages number a session's buckets from 1 */
+    uint64_t rx_session;
     int paused;                 /* engine thread: generation paused by /pause (vLLM) */
     /* GPU weight transports (engine thread only; weights_api.c, engine/transport_cuda.h) */
     void *nccl;                 /* gs_nccl communicator; NULL: none */
@@ -161,7 +170,8 @@ struct srv_state {
     void *nccl_staging;         /* device staging from the backend arena: allocated once, kept */
     size_t nccl_staging_bytes;
     double nccl_timeout;        /* seconds a communicator init or a broadcast may take */
-    uint64_t n_gpu_buckets;
+    uint64_t n_gpu_buckets;     /* GPU-transport buckets of session gpu_session (engine thread) */
+    uint64_t gpu_session;
     uint8_t *ipc_base;          /* CUDA-IPC mapping of the open session; NULL: none */
     size_t ipc_offset, ipc_bytes;
     uint64_t ipc_session;
@@ -287,6 +297,12 @@ void srv_weights_routes(srv_state *s);
  * running requests to drain (the engine must keep stepping). */
 int srv_cmds_run(srv_state *s, int stopping);
 void srv_weights_publish(srv_state *s);
+/* Engine thread: seconds until the open weight session times out (<= 0: now), or -1 when no
+ * session is open or the timeout is off. */
+double srv_weights_session_due(srv_state *s);
+/* Engine thread: aborts the open session when it has timed out (as POST /v1/weights/abort would),
+ * logs it to stderr and counts it. */
+void srv_weights_expire(srv_state *s);
 /* 1 while generation must not step (a session is open or /pause is in effect). */
 int srv_engine_frozen(srv_state *s);
 /* The "weight_version" of a response whose tokens came from versions[0..n) (numbers): the version

@@ -10,7 +10,12 @@
  * Commands run in arrival order on the engine thread between steps. A "wait" begin (or /pause with
  * mode=wait) first stops admission and lets running requests finish, bounded by --drain-timeout;
  * what still runs then is aborted. While a session is open or generation is paused, the engine does
- * not step (I7); requests queue.
+ * not step (I7); requests queue. A session without a command or a bucket upload for
+ * --weight-session-timeout seconds (the trainer died) is aborted by the engine thread, as an
+ * explicit abort would (srv_weights_expire), so queued requests do not wait forever.
+ *
+ * Disk loads are confined to --weights-root file by file: relative paths are taken under the root,
+ * and the folder and every file the loader opens must resolve under it (confine, confine_ckpt).
  *
  * Bucket bodies (application/octet-stream safetensors) stream into one staging buffer reused by
  * every bucket of every session (bucket_mu: one upload at a time), bounded by --max-bucket-bytes.
@@ -19,11 +24,14 @@
  * buffer per session, 6.7 GB/s reused).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/transport_cuda.h"
 #include "engine/weights.h"
@@ -70,6 +78,8 @@ struct srv_cmd {
     size_t n_tensors;
     char what[64];
     int draft; /* checksums of the drafter */
+    int ckpt_names; /* checksums by checkpoint tensor name (eng_weights_checksums_ckpt) */
+    mdl_dtype hash_dt; /* result: the dtype checkpoint-name hashes are taken in */
     /* GPU transports */
     gpu_meta meta;
     unsigned char blob[GS_NCCL_ID_BYTES]; /* NCCL unique id or CUDA IPC handle */
@@ -165,6 +175,18 @@ static void nccl_release(srv_state *s)
     s->nccl_rank = s->nccl_world = 0;
 }
 
+/* The number of the next GPU-transport bucket in the open session, from 1 (engine thread). */
+static uint64_t gpu_bucket_no(srv_state *s)
+{
+    eng_weights_info wi;
+    eng_weights_get_info(s->rt.e, &wi);
+    if (wi.session_id != s->gpu_session) {
+        s->gpu_session = wi.session_id;
+        s->n_gpu_buckets = 0;
+    }
+    return ++s->n_gpu_buckets;
+}
+
 /* Points every tensor of the metadata into the device buffer base. */
 static void gpu_meta_bind(gpu_meta *m, const uint8_t *base)
 {
@@ -190,7 +212,7 @@ static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
     const gs_gpu_transport *x = gpu_xport(s);
     char *err = c->err;
     const size_t el = sizeof c->err;
-    snprintf(c->what, sizeof c->what, "nccl bucket %llu", (unsigned long long)++s->n_gpu_buckets);
+    snprintf(c->what, sizeof c->what, "nccl bucket %llu", (unsigned long long)gpu_bucket_no(s));
     if (eng_weights_validate(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) {
         nccl_drain(s, x, c);
         return -1;
@@ -315,7 +337,7 @@ static int ipc_bucket_cmd(srv_state *s, srv_cmd *c, int *st)
     eng_engine *e = s->rt.e;
     char *err = c->err;
     const size_t el = sizeof c->err;
-    snprintf(c->what, sizeof c->what, "ipc bucket %llu", (unsigned long long)++s->n_gpu_buckets);
+    snprintf(c->what, sizeof c->what, "ipc bucket %llu", (unsigned long long)gpu_bucket_no(s));
     if (eng_weights_validate(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
     if (!gpu_xport(s)) return snprintf(err, el, "%s", GPU_NEEDS_CUDA), *st = 501, -1;
     eng_weights_info wi;
@@ -333,6 +355,8 @@ static int ipc_bucket_cmd(srv_state *s, srv_cmd *c, int *st)
     *st = 200;
     return 0;
 }
+
+static int confine_ckpt(srv_state *s, const char *dir, srv_err *e, const char *param);
 
 /* Runs one command; returns 0 when it must wait (drain), 1 when done. */
 static int run_cmd(srv_state *s, srv_cmd *c)
@@ -404,6 +428,14 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         ipc_bucket_cmd(s, c, &st);
         break;
     case CMD_LOAD: {
+        /* the files again, right before they are opened (see confine_ckpt) */
+        srv_err ce;
+        if (confine_ckpt(s, c->path, &ce, "path") != 0 ||
+            (c->which == ENG_WMODEL_ALL && confine_ckpt(s, c->draft_path, &ce, "draft_path") != 0)) {
+            snprintf(err, el, "%s", ce.msg);
+            st = ce.status;
+            break;
+        }
         /* a whole session: begin -> the folder(s) in buckets -> finish; any failure aborts it */
         if (eng_weights_begin(e, c->full, c->which, c->pause, c->version, &c->session, err, el, &st) != 0) break;
         int rc = 0;
@@ -425,10 +457,12 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     }
     case CMD_CHECKSUMS: {
         cJSON *t = cJSON_CreateObject();
-        if (eng_weights_checksums(e, c->draft, add_sum, t) != 0) {
+        int rc = c->ckpt_names ? eng_weights_checksums_ckpt(e, c->draft, add_sum, t, &c->hash_dt)
+                               : eng_weights_checksums(e, c->draft, add_sum, t);
+        if (rc != 0) {
             cJSON_Delete(t);
-            snprintf(err, el, "this server has no drafter");
-            st = 400;
+            snprintf(err, el, "%s", rc == -1 ? "this server has no drafter" : "out of memory computing checksums");
+            st = rc == -1 ? 400 : 500;
         } else {
             c->result = t;
         }
@@ -468,6 +502,7 @@ int srv_cmds_run(srv_state *s, int stopping)
             srv_weights_publish(s);
             return 1; /* draining: keep stepping */
         }
+        s->wsess_last = srv_now(); /* any command is session activity */
         srv_weights_publish(s);
         pthread_mutex_lock(&s->mu);
         s->cmd_head = c->next;
@@ -476,6 +511,40 @@ int srv_cmds_run(srv_state *s, int stopping)
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&s->mu);
     }
+}
+
+double srv_weights_session_due(srv_state *s)
+{
+    if (s->session_timeout <= 0 || eng_weights_state(s->rt.e) != ENG_W_UPDATING) return -1;
+    const double now = srv_now();
+    /* a bucket upload being read is activity: a large bucket over a slow link may take longer
+     * than the timeout to arrive, and its command only comes once it has */
+    const unsigned ev = atomic_load(&s->w_upload_events);
+    if (atomic_load(&s->w_uploads) > 0 || ev != s->w_events_seen) {
+        s->w_events_seen = ev;
+        s->wsess_last = now;
+    }
+    return s->wsess_last + s->session_timeout - now;
+}
+
+void srv_weights_expire(srv_state *s)
+{
+    const double due = srv_weights_session_due(s);
+    if (due == -1 || due > 0) return; /* (-1 is exact: no session, or the timeout is off) */
+    eng_weights_info wi;
+    eng_weights_get_info(s->rt.e, &wi);
+    char err[256];
+    int st;
+    eng_weights_abort(s->rt.e, err, sizeof err, &st); /* exactly what POST /v1/weights/abort does */
+    ipc_release(s);
+    atomic_fetch_add(&s->w_sessions_timed_out, 1);
+    srv_weights_publish(s);
+    eng_weights_info after;
+    eng_weights_get_info(s->rt.e, &after);
+    fprintf(stderr, "graphswap: weights: session %llu aborted after %.0f s without a bucket or command "
+            "(--weight-session-timeout); weights %s\n",
+            (unsigned long long)wi.session_id, s->session_timeout, eng_wstate_name(after.state));
+    fflush(stderr);
 }
 
 /* ---- handler side ------------------------------------------------------------------------------------ */
@@ -546,6 +615,8 @@ static int send_cmd_result(struct mg_connection *conn, srv_cmd *c, cJSON *ok_bod
 }
 
 /* A JSON object body, where an empty body means {}. */
+static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n'; } /* (not NUL) */
+
 static cJSON *read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
@@ -554,8 +625,9 @@ static cJSON *read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
     char *txt = srv_read_body(s, c, &len, e);
     if (!txt) return NULL;
     size_t i = 0;
-    while (i < len && strchr(" \t\r\n", txt[i])) i++;
-    /* the same checks as every other JSON body: depth, NUL, one object, no trailing data */
+    while (i < len && is_ws(txt[i])) i++;
+    /* empty or whitespace only means {} (curl -X POST sends no body); else the same checks as every
+     * other JSON body: depth, NUL, one object, no trailing data (srv_parse_json_object) */
     cJSON *o = i == len ? cJSON_CreateObject() : srv_parse_json_object(txt, len, e);
     free(txt);
     return o;
@@ -579,14 +651,41 @@ static int opt_string(const cJSON *b, const char *key, const char **out, srv_err
     return 0;
 }
 
+/* A version name ("version", "weight_version", "new_version"): it is echoed in weight responses,
+ * /health and the weight_version of every completion, so it must be printable text: valid UTF-8,
+ * no control characters (C0, DEL, C1), at most 127 bytes ("" means: no name, the number is used). */
+static int check_version(const char *v, const char *key, srv_err *e)
+{
+    const size_t n = strlen(v);
+    if (n >= 128) return srv_errf(e, 400, key, "%s must be at most 127 bytes (got %zu)", key, n), -1;
+    if (!srv_utf8_valid(v, n)) return srv_errf(e, 400, key, "%s is not valid UTF-8", key), -1;
+    const unsigned char *u = (const unsigned char *)v;
+    for (size_t i = 0; i < n; i++) {
+        /* C1 controls U+0080..U+009F are 0xC2 0x80..0x9F in (now known valid) UTF-8 */
+        if (u[i] < 0x20 || u[i] == 0x7f || (u[i] == 0xc2 && i + 1 < n && u[i + 1] < 0xa0))
+            return srv_errf(e, 400, key, "%s contains a control character (at byte %zu)", key, i), -1;
+    }
+    return 0;
+}
+
+/* opt_string for a version name: absent, a number (its text) or checked text. */
+static int opt_version(const cJSON *b, const char *key, const char **out, srv_err *e)
+{
+    const char *v = NULL;
+    if (opt_string(b, key, &v, e) != 0) return -1;
+    if (v && check_version(v, key, e) != 0) return -1;
+    if (v) *out = v;
+    return 0;
+}
+
 /* mode / model / pause / version of a begin-like body into c. */
 static int parse_begin(const cJSON *b, srv_cmd *c, eng_wmodel dflt_model, srv_err *e)
 {
     const char *mode = "full", *model = NULL, *pause = "wait", *version = NULL;
     if (opt_string(b, "mode", &mode, e) || opt_string(b, "model", &model, e) || opt_string(b, "pause", &pause, e) ||
-        opt_string(b, "version", &version, e))
+        opt_version(b, "version", &version, e))
         return -1;
-    if (!version && opt_string(b, "weight_version", &version, e)) return -1;
+    if (!version && opt_version(b, "weight_version", &version, e)) return -1;
     if (strcmp(mode, "full") != 0 && strcmp(mode, "partial") != 0)
         return srv_errf(e, 400, "mode", "mode must be \"full\" or \"partial\""), -1;
     c->full = strcmp(mode, "full") == 0;
@@ -663,7 +762,7 @@ static int read_bucket(srv_state *s, struct mg_connection *conn, size_t *len, sr
     return 0;
 }
 
-static int route_bucket(srv_state *s, struct mg_connection *conn)
+static int route_bucket_locked(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
     pthread_mutex_lock(&s->bucket_mu);
@@ -679,6 +778,15 @@ static int route_bucket(srv_state *s, struct mg_connection *conn)
     if (!c) {
         st = srv_send_error(conn, 500, NULL, "out of memory");
     } else {
+        /* buckets are numbered per session from 1 (the session a trainer's begin answered with is
+         * published before that answer, so it is the one this bucket goes to) */
+        pthread_mutex_lock(&s->wmu);
+        const uint64_t sid = s->wpub.session_id;
+        pthread_mutex_unlock(&s->wmu);
+        if (sid != s->rx_session) {
+            s->rx_session = sid;
+            s->n_buckets_rx = 0;
+        }
         snprintf(c->what, sizeof c->what, "bucket %llu", (unsigned long long)++s->n_buckets_rx);
         /* the untrusted header is validated whole here, before the engine sees a byte */
         if (mdl_st_parse(s->staging, len, c->what, &f, c->err, sizeof c->err) != 0) {
@@ -697,6 +805,18 @@ static int route_bucket(srv_state *s, struct mg_connection *conn)
     mdl_st_close(&f);
     free(c);
     pthread_mutex_unlock(&s->bucket_mu);
+    return st;
+}
+
+static int route_bucket(srv_state *s, struct mg_connection *conn)
+{
+    /* session activity (--weight-session-timeout): an upload in progress, and every upload that
+     * started or ended (a refused one sends no command) */
+    atomic_fetch_add(&s->w_uploads, 1);
+    atomic_fetch_add(&s->w_upload_events, 1);
+    int st = route_bucket_locked(s, conn);
+    atomic_fetch_add(&s->w_upload_events, 1);
+    atomic_fetch_sub(&s->w_uploads, 1);
     return st;
 }
 
@@ -720,7 +840,7 @@ static int route_finish(srv_state *s, struct mg_connection *conn)
     cJSON *b = read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const char *version = NULL;
-    if (opt_string(b, "version", &version, &e) != 0 || (!version && opt_string(b, "weight_version", &version, &e) != 0)) {
+    if (opt_version(b, "version", &version, &e) != 0 || (!version && opt_version(b, "weight_version", &version, &e) != 0)) {
         cJSON_Delete(b);
         return srv_send_err(conn, &e);
     }
@@ -758,16 +878,91 @@ static int route_info(srv_state *s, struct mg_connection *conn)
     return st;
 }
 
-/* A path confined to --weights-root: resolved (symlinks too) and under the root. */
+/* 1 when the resolved (realpath) path p lies under the resolved root. */
+static int under_root(const srv_state *s, const char *p)
+{
+    size_t n = strlen(s->weights_root);
+    if (strcmp(s->weights_root, "/") == 0) return 1;
+    return strncmp(p, s->weights_root, n) == 0 && (p[n] == '/' || p[n] == 0);
+}
+
+/* A folder confined to --weights-root: a relative path is taken relative to the root (not the
+ * server's working directory), then resolved (symlinks too) and checked to lie under the root.
+ * Errors name the path as resolved, so a caller sees what the server looked at. */
 static int confine(srv_state *s, const char *in, char *out, srv_err *e, const char *param)
 {
     if (!s->weights_root)
         return srv_errf(e, 403, param, "disk loads are disabled: start the server with --weights-root DIR"), -1;
-    if (!realpath(in, out)) return srv_errf(e, 400, param, "%s: %s", param, strerror(errno)), -1;
-    size_t n = strlen(s->weights_root);
-    if (strncmp(out, s->weights_root, n) != 0 || (out[n] != '/' && out[n] != 0 && strcmp(s->weights_root, "/") != 0))
-        return srv_errf(e, 403, param, "%s is outside --weights-root", param), -1;
+    char joined[PATH_MAX];
+    int n = in[0] == '/' ? snprintf(joined, sizeof joined, "%s", in)
+                         : snprintf(joined, sizeof joined, "%s/%s", s->weights_root, in);
+    if (n < 0 || (size_t)n >= sizeof joined) return srv_errf(e, 400, param, "%s is too long", param), -1;
+    if (!realpath(joined, out)) return srv_errf(e, 400, param, "%s %s: %s", param, joined, strerror(errno)), -1;
+    if (!under_root(s, out))
+        return srv_errf(e, 403, param, "%s %s (resolved to %s) is outside --weights-root %s", param, joined, out,
+                        s->weights_root), -1;
     return 0;
+}
+
+/* One file a disk load will open (dir/name, dir already confined): it must resolve under the root
+ * too (a symlinked file inside the root must not reach out of it; the loader opens files through
+ * their names, so the folder's realpath alone does not confine them) and be a regular file that
+ * starts like a safetensors file (want_st): 8-byte little-endian header length N with
+ * 8 + N <= size, N <= MDL_ST_MAX_HEADER, and the header starting with '{'. Anything else is "not a
+ * safetensors file": its bytes are never echoed. */
+static int confine_file(srv_state *s, const char *dir, const char *name, int want_st, srv_err *e, const char *param)
+{
+    char path[PATH_MAX + 300], real[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (!realpath(path, real)) return srv_errf(e, 400, param, "%s: %s", path, strerror(errno)), -1;
+    if (!under_root(s, real))
+        return srv_errf(e, 403, param, "%s (resolved to %s) is outside --weights-root %s", path, real,
+                        s->weights_root), -1;
+    if (!want_st) return 0;
+    int fd = open(real, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return srv_errf(e, 400, param, "%s: %s", path, strerror(errno)), -1;
+    struct stat st;
+    unsigned char h[9];
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 9 && pread(fd, h, 9, 0) == 9;
+    close(fd);
+    if (ok) {
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = hl << 8 | h[i];
+        ok = hl >= 2 && hl <= MDL_ST_MAX_HEADER && hl <= (uint64_t)st.st_size - 8 && h[8] == '{';
+    }
+    if (!ok) return srv_errf(e, 400, param, "%s is not a safetensors file", path), -1;
+    return 0;
+}
+
+/* Every file a disk load of dir opens (mdl_ckpt_foreach_bucket: model.safetensors.index.json and
+ * its shards, else model.safetensors) through confine_file. Run by the handler (a clear error
+ * before anything pauses) and again on the engine thread right before the load, which leaves only
+ * the time of one begin for a file to be swapped for a symlink. */
+static int confine_ckpt(srv_state *s, const char *dir, srv_err *e, const char *param)
+{
+    char ip[PATH_MAX + 64];
+    snprintf(ip, sizeof ip, "%s/model.safetensors.index.json", dir);
+    struct stat st;
+    if (stat(ip, &st) != 0) return confine_file(s, dir, "model.safetensors", 1, e, param);
+    if (confine_file(s, dir, "model.safetensors.index.json", 0, e, param) != 0) return -1;
+    char err[512];
+    size_t len;
+    char *txt = mdl_read_file(ip, 64u << 20, &len, err, sizeof err);
+    if (!txt) return srv_errf(e, 400, param, "%s", err), -1;
+    cJSON *index = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *x;
+    int rc = 0;
+    if (!cJSON_IsObject(wm)) rc = (srv_errf(e, 400, param, "%s: not a JSON object with a weight_map", ip), -1);
+    cJSON_ArrayForEach(x, wm)
+    {
+        if (rc != 0) break;
+        /* (names the loader refuses, e.g. with a '/', are refused there with their own message) */
+        if (!cJSON_IsString(x) || !x->valuestring[0] || strchr(x->valuestring, '/')) continue;
+        rc = confine_file(s, dir, x->valuestring, 1, e, param);
+    }
+    cJSON_Delete(index);
+    return rc;
 }
 
 static int do_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key, int sglang)
@@ -787,13 +982,16 @@ static int do_load(srv_state *s, struct mg_connection *conn, const cJSON *b, con
         srv_errf(&e, 400, path_key, "%s must be a checkpoint folder path", path_key);
         goto err;
     }
-    if (confine(s, p->valuestring, c->path, &e, path_key) != 0) goto err;
+    if (confine(s, p->valuestring, c->path, &e, path_key) != 0 || confine_ckpt(s, c->path, &e, path_key) != 0)
+        goto err;
     if (c->which == ENG_WMODEL_ALL) {
         if (!cJSON_IsString(dp)) {
             srv_errf(&e, 400, "draft_path", "model \"all\" needs draft_path (the drafter's folder)");
             goto err;
         }
-        if (confine(s, dp->valuestring, c->draft_path, &e, "draft_path") != 0) goto err;
+        if (confine(s, dp->valuestring, c->draft_path, &e, "draft_path") != 0 ||
+            confine_ckpt(s, c->draft_path, &e, "draft_path") != 0)
+            goto err;
     }
     submit_cmd(s, c);
     if (sglang) {
@@ -833,27 +1031,55 @@ static int route_sglang_load(srv_state *s, struct mg_connection *conn)
     return st;
 }
 
-static int checksums(srv_state *s, struct mg_connection *conn, int draft, cJSON **tensors, srv_cmd **out)
+static int checksums(srv_state *s, struct mg_connection *conn, int draft, int ckpt_names, cJSON **tensors,
+                     srv_cmd **out)
 {
     srv_cmd *c = new_cmd(CMD_CHECKSUMS);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     c->draft = draft;
+    c->ckpt_names = ckpt_names;
     submit_cmd(s, c);
     *tensors = c->result;
     *out = c;
     return c->status;
 }
 
+/* "names": "internal" (default: one entry per runtime parameter, fused buffers whole, over their
+ * stored bytes) or "checkpoint" (one per checkpoint tensor name, hashed in the checkpoint dtype; see
+ * eng_weights_checksums_ckpt and README). -1 for anything else. */
+static int parse_names(const char *v)
+{
+    if (!v || strcmp(v, "internal") == 0) return 0;
+    if (strcmp(v, "checkpoint") == 0) return 1;
+    return -1;
+}
+
+/* The fields that say how the hashes of a checksums answer are defined. */
+static void add_hash_fields(cJSON *o, const srv_cmd *c)
+{
+    cJSON_AddStringToObject(o, "names", c->ckpt_names ? "checkpoint" : "internal");
+    if (c->ckpt_names) cJSON_AddStringToObject(o, "dtype", mdl_dtype_name(c->hash_dt));
+}
+
 static int route_checksums(srv_state *s, struct mg_connection *conn)
 {
-    char model[16] = "target";
+    char model[16] = "target", names[16] = "internal";
     const struct mg_request_info *ri = mg_get_request_info(conn);
-    if (ri->query_string) mg_get_var(ri->query_string, strlen(ri->query_string), "model", model, sizeof model);
+    if (ri->query_string) {
+        /* (mg_get_var empties its buffer when the variable is absent: keep the defaults then) */
+        char v[16];
+        if (mg_get_var(ri->query_string, strlen(ri->query_string), "model", v, sizeof v) >= 0)
+            snprintf(model, sizeof model, "%s", v);
+        if (mg_get_var(ri->query_string, strlen(ri->query_string), "names", v, sizeof v) >= 0)
+            snprintf(names, sizeof names, "%s", v);
+    }
     if (strcmp(model, "target") != 0 && strcmp(model, "draft") != 0)
         return srv_send_error(conn, 400, "model", "model must be \"target\" or \"draft\"");
+    const int ck = parse_names(names);
+    if (ck < 0) return srv_send_error(conn, 400, "names", "names must be \"internal\" or \"checkpoint\"");
     cJSON *t = NULL;
     srv_cmd *c = NULL;
-    checksums(s, conn, strcmp(model, "draft") == 0, &t, &c);
+    checksums(s, conn, strcmp(model, "draft") == 0, ck, &t, &c);
     if (!c) return 500;
     cJSON *o = NULL;
     if (c->status == 200) {
@@ -861,6 +1087,7 @@ static int route_checksums(srv_state *s, struct mg_connection *conn)
         pthread_mutex_lock(&s->wmu);
         cJSON_AddStringToObject(o, "version", s->wpub.version);
         pthread_mutex_unlock(&s->wmu);
+        add_hash_fields(o, c);
         cJSON_AddItemToObject(o, "tensors", t);
     }
     int st = send_cmd_result(conn, c, o);
@@ -875,8 +1102,9 @@ static int route_checker(srv_state *s, struct mg_connection *conn)
     srv_err e;
     cJSON *b = read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    const char *action = "checksum", *model = "target";
-    if (opt_string(b, "action", &action, &e) || opt_string(b, "model", &model, &e)) {
+    const char *action = "checksum", *model = "target", *names = NULL;
+    if (opt_string(b, "action", &action, &e) || opt_string(b, "model", &model, &e) ||
+        opt_string(b, "names", &names, &e)) {
         cJSON_Delete(b);
         return srv_send_err(conn, &e);
     }
@@ -884,9 +1112,14 @@ static int route_checker(srv_state *s, struct mg_connection *conn)
         cJSON_Delete(b);
         return srv_send_error(conn, 400, "action", "action must be \"checksum\" or \"compare\"");
     }
+    const int ck = parse_names(names);
+    if (ck < 0) {
+        cJSON_Delete(b);
+        return srv_send_error(conn, 400, "names", "names must be \"internal\" or \"checkpoint\"");
+    }
     cJSON *t = NULL;
     srv_cmd *c = NULL;
-    checksums(s, conn, strcmp(model, "draft") == 0, &t, &c);
+    checksums(s, conn, strcmp(model, "draft") == 0, ck, &t, &c);
     if (!c) {
         cJSON_Delete(b);
         return 500;
@@ -894,6 +1127,7 @@ static int route_checker(srv_state *s, struct mg_connection *conn)
     cJSON *o = NULL;
     if (c->status == 200) {
         o = cJSON_CreateObject();
+        if (ck) add_hash_fields(o, c); /* (the default answer keeps its vLLM / SGLang shape) */
         if (strcmp(action, "checksum") == 0) {
             cJSON_AddItemToObject(o, "checksums", t);
         } else {
@@ -1003,7 +1237,7 @@ static int route_update_version(srv_state *s, struct mg_connection *conn)
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const char *v = NULL;
-    if (opt_string(b, "new_version", &v, &e) != 0) {
+    if (opt_version(b, "new_version", &v, &e) != 0) {
         cJSON_Delete(b);
         return srv_send_err(conn, &e);
     }
@@ -1382,7 +1616,7 @@ static int route_nccl_update(srv_state *s, struct mg_connection *conn)
     NEW_CMD(c, CMD_NCCL_UPDATE);
     const char *version = NULL;
     int rc = gpu_meta_parse(b, "", "names", "dtypes", NULL, &c->meta, &e);
-    if (rc == 0 && (opt_string(b, "weight_version", &version, &e) != 0)) rc = -1;
+    if (rc == 0 && (opt_version(b, "weight_version", &version, &e) != 0)) rc = -1;
     if (rc == 0 && version) snprintf(c->version, sizeof c->version, "%s", version);
     c->pause = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests")) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
     cJSON_Delete(b);

@@ -1,7 +1,13 @@
 """graphswap trainer-side client: push new weights into a running graphswap server.
 
-Standard library only; tensors may be numpy arrays (float32 / float16) or PyTorch tensors (bfloat16,
-float16, float32; moved to the CPU). An RL loop calls, after each optimizer step:
+Install: `pip install clients/python` (one module, no dependencies; offline:
+`pip install --no-build-isolation clients/python`). The module needs only the standard library:
+numpy and torch are imported lazily, only when such tensors are given. Tensors may be
+  - PyTorch tensors (bfloat16, float16, float32; moved to the CPU),
+  - numpy arrays (float32, float16),
+  - Tensor objects, raw little-endian bytes with a dtype and shape: Tensor("BF16", [2, 3], data), or
+    from Python floats: from_floats([0.5, 1.0, ...], [2, 3], "BF16") (round to nearest even).
+An RL loop calls, after each optimizer step:
 
     from graphswap_client import GraphswapClient
     gs = GraphswapClient("http://127.0.0.1:8080", admin_key=None)
@@ -15,7 +21,9 @@ Names are the checkpoint's (Hugging Face) names; for model="all" prefix drafter 
 Other calls: begin / send_bucket / finish / abort (the same session by hand), load_from_disk (a
 checkpoint folder under the server's --weights-root), info, checksums and verify (compare the
 server's SHA-256 of every stored tensor with another server's, e.g. a cold start on the same
-checkpoint).
+checkpoint), and verify_state_dict (compare the server's checkpoint-name checksums with the trainer's
+own tensors: tensor_sha256 / state_dict_checksums compute the same hash locally, SHA-256 of the
+tensor's values in the checkpoint dtype, row-major, little endian).
 
 GPU transports (the server must run --backend cuda; PyTorch with CUDA is needed here, imported only
 when these are called; this module imports without torch):
@@ -37,12 +45,15 @@ after the end of tensor i-1 (tensor 0 at byte 0); its bytes are contiguous, in i
 (bfloat16, float16, float32). NCCL sends one ncclBroadcast (root 0, uint8) of exactly up to the end
 of the last tensor per bucket; IPC sends the offsets explicitly (same layout).
 """
+import hashlib
 import http.client
 import json
 import struct
+import sys
 import urllib.parse
 
-__all__ = ["GraphswapClient", "GraphswapError", "to_safetensors", "pack_plan"]
+__all__ = ["GraphswapClient", "GraphswapError", "Tensor", "from_floats", "to_safetensors", "pack_plan",
+           "tensor_sha256", "state_dict_checksums"]
 
 ALIGN = 256  # byte alignment of each tensor in a GPU-transport bucket (the server's GPU_ALIGN)
 
@@ -58,8 +69,72 @@ class GraphswapError(RuntimeError):
         super().__init__("HTTP %d: %s" % (status, msg))
 
 
+_WIDTH = {"BF16": 2, "F16": 2, "F32": 4}
+
+
+class Tensor:
+    """A tensor as raw bytes: dtype "BF16", "F16" or "F32", shape, row-major little-endian data."""
+
+    def __init__(self, dtype, shape, data):
+        if dtype not in _WIDTH:
+            raise TypeError("unsupported dtype %r (BF16, F16 or F32)" % (dtype,))
+        self.dtype, self.shape, self.data = dtype, [int(d) for d in shape], bytes(data)
+        n = 1
+        for d in self.shape:
+            n *= d
+        if n * _WIDTH[dtype] != len(self.data):
+            raise ValueError("%d bytes for shape %r of %s (expected %d)" % (len(self.data), self.shape, dtype,
+                                                                           n * _WIDTH[dtype]))
+        self.nbytes = len(self.data)
+
+
+def _bf16_bits(f32_bits):
+    """bfloat16 bits of a float32 (its bits as an int): round to nearest even; NaN stays NaN."""
+    if (f32_bits & 0x7F800000) == 0x7F800000 and (f32_bits & 0x007FFFFF):
+        return (f32_bits >> 16) | 0x0040  # a quiet NaN
+    return ((f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _floats_to_bytes(values, dtype):
+    """Little-endian bytes of Python floats in dtype (BF16 / F16 round to nearest even)."""
+    if dtype == "F32":
+        return struct.pack("<%df" % len(values), *values)
+    if dtype == "F16":
+        return struct.pack("<%de" % len(values), *values)
+    # BF16: the float32 value first (as torch: a double rounds to float32, then to bfloat16)
+    bits = struct.unpack("<%dI" % len(values), struct.pack("<%df" % len(values), *values))
+    return struct.pack("<%dH" % len(values), *(_bf16_bits(b) for b in bits))
+
+
+def _bytes_to_floats(data, dtype):
+    if dtype == "F32":
+        return list(struct.unpack("<%df" % (len(data) // 4), data))
+    if dtype == "F16":
+        return list(struct.unpack("<%de" % (len(data) // 2), data))
+    h = struct.unpack("<%dH" % (len(data) // 2), data)
+    return list(struct.unpack("<%df" % len(h), struct.pack("<%dI" % len(h), *(x << 16 for x in h))))
+
+
+def from_floats(values, shape=None, dtype="BF16"):
+    """A Tensor from a flat sequence of Python floats (no numpy needed); shape defaults to [len]."""
+    values = [float(v) for v in values]
+    return Tensor(dtype, [len(values)] if shape is None else shape, _floats_to_bytes(values, dtype))
+
+
+def _torch_cpu_bytes(t):
+    """Raw bytes of a contiguous CPU torch tensor without numpy (ctypes reads its memory)."""
+    import ctypes
+
+    n = t.numel() * t.element_size()
+    if sys.byteorder != "little":
+        raise RuntimeError("a big-endian host: convert the tensors to numpy first")
+    return ctypes.string_at(t.data_ptr(), n) if n else b""
+
+
 def _tensor_bytes(t):
-    """(dtype name, shape, raw little-endian bytes) of a numpy array or a torch tensor."""
+    """(dtype name, shape, raw little-endian bytes) of a Tensor, a numpy array or a torch tensor."""
+    if isinstance(t, Tensor):
+        return t.dtype, list(t.shape), t.data
     mod = type(t).__module__
     if mod.startswith("torch"):
         import torch  # only when torch tensors are given
@@ -68,8 +143,9 @@ def _tensor_bytes(t):
         names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
         if t.dtype not in names:
             raise TypeError("unsupported torch dtype %s" % t.dtype)
-        raw = t.view(torch.int16 if t.element_size() == 2 else torch.int32).numpy().tobytes()
-        return names[t.dtype], list(t.shape), raw
+        return names[t.dtype], list(t.shape), _torch_cpu_bytes(t)
+    if isinstance(t, (bytes, bytearray, list, tuple)):
+        raise TypeError("give raw bytes as Tensor(dtype, shape, data) and Python floats as from_floats(...)")
     import numpy as np
 
     a = np.ascontiguousarray(t)
@@ -77,6 +153,42 @@ def _tensor_bytes(t):
     if a.dtype not in names:
         raise TypeError("unsupported numpy dtype %s (use float32 or float16)" % a.dtype)
     return names[a.dtype], list(a.shape), a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def tensor_sha256(t, dtype):
+    """The server's checkpoint-name checksum of one tensor (GET /v1/weights/checksums?names=checkpoint):
+    SHA-256 of its values converted to `dtype` (the answer's "dtype", the checkpoint's torch_dtype:
+    "BF16", "F16" or "F32"; round to nearest even), row-major, little endian. t: a torch tensor, a
+    numpy array (float64 is taken as float32 first, as the server would receive it) or a Tensor."""
+    if dtype not in _WIDTH:
+        raise ValueError("unsupported hash dtype %r" % (dtype,))
+    if isinstance(t, Tensor):
+        raw = t.data if t.dtype == dtype else _floats_to_bytes(_bytes_to_floats(t.data, t.dtype), dtype)
+        return hashlib.sha256(raw).hexdigest()
+    if type(t).__module__.startswith("torch"):
+        import torch
+
+        tdt = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[dtype]
+        return hashlib.sha256(_torch_cpu_bytes(t.detach().to("cpu").to(tdt).contiguous())).hexdigest()
+    import numpy as np
+
+    a = np.ascontiguousarray(t)
+    if dtype == "F32" or dtype == "F16":
+        want = np.dtype("<f4") if dtype == "F32" else np.dtype("<f2")
+        if a.dtype != want:
+            a = a.astype(np.float32).astype(want)  # numpy rounds to nearest even
+        return hashlib.sha256(a.tobytes()).hexdigest()
+    bits = np.ascontiguousarray(a.astype(np.float32)).view(np.uint32).astype(np.uint64)
+    nan = ((bits & 0x7F800000) == 0x7F800000) & ((bits & 0x007FFFFF) != 0)
+    rne = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    out = np.where(nan, (bits >> 16) | 0x0040, rne).astype("<u2")
+    return hashlib.sha256(out.tobytes()).hexdigest()
+
+
+def state_dict_checksums(named, dtype):
+    """{name: tensor_sha256(t, dtype)} of a state_dict (a dict, or (name, tensor) pairs)."""
+    items = named.items() if hasattr(named, "items") else named
+    return {n: tensor_sha256(t, dtype) for n, t in items}
 
 
 def to_safetensors(named):
@@ -280,8 +392,23 @@ class GraphswapClient:
     def info(self):
         return self._call("GET", "/v1/weights")
 
-    def checksums(self, model="target"):
-        return self._call("GET", "/v1/weights/checksums?model=" + model)["tensors"]
+    def checksums(self, model="target", names="internal"):
+        """{name: sha256}: names="internal" (runtime parameters, fused buffers whole, stored bytes) or
+        "checkpoint" (checkpoint tensor names; see tensor_sha256 and checkpoint_checksums)."""
+        return self._call("GET", "/v1/weights/checksums?model=%s&names=%s" % (model, names))["tensors"]
+
+    def checkpoint_checksums(self, model="target"):
+        """(dtype, {checkpoint name: sha256}) of the server's weights, hashed in dtype."""
+        r = self._call("GET", "/v1/weights/checksums?model=%s&names=checkpoint" % model)
+        return r["dtype"], r["tensors"]
+
+    def verify_state_dict(self, named, model="target"):
+        """Names of the trainer's tensors (a state_dict or (name, tensor) pairs, checkpoint names;
+        for model="all" verify target and drafter separately) whose values differ from the server's,
+        or that the server does not have; [] when every one matches."""
+        dtype, theirs = self.checkpoint_checksums(model)
+        mine = state_dict_checksums(named, dtype)
+        return sorted(n for n in mine if theirs.get(n) != mine[n])
 
     def verify(self, other, model="target"):
         """Names whose stored bytes differ between this server and `other` (a GraphswapClient or a
@@ -380,6 +507,6 @@ def _ipc_handle(buf):
 
 
 def _nbytes(t):
-    if hasattr(t, "nbytes"):
+    if isinstance(t, Tensor) or hasattr(t, "nbytes"):
         return int(t.nbytes)
     return int(t.numel() * t.element_size())

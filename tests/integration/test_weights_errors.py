@@ -3,7 +3,7 @@
 
 - Incomplete full update: finish 422 naming the missing tensor; GET /v1/weights "inconsistent" with
   the reason; generation (plain, streaming, chat) 503 naming the reason; /health 503; a partial update
-  does not repair it; a complete full update does (ready, generation works). The same for a drafter
+  is refused at begin (409 "a full update is needed", not counted ok); a complete full update does (ready, generation works). The same for a drafter
   tensor missing from an "all" session. Abort before any write -> ready; abort after a write ->
   inconsistent. Out-of-order calls (bucket / finish / abort without begin, a second begin, a load
   while a session is open) -> 409 with the state in the message.
@@ -154,15 +154,16 @@ def test_incomplete_abort_order(C, srv, ck):
     # out of order while inconsistent: the state is in the message
     r = W.post_bucket(srv, W.st_encode([T0[missing]]))
     H.error_ok(C, "bucket without begin (inconsistent)", r, 409, "inconsistent")
-    # 2. a partial update does not repair an inconsistent model
-    r = H.post(srv, "/v1/weights/begin", {"mode": "partial"})
-    C.check(r.status == 200, "partial while inconsistent: begin %r" % r)
-    r = W.post_bucket(srv, W.st_encode([T0[missing]]))
-    C.check(r.status == 200, "partial while inconsistent: bucket %r" % r)
-    r = H.post(srv, "/v1/weights/finish", {})
-    C.check(r.status == 200 and r.json.get("state") == "inconsistent",
-            "a partial update repaired an inconsistent model: %r" % r)
-    C.check(gen_status(srv).status == 503, "generation after a partial update of an inconsistent model")
+    # 2. a partial update cannot repair an inconsistent model: refused at begin (409 saying a full
+    #    update is needed), never counted as ok, no session opened, the state unchanged
+    ok0 = W.weights_info(srv)["counters"]["updates_ok"]
+    for body in ({"mode": "partial"}, {"mode": "partial", "model": "all"}):
+        r = H.post(srv, "/v1/weights/begin", body)
+        H.error_ok(C, "partial begin while inconsistent %r" % body, r, 409, "full update")
+    info = W.weights_info(srv)
+    C.check(info.get("state") == "inconsistent" and not info.get("session_open") and
+            info["counters"]["updates_ok"] == ok0, "after the refused partial begins: %r" % info)
+    C.check(gen_status(srv).status == 503, "generation after a refused partial update of an inconsistent model")
     # 3. a complete full update repairs it
     res = full_push(C, srv, "repair", T0, version="repaired")
     C.check(res is not None and res.get("state") == "ready" and res.get("reason") is None, "repair: %r" % res)

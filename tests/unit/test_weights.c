@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/engine_internal.h" /* white-box: the guard test forces a replay */
 #include "engine/weights.h"
+#include "engine/sha256.h"
 #include "models/mkmodel.h"
 #include "test_rt.h"
 #include "test_util.h"
@@ -220,12 +221,18 @@ static void test_incomplete_abort_and_order(void **state)
     assert_int_equal(wi.state, ENG_W_INCONSISTENT);
     req q;
     assert_int_equal(generate(&x, &q, 4), -2);
-    /* a partial update does not repair it; a complete full one does */
-    assert_int_equal(eng_weights_begin(x.e, 0, ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), 0);
-    push_dir(&x, T1, "", 4, 3, 1);
-    assert_int_equal(eng_weights_finish(x.e, NULL, err, sizeof err, &status), 0);
+    /* a partial update cannot repair it: refused at begin (409 saying a full update is needed),
+     * nothing opened, nothing counted as ok; a complete full one repairs it */
+    uint64_t ok0 = wi.updates_ok;
+    assert_int_equal(eng_weights_begin(x.e, 0, ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 409);
+    assert_non_null(strstr(err, "full update"));
     eng_weights_get_info(x.e, &wi);
     assert_int_equal(wi.state, ENG_W_INCONSISTENT);
+    assert_int_equal(wi.session_open, 0);
+    assert_int_equal(wi.updates_ok, ok0);
+    assert_int_equal(eng_weights_begin(x.e, 0, ENG_WMODEL_ALL, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &status), -1);
+    assert_int_equal(status, 409);
     update(&x, ENG_WMODEL_TARGET, T1, NULL, 7, 9);
     eng_weights_get_info(x.e, &wi);
     assert_int_equal(wi.state, ENG_W_READY);
@@ -451,6 +458,59 @@ static int setup(void **state)
     return 0;
 }
 
+static void ckpt_sum_add(const char *name, const char *hex, void *u)
+{
+    test_sums *s = u;
+    s->n += (size_t)snprintf(s->buf + s->n, sizeof s->buf - s->n, "%s=%s;", name, hex);
+}
+
+/* Checkpoint-name checksums: the independent value is the SHA-256 of each tensor of the checkpoint
+ * file, converted to the config's torch_dtype; every file tensor has one, each equal. */
+static void check_ckpt_sums(rt *x, int draft, const char *dir, const mdl_model *m)
+{
+    test_sums *got = malloc(sizeof *got);
+    got->n = 0;
+    got->buf[0] = 0;
+    mdl_dtype hd;
+    assert_int_equal(eng_weights_checksums_ckpt(x->e, draft, ckpt_sum_add, got, &hd), 0);
+    assert_int_equal(hd, m->cfg.dtype);
+    char path[1200], err[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    mdl_st_file f;
+    assert_int_equal(mdl_st_open(path, &f, err, sizeof err), 0);
+    size_t entries = 0;
+    for (const char *c = got->buf; *c; c++) entries += *c == ';';
+    for (size_t i = 0; i < f.n; i++) {
+        const mdl_st_tensor *t = &f.tensors[i];
+        size_t nb = t->numel * mdl_dtype_size(hd);
+        void *cv = malloc(nb ? nb : 1);
+        assert_int_equal(mdl_convert(cv, hd, t->data, t->dtype, t->numel), 0);
+        char hex[65], want[400];
+        eng_sha256_hex(cv, nb, hex);
+        free(cv);
+        snprintf(want, sizeof want, "%s=%s;", t->name, hex);
+        if (!strstr(got->buf, want)) fail_msg("%s: no or a different checksum for %s", dir, t->name);
+    }
+    /* the file's tensors plus the derived buffers, nothing else */
+    assert_int_equal(entries, f.n + (size_t)m->n_derived);
+    mdl_st_close(&f);
+    free(got);
+}
+
+static void test_ckpt_checksums(void **state)
+{
+    (void)state;
+    rt x;
+    open_rt(&x, T0, D0);
+    check_ckpt_sums(&x, 0, T0, x.m);
+    check_ckpt_sums(&x, 1, D0, x.d);
+    /* after a hot update they follow the new checkpoint */
+    update(&x, ENG_WMODEL_ALL, T1, D1, 5, 3);
+    check_ckpt_sums(&x, 0, T1, x.m);
+    check_ckpt_sums(&x, 1, D1, x.d);
+    test_rt_close(&x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -459,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_guard_fires),
         cmocka_unit_test(test_recompute_and_keep),
         cmocka_unit_test(test_prompt_logprobs_across_recompute),
+        cmocka_unit_test(test_ckpt_checksums),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
