@@ -95,7 +95,8 @@ def main():
             d = T.load_drafter("%s-mk" % kind, ddir, target)
             if d is not None:
                 drafters.append(("%s-mk B=%d" % (kind, block), ddir, d))
-    # an engineered DFlash that proposes the target's frequent token (accepted runs, multi-row context)
+    # a DFlash whose layers add nothing and whose mask token makes it propose one of the target's
+    # frequent tokens (accepts where the target repeats it)
     p0 = [int(x) for x in np.random.default_rng(7).integers(0, g["vocab"] - 2, size=7)]
     greedy, _ = rs.target_greedy(target, p0, 40)
     freq = max(set(greedy), key=greedy.count)
@@ -131,6 +132,10 @@ def main():
             if p is not None:
                 prefix_hit_case("%s prompt of %d tokens, twice" % (dname, n), binary, tdir, ddir, target, drafter,
                                 p, tmp)
+    # accepted drafts (multi-row context updates, starts advancing by more than one) must occur
+    C.check(T.STATS["accepting_steps"] > 0, "TEST SETUP PROBLEM: no compared step accepted a draft")
+    print("coverage: %(runs)d runs, %(steps)d steps compared, %(accepting_steps)d steps accepted >= 1 draft"
+          % T.STATS, flush=True)
     return C.finish()
 
 
