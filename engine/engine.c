@@ -553,7 +553,7 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
         eng_seq *q = &e->seqs[s];
         if (!q->req) continue;
         int left = q->n_tokens - q->n_computed;
-        if (decode != (left == 1)) continue;
+        if (decode != eng_seq_decode_ready(q)) continue;
         int take = left < c->prefill_chunk ? left : c->prefill_chunk;
         if (take > c->max_step_tokens - *rows) take = c->max_step_tokens - *rows;
         if (take <= 0) continue;

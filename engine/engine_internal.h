@@ -20,6 +20,17 @@ typedef struct {
     int no_register; /* its KV spans a weight update ("keep"): never register its blocks */
 } eng_seq;
 
+/* Decode-ready: the whole prompt is computed and the last known token, one the engine sampled, is
+ * not yet in the target's KV cache (n_computed == n_tokens - 1, n_out >= 1). A prompt whose
+ * uncomputed remainder is one token (a 1-token prompt, a prefill chunk or a prefix-cache hit ending
+ * at n - 1) is NOT decode-ready: that token is prefilled and samples the first output token. With a
+ * drafter this is the public loops' step sequence (z-lab dflash and DeepSpec prefill the whole
+ * prompt and anchor the first speculative step on the first generated token; SPEC-NOTES.md 1.4, 3). */
+static inline int eng_seq_decode_ready(const eng_seq *q)
+{
+    return q->req && q->n_computed == q->n_tokens - 1 && q->req->n_out > 0;
+}
+
 struct eng_engine {
     eng_config cfg;
     mdl_model *m;

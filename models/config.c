@@ -135,6 +135,50 @@ static int drafter_int(const cJSON *root, const char *key, int has_default, int 
     return 0;
 }
 
+/* target_layer_ids as z-lab dflash and DeepSpec define them, one check and one message for the
+ * drafter's config and for the target it is paired with: strictly increasing ids, each -1 (the
+ * embedding output, HF hidden_states[0]; DS@afdfa7c deepspec/modeling/dspark/common.py:52-75) or a
+ * target layer in [0, L-1] (hidden_states[j+1]; for j = L-1 that is the final-normed state,
+ * SPEC-NOTES.md section 0). models/forward.c captures each of them. */
+static int check_target_ids(const char *who, const int *ids, int n, int L, char *err, size_t errlen)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < -1 || ids[i] > L - 1 || (i > 0 && ids[i] <= ids[i - 1])) {
+            snprintf(err, errlen,
+                     "%s: target_layer_ids[%d] = %d: ids must be strictly increasing, each -1 (the "
+                     "embedding output) or a target layer in [0, %d]",
+                     who, i, ids[i], L - 1);
+            return -1;
+        }
+    return 0;
+}
+
+/* A number field (dflash_config first) that must equal `want` when present: a value that changes
+ * the math graphswap does not implement is refused by name. */
+static int drafter_num_is(const cJSON *root, const char *key, double want, char *err, size_t errlen)
+{
+    const cJSON *v = drafter_field(root, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != want) {
+        snprintf(err, errlen, "config.json: %s other than %g is not supported", key, want);
+        return -1;
+    }
+    return 0;
+}
+
+/* Fields of the published drafter configs that do not change inference (accepted, not used):
+ *   DeepSpec Qwen3DSparkConfig (DS@afdfa7c deepspec/modeling/dspark/qwen3/config.py:37-56, a
+ *   deepcopy of the target's Qwen3Config): num_anchors (training only: anchor blocks sampled per
+ *   sequence, qwen3/modeling.py:249, 398-402), _attn_implementation / attn_implementation (kernel choice),
+ *   tie_word_embeddings (always false there; Qwen3DSparkModel has no output-embedding tying, so
+ *   its lm_head.weight is used either way), initializer_range, use_cache, attention_dropout,
+ *   pad_token_id, model_type, transformers_version, sliding_window / max_window_layers (only with
+ *   use_sliding_window, refused by the common parser).
+ * Fields that would change the math and are implemented: architectures, num_hidden_layers,
+ * num_target_layers, block_size, mask_token_id, target_layer_ids (-1 .. L-1), markov_rank,
+ * markov_head_type "vanilla", enable_confidence_head, confidence_head_with_markov; refused by
+ * name: layer_types other than full_attention, markov_head_type gated / rnn, and the z-lab DFlash2
+ * fields is_causal=true, input_embedding_scale / output_multiplier != 1, final_logit_softcapping. */
 static int parse_drafter(const cJSON *root, mdl_config *c, char *err, size_t errlen)
 {
     const int dspark = c->arch == MDL_ARCH_DSPARK;
@@ -155,11 +199,8 @@ static int parse_drafter(const cJSON *root, mdl_config *c, char *err, size_t err
         }
         for (int i = 0; i < n; i++) {
             const cJSON *x = cJSON_GetArrayItem(ids, i);
-            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
-                x->valuedouble >= c->n_target_layers || (i > 0 && x->valuedouble <= c->target_ids[i - 1])) {
-                snprintf(err, errlen,
-                         "config.json: target_layer_ids[%d] must be a layer id in [0, %d), increasing", i,
-                         c->n_target_layers);
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || fabs(x->valuedouble) > 1 << 20) {
+                snprintf(err, errlen, "config.json: target_layer_ids[%d] must be an integer", i);
                 return -1;
             }
             c->target_ids[i] = (int)x->valuedouble;
@@ -175,6 +216,38 @@ static int parse_drafter(const cJSON *root, mdl_config *c, char *err, size_t err
             c->target_ids[i] = m == 1 ? n / 2 : (int)nearbyint(1.0 + (double)i * (n - 4) / (m - 1));
         c->n_target_ids = m;
     }
+    /* (the z-lab default gives duplicate or negative ids for targets of < 5 layers: refused here) */
+    if (check_target_ids("config.json", c->target_ids, c->n_target_ids, c->n_target_layers, err, errlen))
+        return -1;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        int ok = cJSON_IsArray(lt) && cJSON_GetArraySize(lt) == c->layers;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, lt) ok = ok && cJSON_IsString(x) && strcmp(x->valuestring, "full_attention") == 0;
+        if (!ok) {
+            snprintf(err, errlen,
+                     "config.json: layer_types must list \"full_attention\" for each of the %d drafter layers "
+                     "(sliding-window drafter layers are not supported)",
+                     c->layers);
+            return -1;
+        }
+    }
+    int flag;
+    if (c->arch == MDL_ARCH_DFLASH) { /* z-lab DFlash2 options (ZL2 _draft_value): defaults only */
+        const cJSON *ic = drafter_field(root, "is_causal");
+        if (ic && !cJSON_IsNull(ic) && !cJSON_IsFalse(ic)) {
+            snprintf(err, errlen, "config.json: is_causal drafters are not supported (must be false)");
+            return -1;
+        }
+        const cJSON *sc = drafter_field(root, "final_logit_softcapping");
+        if (sc && !cJSON_IsNull(sc) && !(cJSON_IsNumber(sc) && sc->valuedouble <= 0)) {
+            snprintf(err, errlen, "config.json: final_logit_softcapping is not supported (must be null)");
+            return -1;
+        }
+        if (drafter_num_is(root, "input_embedding_scale", 1.0, err, errlen) ||
+            drafter_num_is(root, "output_multiplier", 1.0, err, errlen))
+            return -1;
+    }
     if (dspark) {
         if (drafter_int(root, "markov_rank", 1, 0, 0, 1 << 16, &c->markov_rank, err, errlen)) return -1;
         const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "markov_head_type");
@@ -182,9 +255,13 @@ static int parse_drafter(const cJSON *root, mdl_config *c, char *err, size_t err
             snprintf(err, errlen, "config.json: markov_head_type must be \"vanilla\" (gated and rnn heads are not supported)");
             return -1;
         }
+        int anchors;
+        if (get_int(root, "num_anchors", 1, 0, 0, 1 << 30, &anchors, err, errlen)) return -1; /* training only */
         if (get_bool(root, "enable_confidence_head", 0, &c->conf_head, err, errlen) ||
-            get_bool(root, "confidence_head_with_markov", 0, &c->conf_with_markov, err, errlen))
+            get_bool(root, "confidence_head_with_markov", 0, &flag, err, errlen))
             return -1;
+        /* present only with the head (config.py:49-52); without it the field means nothing */
+        c->conf_with_markov = c->conf_head && flag;
         if (c->conf_with_markov && c->markov_rank == 0) {
             snprintf(err, errlen, "config.json: confidence_head_with_markov needs markov_rank > 0");
             return -1;
@@ -213,15 +290,7 @@ int mdl_config_check_drafter(const mdl_config *t, const mdl_config *d, char *err
                  d->n_target_layers, t->layers);
         return -1;
     }
-    for (int i = 0; i < d->n_target_ids; i++)
-        if (d->target_ids[i] < 0 || d->target_ids[i] > t->layers - 2) {
-            snprintf(err, errlen,
-                     "drafter: target_layer_ids[%d] = %d must lie in [0, %d] (the last target layer's "
-                     "hidden state is final-normed in Hugging Face and is not supported)",
-                     i, d->target_ids[i], t->layers - 2);
-            return -1;
-        }
-    return 0;
+    return check_target_ids("drafter", d->target_ids, d->n_target_ids, t->layers, err, errlen);
 }
 
 int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen)

@@ -31,7 +31,8 @@ typedef struct {
     int is_drafter;
     int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */
     int n_target_layers;     /* layers of the target it was trained on */
-    int target_ids[MDL_MAX_TARGET_IDS]; /* target layers whose residual stream feeds the context */
+    int target_ids[MDL_MAX_TARGET_IDS]; /* target hidden states feeding the context: -1 embedding
+                                           output, j residual after layer j, L-1 final-normed */
     int n_target_ids;
     int mask_token_id;
     int markov_rank;         /* DSpark vanilla Markov head rank (0: none) */
@@ -45,8 +46,9 @@ typedef struct {
 
 const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */
 
-/* A drafter must fit its target: same hidden size and vocabulary, target layer ids inside the
- * target (and not its last layer, whose HF hidden state is final-normed), mask id in the vocab. */
+/* A drafter must fit its target: same hidden size and vocabulary, num_target_layers = the target's
+ * layers, target layer ids in {-1} U [0, L-1] (-1: embedding output; L-1: the final-normed state,
+ * as Hugging Face output_hidden_states), strictly increasing. */
 int mdl_config_check_drafter(const mdl_config *target, const mdl_config *draft, char *err, size_t errlen);
 
 /* Parses config.json text. Returns 0, or -1 with err naming the field and the reason. */

@@ -55,7 +55,9 @@ int mdl_workspace_alloc(const mdl_model *m, eng_backend *be, int max_rows, int m
     return 0;
 }
 
-size_t mdl_forward_ops(const mdl_model *m) { return 5 + 11 * (size_t)m->cfg.layers; }
+/* embed + 10 per layer + gather, final norm, lm_head, sample; plus the drafter feature copies (at
+ * most L + 1 ids in [-1, L-1]) and the final norm of the L-1 feature */
+size_t mdl_forward_ops(const mdl_model *m) { return 7 + 11 * (size_t)m->cfg.layers; }
 
 static kern_buf B(void *p, size_t bytes)
 {
@@ -235,7 +237,34 @@ int mdl_workspace_add_features(const mdl_model *m, eng_backend *be, mdl_workspac
     }
     ws->feat_ids = ids;
     ws->n_feat = n;
+    ws->feat_h = m->cfg.hidden;
     return 0;
+}
+
+static int has_feature(const mdl_workspace *ws, int id)
+{
+    for (int f = 0; f < ws->n_feat; f++)
+        if (ws->feat_ids[f] == id) return 1;
+    return 0;
+}
+
+/* Drafter features with target layer id `id` (-1: the embedding output, z-lab / DeepSpec
+ * hidden_states[0]; j: hidden_states[j + 1]): src [rows, H] into their columns of ws->feat. */
+static void emit_features(eng_tape *t, const mdl_workspace *ws, int id, float *src, int rows, int32_t *n_rows)
+{
+    const int H = ws->feat_h;
+    for (int f = 0; f < ws->n_feat; f++) {
+        if (ws->feat_ids[f] != id) continue;
+        kern_op op = {.kind = KOP_COPY_COLS};
+        op.buf[0] = B(src, (size_t)rows * (size_t)H * F4);
+        op.buf[1] = B(ws->feat, (size_t)rows * (size_t)(ws->n_feat * H) * F4);
+        op.buf[2] = B(n_rows, sizeof(int32_t));
+        op.p[0] = H;
+        op.p[1] = ws->n_feat * H;
+        op.p[2] = f * H;
+        op.p[3] = rows;
+        eng_tape_push(t, &op);
+    }
 }
 
 void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_step_io *io, int rows,
@@ -243,7 +272,6 @@ void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_ste
 {
     const mdl_config *c = &m->cfg;
     const int H = c->hidden;
-    const size_t R = (size_t)rows;
     layer_io lio = {
         .x = ws->x, .h = ws->h, .qkv = ws->qkv, .attn = ws->attn, .gu = ws->gu, .act = ws->act,
         .pos = io->pos, .slot = io->slot, .kv_len = io->kv_len, .n_rows = io->n_rows,
@@ -253,21 +281,18 @@ void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_ste
         .block_size = io->block_size, .max_blocks = io->max_blocks,
     };
     emit_embed(t, m, io->tok, ws->x, rows, io->n_rows);
+    emit_features(t, ws, -1, ws->x, rows, io->n_rows);
     for (int l = 0; l < c->layers; l++) {
         lio.kc = io->kcache[l];
         lio.vc = io->vcache[l];
         emit_layer(t, m, l, &lio, rows);
-        for (int f = 0; f < ws->n_feat; f++) { /* residual stream after layer l, for the drafter */
-            if (ws->feat_ids[f] != l) continue;
-            kern_op op = {.kind = KOP_COPY_COLS};
-            op.buf[0] = B(ws->x, R * (size_t)H * F4);
-            op.buf[1] = B(ws->feat, R * (size_t)(ws->n_feat * H) * F4);
-            op.buf[2] = B(io->n_rows, sizeof(int32_t));
-            op.p[0] = H;
-            op.p[1] = ws->n_feat * H;
-            op.p[2] = f * H;
-            op.p[3] = rows;
-            eng_tape_push(t, &op);
+        if (l == c->layers - 1 && has_feature(ws, l)) {
+            /* the last layer's feature is model.norm(x), as HF output_hidden_states[L] (the final
+             * entry is replaced by last_hidden_state; SPEC-NOTES.md section 0); ws->h is free here */
+            emit_rmsnorm(t, m, ws->x, m->final_norm, ws->h, rows, io->n_rows);
+            emit_features(t, ws, l, ws->h, rows, io->n_rows);
+        } else {
+            emit_features(t, ws, l, ws->x, rows, io->n_rows);
         }
     }
     emit_gather(t, ws->x, rows, io->logit_idx, ws->xs, logit_rows, H, io->n_logits);

@@ -230,6 +230,13 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             for (int i = 0; i < k; i++) dopt.target_ids[i] = k == 1 ? (L - 2) / 2 : i * (L - 2) / (k - 1);
             dopt.n_target_ids = k;
         }
+        for (int i = 0; i < dopt.n_target_ids; i++)
+            if (dopt.target_ids[i] < -1 || dopt.target_ids[i] > tcfg.layers - 1 ||
+                (i > 0 && dopt.target_ids[i] <= dopt.target_ids[i - 1])) {
+                snprintf(err, errlen, "target layer ids must be strictly increasing, each -1 or in [0, %d]",
+                         tcfg.layers - 1);
+                return -1;
+            }
         if (o->arch == MDL_ARCH_DFLASH) dopt.markov_rank = 0, dopt.conf_head = 0;
     }
     if (o->hidden < 1 || o->layers < 1 || o->heads < 1 || o->kv_heads < 1 || o->head_dim < 2 ||
@@ -365,9 +372,10 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             cJSON *dc = cJSON_AddObjectToObject(cfg, "dflash_config");
             cJSON_AddNumberToObject(dc, "mask_token_id", o->mask_token_id);
             cJSON_AddItemToObject(dc, "target_layer_ids", ids);
-        } else {
+        } else { /* every field DeepSpec's build_draft_config sets (DS@afdfa7c qwen3/config.py:37-56) */
             cJSON_AddNumberToObject(cfg, "mask_token_id", o->mask_token_id);
             cJSON_AddItemToObject(cfg, "target_layer_ids", ids);
+            cJSON_AddNumberToObject(cfg, "num_anchors", 512); /* training only (DS config/dspark/dspark_qwen3_8b.py) */
             cJSON_AddNumberToObject(cfg, "markov_rank", o->markov_rank);
             if (o->markov_rank > 0) cJSON_AddStringToObject(cfg, "markov_head_type", "vanilla");
             cJSON_AddBoolToObject(cfg, "enable_confidence_head", o->conf_head);
@@ -396,10 +404,15 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
     cJSON_AddBoolToObject(cfg, "use_cache", 1);
     if (o->arch != MDL_ARCH_QWEN2) cJSON_AddBoolToObject(cfg, "attention_bias", 0);
     if (o->arch == MDL_ARCH_LLAMA) cJSON_AddBoolToObject(cfg, "mlp_bias", 0);
-    if (o->arch != MDL_ARCH_LLAMA && !drafter) {
+    if (o->arch != MDL_ARCH_LLAMA && o->arch != MDL_ARCH_DFLASH) { /* DSpark: a copy of the target's */
         cJSON_AddBoolToObject(cfg, "use_sliding_window", 0);
         cJSON_AddNullToObject(cfg, "sliding_window");
-        cJSON_AddNumberToObject(cfg, "max_window_layers", o->layers);
+        cJSON_AddNumberToObject(cfg, "max_window_layers", o->arch == MDL_ARCH_DSPARK ? tcfg.layers : o->layers);
+    }
+    if (drafter) {
+        cJSON *lt = cJSON_AddArrayToObject(cfg, "layer_types");
+        for (int l = 0; l < o->layers; l++) cJSON_AddItemToArray(lt, cJSON_CreateString("full_attention"));
+        cJSON_AddNumberToObject(cfg, "attention_dropout", 0.0);
     }
     cJSON_AddStringToObject(cfg, "transformers_version", "4.51.0");
     char path[4352];

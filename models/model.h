@@ -136,11 +136,14 @@ int mdl_model_load_dir_progress(mdl_model *m, const char *dir, mdl_load_progress
 typedef struct {
     float *x, *h, *qkv, *attn, *tmp, *gu, *act, *xs, *logits;
     int max_rows, max_logits;
-    /* Feature capture for a drafter (NULL when none): after each target layer in feat_ids[i] the
-     * residual stream x is copied into columns [i*H, (i+1)*H) of feat [max_rows, n_feat*H]. */
+    /* Feature capture for a drafter (NULL when none): for each target layer id feat_ids[i] the
+     * hidden state is copied into columns [i*H, (i+1)*H) of feat [max_rows, n_feat*H]: id -1 the
+     * embedding output, 0 <= id <= L-2 the residual stream after layer id, id L-1 the final-normed
+     * state after the last layer (Hugging Face output_hidden_states semantics). */
     float *feat;
     const int *feat_ids;
     int n_feat;
+    int feat_h; /* hidden size H of the feature columns */
 } mdl_workspace;
 
 int mdl_workspace_alloc(const mdl_model *m, eng_backend *be, int max_rows, int max_logits,

@@ -70,7 +70,8 @@ static const char help[] =
     "their geometry from the target; --layers sets the drafter depth:\n"
     "  --target DIR               the target checkpoint (required)\n"
     "  --block-size N             drafter block (default 8 for dflash, 7 for dspark)\n"
-    "  --target-layer-ids LIST    target layers feeding the context (default: spread over the target)\n"
+    "  --target-layer-ids LIST    target layers feeding the context (default: spread over [0, L-2]);\n"
+    "                             -1 = the embedding output, L-1 = the final-normed last state\n"
     "  --mask-token-id N          (default vocab - 4)\n"
     "  --markov-rank N            DSpark Markov head rank (default 16; 0 = none)\n"
     "  --no-confidence            DSpark without a confidence head\n";
@@ -137,7 +138,8 @@ int srv_cmd_mkmodel(int argc, char **argv)
         while (*p) {
             char *end;
             long v = strtol(p, &end, 10);
-            if (end == p || v < 0 || o.n_target_ids == MDL_MAX_TARGET_IDS) srv_die("--target-layer-ids: bad list");
+            if (end == p || v < -1 || v > 1 << 20 || o.n_target_ids == MDL_MAX_TARGET_IDS)
+                srv_die("--target-layer-ids: bad list");
             o.target_ids[o.n_target_ids++] = (int)v;
             p = *end == ',' ? end + 1 : end;
             if (*end && *end != ',') srv_die("--target-layer-ids: bad list");

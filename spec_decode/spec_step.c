@@ -1,8 +1,11 @@
 /* spec_decode/spec_step.c — one speculative engine step: draft -> verify -> context.
  *
  * Invariants (per running sequence, with a drafter attached):
- *   - decode-ready means n_computed == n_tokens - 1: the last token (the anchor, at position
- *     start = n_computed) is known but not yet in the target's KV cache;
+ *   - decode-ready (eng_seq_decode_ready) means the whole prompt is computed and the first token
+ *     was sampled from the prefill: n_computed == n_tokens - 1 and n_out >= 1; the last token (the
+ *     anchor, at position start = n_computed) is known but not yet in the target's KV cache. The
+ *     first anchor is therefore always the first generated token, never the last prompt token
+ *     (as z-lab dflash / DeepSpec: prefill the whole prompt, then speculate);
  *   - the drafter's context K/V exists for every position < n_computed (written by the context
  *     step right after the target step that computed those positions, or inherited with a shared
  *     prefix-cache block, whose drafter K/V lives in the same physical block);
@@ -225,7 +228,7 @@ int spec_step(eng_engine *e)
     int ns = 0, n_drafting = 0;
     for (int s = 0; s < c->max_seqs; s++) {
         eng_seq *q = &e->seqs[s];
-        if (!q->req || q->n_computed != q->n_tokens - 1) continue;
+        if (!eng_seq_decode_ready(q)) continue; /* a 1-token prompt remainder is prefilled below */
         const eng_request *r = q->req;
         int nd = W;
         if (c->num_spec_tokens > 0 && nd > c->num_spec_tokens) nd = c->num_spec_tokens;

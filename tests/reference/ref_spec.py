@@ -120,6 +120,13 @@ class DraftConfig:
         self.target_layer_ids = [int(x) for x in tl]
         if not self.target_layer_ids:
             raise rm.FormatError("empty target_layer_ids")
+        # DeepSpec validate_target_layer_ids (common.py:59-75): strictly increasing, {-1} U [0, L-1];
+        # -1 = embedding output, L-1 = final-normed (target_feats)
+        if self.num_target_layers is not None:
+            Lt = int(self.num_target_layers)
+            ids = self.target_layer_ids
+            if any(j < -1 or j > Lt - 1 for j in ids) or any(a >= b for a, b in zip(ids, ids[1:])):
+                raise rm.FormatError("target_layer_ids %r: strictly increasing ids in {-1} U [0, %d]" % (ids, Lt - 1))
         if self.block_size < (2 if self.kind == "dflash" else 1):
             raise rm.FormatError("block_size %d too small" % self.block_size)
 

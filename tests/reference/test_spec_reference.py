@@ -144,9 +144,9 @@ def step_gaps(target, drafter, prompt, ref_tokens, st, thr):
 
 
 def compare(what, binary, tdir, ddir, target, drafter, prompt, max_tokens, ignore_eos=True, stop_ids=(),
-            thr=0.0, thr_flag=None, tmp=None, want_accept=False, nst=None):
+            thr=0.0, thr_flag=None, tmp=None, want_accept=False, nst=None, extra_args=()):
     """Runs graphswap with the drafter and compares with the reference run. Returns the reference
-    result (or None when graphswap failed)."""
+    result (or None when graphswap failed). extra_args: more generate flags (e.g. --prefill-chunk)."""
     ref = ref_run(target, drafter, prompt, max_tokens, stop_ids, thr, nst)
     trace_path = os.path.join(tmp, "trace.jsonl")
     if os.path.exists(trace_path):
@@ -156,6 +156,7 @@ def compare(what, binary, tdir, ddir, target, drafter, prompt, max_tokens, ignor
         extra += [thr_flag, repr(float(thr))]
     if nst is not None:
         extra += ["--num-spec-tokens", str(nst)]
+    extra += list(extra_args)
     obj = H.generate(C, what, binary, tdir, prompt_ids=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
                      extra=extra)
     if obj is None:

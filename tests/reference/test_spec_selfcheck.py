@@ -301,9 +301,13 @@ def layout_checks(tmp, tdir, target):
     w["fc.weight"] = np.zeros((H, 3 * H))
     expect_fail("shape", cdict, w, "shape")
     c_bad = json.loads(json.dumps(cdict))
-    c_bad["dflash_config"]["target_layer_ids"] = [0, 99]
-    w = rs.random_drafter_weights(rs.DraftConfig(c_bad), seed=2)
-    expect_fail("layer id", c_bad, w, "target_layer_id")
+    for bad_ids in ([0, 99], [-2, 0], [1, 1]):  # DeepSpec validate_target_layer_ids: refused by the config
+        c_bad["dflash_config"]["target_layer_ids"] = bad_ids
+        try:
+            rs.DraftConfig(c_bad)
+            check(False, "target_layer_ids %r accepted" % (bad_ids,))
+        except rm.FormatError as e:
+            check("target_layer_ids" in str(e), "layer ids %r: %s" % (bad_ids, e))
     c_bad = json.loads(json.dumps(cdict))
     c_bad["dflash_config"]["mask_token_id"] = V
     try:

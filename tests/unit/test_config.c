@@ -109,12 +109,125 @@ static void test_refusals(void **state)
     }
 }
 
+/* A small target and a DSpark drafter config carrying every field DeepSpec's build_draft_config
+ * writes (DS@afdfa7c deepspec/modeling/dspark/qwen3/config.py:37-56, on a deepcopy of the target's
+ * Qwen3Config); the drafter fields are appended per case. */
+#define TGT_GEO                                                                                         \
+    "\"attention_bias\":false,\"attention_dropout\":0.0,\"bos_token_id\":1,\"eos_token_id\":2,"          \
+    "\"head_dim\":16,\"hidden_act\":\"silu\",\"hidden_size\":64,\"initializer_range\":0.02,"            \
+    "\"intermediate_size\":96,\"max_position_embeddings\":4096,\"max_window_layers\":4,"                \
+    "\"model_type\":\"qwen3\",\"num_attention_heads\":4,\"num_key_value_heads\":2,"                    \
+    "\"rms_norm_eps\":1e-06,\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,"       \
+    "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.57.1\",\"use_cache\":true,"               \
+    "\"use_sliding_window\":false,\"vocab_size\":300"
+static const char tgt4[] = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"num_hidden_layers\":4,"
+                           "\"tie_word_embeddings\":true," TGT_GEO "}";
+#define DSPARK_HEAD                                                                                     \
+    "{\"architectures\":[\"Qwen3DSparkModel\"],\"num_hidden_layers\":2,\"num_target_layers\":4,"        \
+    "\"tie_word_embeddings\":false,\"block_size\":7,\"mask_token_id\":299," TGT_GEO ","
+
+static int parse_pair(const char *dj, mdl_config *d, char *err, size_t errlen)
+{
+    mdl_config t;
+    assert_int_equal(mdl_config_parse(tgt4, strlen(tgt4), &t, err, errlen), 0);
+    if (mdl_config_parse(dj, strlen(dj), d, err, errlen) != 0) return -1;
+    return mdl_config_check_drafter(&t, d, err, errlen);
+}
+
+static void test_drafter_formats(void **state)
+{
+    (void)state;
+    mdl_config d;
+    char err[512] = "";
+    /* every Qwen3DSparkConfig field; target_layer_ids with -1 (embeddings) and L-1 (final-normed) */
+    const char *full = DSPARK_HEAD
+        "\"layer_types\":[\"full_attention\",\"full_attention\"],\"_attn_implementation\":\"flex_attention\","
+        "\"target_layer_ids\":[-1,1,3],\"num_anchors\":512,\"enable_confidence_head\":true,"
+        "\"confidence_head_with_markov\":true,\"markov_rank\":16,\"markov_head_type\":\"vanilla\","
+        "\"pad_token_id\":null}";
+    if (parse_pair(full, &d, err, sizeof err) != 0) fail_msg("full DSpark config refused: %s", err);
+    assert_int_equal(d.n_target_ids, 3);
+    assert_int_equal(d.target_ids[0], -1);
+    assert_int_equal(d.target_ids[2], 3);
+    assert_int_equal(d.markov_rank, 16);
+    assert_true(d.conf_head && d.conf_with_markov);
+    /* confidence_head_with_markov means nothing without the head (DeepSpec writes it only with it) */
+    const char *nohead = DSPARK_HEAD "\"target_layer_ids\":[0],\"num_anchors\":256,"
+                                     "\"enable_confidence_head\":false,\"confidence_head_with_markov\":true,"
+                                     "\"markov_rank\":0,\"markov_head_type\":\"gated\"}";
+    if (parse_pair(nohead, &d, err, sizeof err) != 0) fail_msg("DSpark without heads refused: %s", err);
+    assert_false(d.conf_head || d.conf_with_markov);
+    /* z-lab DFlash: id L-1 in dflash_config */
+    const char *dflash =
+        "{\"architectures\":[\"DFlashDraftModel\"],\"num_hidden_layers\":1,\"num_target_layers\":4,"
+        "\"block_size\":16," TGT_GEO ",\"dflash_config\":{\"mask_token_id\":299,\"target_layer_ids\":[0,3]}}";
+    if (parse_pair(dflash, &d, err, sizeof err) != 0) fail_msg("DFlash with id L-1 refused: %s", err);
+    assert_int_equal(d.target_ids[1], 3);
+
+    struct {
+        const char *json, *expect;
+    } bad[] = {
+        {DSPARK_HEAD "\"target_layer_ids\":[-2,1],\"enable_confidence_head\":false,\"markov_rank\":0}",
+         "target_layer_ids[0] = -2: ids must be strictly increasing, each -1 (the embedding output) or a "
+         "target layer in [0, 3]"},
+        {DSPARK_HEAD "\"target_layer_ids\":[0,4],\"enable_confidence_head\":false,\"markov_rank\":0}",
+         "target_layer_ids[1] = 4: ids must be strictly increasing, each -1 (the embedding output) or a "
+         "target layer in [0, 3]"},
+        {DSPARK_HEAD "\"target_layer_ids\":[1,1],\"enable_confidence_head\":false,\"markov_rank\":0}",
+         "target_layer_ids[1] = 1: ids must be strictly increasing"},
+        {DSPARK_HEAD "\"target_layer_ids\":[1],\"layer_types\":[\"full_attention\",\"sliding_attention\"],"
+                     "\"enable_confidence_head\":false,\"markov_rank\":0}",
+         "layer_types"},
+        {DSPARK_HEAD "\"target_layer_ids\":[1],\"layer_types\":[\"full_attention\"],"
+                     "\"enable_confidence_head\":false,\"markov_rank\":0}",
+         "layer_types"},
+        {DSPARK_HEAD "\"target_layer_ids\":[1],\"num_anchors\":\"many\",\"enable_confidence_head\":false,"
+                     "\"markov_rank\":0}",
+         "num_anchors"},
+        {DSPARK_HEAD "\"target_layer_ids\":[1],\"enable_confidence_head\":false,\"markov_rank\":4,"
+                     "\"markov_head_type\":\"rnn\"}",
+         "markov_head_type"},
+        {"{\"architectures\":[\"DFlashDraftModel\"],\"num_hidden_layers\":1,\"num_target_layers\":4,"
+         TGT_GEO ",\"dflash_config\":{\"mask_token_id\":299,\"target_layer_ids\":[1],\"is_causal\":true}}",
+         "is_causal"},
+        {"{\"architectures\":[\"DFlashDraftModel\"],\"num_hidden_layers\":1,\"num_target_layers\":4,"
+         TGT_GEO ",\"dflash_config\":{\"mask_token_id\":299,\"target_layer_ids\":[1],"
+         "\"input_embedding_scale\":2.0}}",
+         "input_embedding_scale"},
+        {"{\"architectures\":[\"DFlashDraftModel\"],\"num_hidden_layers\":1,\"num_target_layers\":4,"
+         TGT_GEO ",\"output_multiplier\":0.5,\"dflash_config\":{\"mask_token_id\":299,\"target_layer_ids\":[1]}}",
+         "output_multiplier"},
+        {"{\"architectures\":[\"DFlashDraftModel\"],\"num_hidden_layers\":1,\"num_target_layers\":4,"
+         TGT_GEO ",\"final_logit_softcapping\":30.0,\"dflash_config\":{\"mask_token_id\":299,"
+         "\"target_layer_ids\":[1]}}",
+         "final_logit_softcapping"},
+        /* the z-lab default rule for a 4-layer target and 2 drafter layers gives [1, 1] */
+        {"{\"architectures\":[\"DFlashDraftModel\"],\"num_hidden_layers\":2,\"num_target_layers\":4,"
+         TGT_GEO ",\"dflash_config\":{\"mask_token_id\":299}}",
+         "target_layer_ids[1] = 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        assert_int_equal(parse_pair(bad[i].json, &d, err, sizeof err), -1);
+        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+    /* the pairing check against a target reports the same message as the drafter's own config */
+    mdl_config t;
+    assert_int_equal(mdl_config_parse(tgt4, strlen(tgt4), &t, err, sizeof err), 0);
+    assert_int_equal(mdl_config_parse(full, strlen(full), &d, err, sizeof err), 0);
+    d.target_ids[2] = 4;
+    assert_int_equal(mdl_config_check_drafter(&t, &d, err, sizeof err), -1);
+    assert_non_null(strstr(err, "drafter: target_layer_ids[2] = 4: ids must be strictly increasing, each -1 (the "
+                                "embedding output) or a target layer in [0, 3]"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_llama_qwen2),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_drafter_formats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
