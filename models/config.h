@@ -1,6 +1,8 @@
 /* models/config.h — config.json of a Hugging Face causal LM, parsed and checked.
- * Supported: Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM with SiLU MLP, plain RoPE
- * (rope_scaling null), full attention. Anything else is a clear error naming the field. */
+ * Supported: Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM with SiLU MLP, full attention,
+ * RoPE default / linear / dynamic / llama3 / yarn in both the transformers 4 layout (rope_theta +
+ * rope_scaling) and the transformers 5 one (rope_parameters) — see models/config_rope.c and the
+ * README's "Supported config fields". Anything else is a clear error naming the field. */
 #ifndef GS_MDL_CONFIG_H
 #define GS_MDL_CONFIG_H
 
@@ -13,6 +15,9 @@ typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2, MDL_ARCH_DFLA
 #define MDL_MAX_TARGET_IDS 64
 
 #define MDL_MAX_EOS 8
+
+/* RoPE frequency schemes (transformers' rope_type), models/config_rope.c */
+typedef enum { MDL_ROPE_DEFAULT = 0, MDL_ROPE_LINEAR, MDL_ROPE_DYNAMIC, MDL_ROPE_LLAMA3, MDL_ROPE_YARN } mdl_rope_type;
 
 typedef struct {
     mdl_arch arch;
@@ -27,6 +32,14 @@ typedef struct {
     int qk_norm;             /* qwen3 */
     int qkv_bias;            /* qwen2, llama attention_bias */
     int o_bias;              /* llama attention_bias */
+    /* RoPE beyond rope_theta (models/config_rope.c); defaults mean plain RoPE */
+    mdl_rope_type rope_type;
+    double rope_factor;                  /* linear, dynamic, llama3, yarn */
+    double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int rope_orig_max_pos;               /* llama3, yarn: original_max_position_embeddings */
+    double rope_beta_fast, rope_beta_slow; /* yarn */
+    int rope_truncate;                   /* yarn: floor/ceil the correction range */
+    double rope_attn_factor;             /* yarn: multiplies cos and sin; 1 otherwise */
     /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
     int is_drafter;
     int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */
@@ -48,6 +61,13 @@ const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */
 /* A drafter must fit its target: same hidden size and vocabulary, target layer ids inside the
  * target (and not its last layer, whose HF hidden state is final-normed), mask id in the vocab. */
 int mdl_config_check_drafter(const mdl_config *target, const mdl_config *draft, char *err, size_t errlen);
+
+/* RoPE inverse frequencies inv[0 .. head_dim/2) of the config's rope type, in double (the table
+ * the qk_norm_rope op reads is these rounded to f32). */
+void mdl_rope_inv_freq(const mdl_config *c, double *inv);
+/* The attention op's softmax scale: head_dim^-0.5, times rope_attn_factor^2 (yarn scales cos and
+ * sin by the factor, so q.k by its square). */
+double mdl_attn_softmax_scale(const mdl_config *c);
 
 /* Parses config.json text. Returns 0, or -1 with err naming the field and the reason. */
 int mdl_config_parse(const char *json, size_t len, mdl_config *out, char *err, size_t errlen);
