@@ -334,5 +334,14 @@ int mdl_config_load(const char *dir, mdl_config *out, char *err, size_t errlen)
     if (!buf) return -1;
     int rc = mdl_config_parse(buf, len, out, err, errlen);
     free(buf);
+    if (rc != 0) return rc;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0; /* optional */
+    fclose(f);
+    buf = mdl_read_file(path, 1 << 20, &len, err, errlen);
+    if (!buf) return -1;
+    rc = mdl_gen_config_parse(buf, len, out, err, errlen);
+    free(buf);
     return rc;
 }

@@ -16,8 +16,28 @@ typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2, MDL_ARCH_DFLA
 
 #define MDL_MAX_EOS 8
 
+enum {
+    MDL_GEN_TEMPERATURE = 1,
+    MDL_GEN_TOP_P = 2,
+    MDL_GEN_TOP_K = 4,
+    MDL_GEN_MIN_P = 8,
+    MDL_GEN_REPETITION_PENALTY = 16,
+    MDL_GEN_MAX_NEW_TOKENS = 32
+};
+
 /* RoPE frequency schemes (transformers' rope_type), models/config_rope.c */
 typedef enum { MDL_ROPE_DEFAULT = 0, MDL_ROPE_LINEAR, MDL_ROPE_DYNAMIC, MDL_ROPE_LLAMA3, MDL_ROPE_YARN } mdl_rope_type;
+
+/* generation_config.json sampling defaults, as vLLM's --generation-config auto reads them: a field
+ * counts when present and unlike transformers' GenerationConfig default (temperature 1, top_p 1,
+ * top_k 50, min_p none, repetition_penalty 1, max_new_tokens none). */
+typedef struct {
+    unsigned set; /* MDL_GEN_* bits */
+    float temperature, top_p, min_p;
+    int top_k;    /* 0: off */
+    int max_new_tokens;
+    double repetition_penalty;
+} mdl_gen_defaults;
 
 typedef struct {
     mdl_arch arch;
@@ -40,6 +60,7 @@ typedef struct {
     double rope_beta_fast, rope_beta_slow; /* yarn */
     int rope_truncate;                   /* yarn: floor/ceil the correction range */
     double rope_attn_factor;             /* yarn: multiplies cos and sin; 1 otherwise */
+    mdl_gen_defaults gen;    /* generation_config.json sampling defaults */
     /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
     int is_drafter;
     int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */
@@ -71,7 +92,11 @@ double mdl_attn_softmax_scale(const mdl_config *c);
 
 /* Parses config.json text. Returns 0, or -1 with err naming the field and the reason. */
 int mdl_config_parse(const char *json, size_t len, mdl_config *out, char *err, size_t errlen);
-/* Reads dir/config.json. */
+/* Merges generation_config.json text into c (after mdl_config_parse): its eos_token_id (an int or
+ * a list) joins c->eos (vLLM adds them to the stop ids), and the sampling defaults go to c->gen.
+ * 0, or -1 with err naming the field. */
+int mdl_gen_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen);
+/* Reads dir/config.json, then dir/generation_config.json when there is one. */
 int mdl_config_load(const char *dir, mdl_config *out, char *err, size_t errlen);
 
 /* Reads a whole file into a NUL-terminated malloc'd buffer (max_bytes bound). NULL + err on failure. */

@@ -424,6 +424,56 @@ static void test_fields(void **state)
     assert_int_equal(c.n_eos, 3);
 }
 
+static void test_generation_config(void **state)
+{
+    (void)state;
+    mdl_config c;
+    char err[512];
+    assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
+    /* Qwen3-0.6B's published generation_config.json */
+    const char *g = "{\"bos_token_id\":151643,\"do_sample\":true,\"eos_token_id\":[151645,151643],"
+                    "\"pad_token_id\":151643,\"temperature\":0.6,\"top_k\":20,\"top_p\":0.95,"
+                    "\"transformers_version\":\"4.51.0\"}";
+    if (mdl_gen_config_parse(g, strlen(g), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(c.n_eos, 2); /* 151645 (config.json) + 151643, no duplicate */
+    assert_int_equal(c.eos[0], 151645);
+    assert_int_equal(c.eos[1], 151643);
+    assert_int_equal(c.gen.set, MDL_GEN_TEMPERATURE | MDL_GEN_TOP_K | MDL_GEN_TOP_P);
+    assert_true(c.gen.temperature == 0.6f && c.gen.top_p == 0.95f);
+    assert_int_equal(c.gen.top_k, 20);
+    /* GenerationConfig defaults do not count (vLLM reads the diff): top_k 50, temperature 1, top_p 1 */
+    assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
+    g = "{\"eos_token_id\":151645,\"temperature\":1.0,\"top_k\":50,\"top_p\":1.0,\"repetition_penalty\":1.0,"
+        "\"min_p\":0.05,\"max_new_tokens\":128}";
+    assert_int_equal(mdl_gen_config_parse(g, strlen(g), &c, err, sizeof err), 0);
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.gen.set, MDL_GEN_MIN_P | MDL_GEN_MAX_NEW_TOKENS);
+    assert_int_equal(c.gen.max_new_tokens, 128);
+    /* Qwen2.5-Instruct's repetition_penalty is recorded (serve refuses it at start-up) */
+    g = "{\"repetition_penalty\":1.05,\"temperature\":0.7,\"top_p\":0.8,\"top_k\":20}";
+    assert_int_equal(mdl_gen_config_parse(g, strlen(g), &c, err, sizeof err), 0);
+    assert_true(c.gen.set & MDL_GEN_REPETITION_PENALTY);
+    assert_true(c.gen.repetition_penalty == 1.05);
+    const struct {
+        const char *json, *expect;
+    } bad[] = {
+        {"{\"eos_token_id\":[1,200000]}", "generation_config.json: field eos_token_id"},
+        {"{\"eos_token_id\":\"x\"}", "generation_config.json: field eos_token_id"},
+        {"{\"eos_token_id\":[1,2,3,4,5,6,7,8,9]}", "more than 8 eos ids"},
+        {"{\"temperature\":-1}", "generation_config.json: field temperature"},
+        {"{\"top_p\":0}", "generation_config.json: field top_p"},
+        {"{\"top_k\":2.5}", "generation_config.json: field top_k"},
+        {"{\"max_new_tokens\":0}", "generation_config.json: field max_new_tokens"},
+        {"[1]", "generation_config.json: not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
+        err[0] = 0;
+        assert_int_equal(mdl_gen_config_parse(bad[i].json, strlen(bad[i].json), &c, err, sizeof err), -1);
+        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -436,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_rope_refusals),
         cmocka_unit_test(test_fields),
+        cmocka_unit_test(test_generation_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
