@@ -247,8 +247,8 @@ int mdl_config_parse_rope(const cJSON *root, mdl_config *c, char *err, size_t er
             rope_num(p, where, "attention_factor", 0, 0, 0, BIG, &af, &has_af, err, errlen) ||
             rope_num(p, where, "mscale", 0, 0, -BIG, BIG, &ms, &has_ms, err, errlen) ||
             rope_num(p, where, "mscale_all_dim", 0, 0, -BIG, BIG, &msad, &has_msad, err, errlen) ||
-            rope_num(p, where, "beta_fast", 0, 0, -BIG, BIG, &bf, NULL, err, errlen) ||
-            rope_num(p, where, "beta_slow", 0, 0, -BIG, BIG, &bs, NULL, err, errlen))
+            rope_num(p, where, "beta_fast", 0, 0, 0, BIG, &bf, NULL, err, errlen) ||
+            rope_num(p, where, "beta_slow", 0, 0, 0, BIG, &bs, NULL, err, errlen))
             return -1;
         if (orig != floor(orig)) {
             snprintf(err, errlen, "config.json: %s.original_max_position_embeddings must be an integer", where);

@@ -337,6 +337,14 @@ static void test_rope_yarn(void **state)
                    ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
                    "\"truncate\":1}",
                    "rope_parameters.truncate must be true or false");
+    expect_refused(Q3, 512,
+                   ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
+                   "\"beta_fast\":-2}",
+                   "rope_parameters.beta_fast must be a number in [0,");
+    expect_refused(Q3, 512,
+                   ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
+                   "\"attention_factor\":0}",
+                   "the yarn attention factor 0 must be positive");
 }
 
 static void test_rope_refusals(void **state)
