@@ -343,6 +343,7 @@ void mdl_rope_inv_freq(const mdl_config *c, double *inv)
 double mdl_attn_softmax_scale(const mdl_config *c)
 {
     const double s = 1.0 / sqrt((double)c->head_dim);
+    /* exactly hd^-0.5 unless yarn; 0 is a zeroed config built by hand (tests): plain RoPE */
     return c->rope_attn_factor == 1.0 || c->rope_attn_factor == 0.0 ? s
                                                                      : s * c->rope_attn_factor * c->rope_attn_factor;
 }
