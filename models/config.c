@@ -1,4 +1,5 @@
 #include "models/config.h"
+#include "models/config_internal.h"
 #include "models/json_guard.h"
 
 #include <cjson/cJSON.h>
@@ -348,8 +349,7 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
         goto out;
     }
     if (get_num(root, "rms_norm_eps", 1e-6, 0, 1, &c->rms_eps, err, errlen) ||
-        get_num(root, "rope_theta", c->arch == MDL_ARCH_LLAMA ? 10000.0 : 1000000.0, 1, 1e12,
-                &c->rope_theta, err, errlen) ||
+        mdl_config_parse_rope(root, c, err, errlen) != 0 || mdl_config_parse_attention(root, c, err, errlen) != 0 ||
         get_bool(root, "tie_word_embeddings", c->arch == MDL_ARCH_QWEN2 ? 0 : 0, &c->tie, err, errlen) ||
         get_int(root, "bos_token_id", 1, -1, -1, c->vocab - 1, &c->bos, err, errlen))
         goto out;
@@ -370,35 +370,12 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
         if (get_int(root, "eos_token_id", 0, 0, 0, c->vocab - 1, &v, err, errlen)) goto out;
         c->eos[c->n_eos++] = v;
     }
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
-    if (!dt) dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
-    c->dtype = MDL_DT_BF16;
-    if (dt && !cJSON_IsNull(dt)) {
-        const char *s = cJSON_IsString(dt) ? dt->valuestring : "";
-        if (strcmp(s, "bfloat16") == 0) c->dtype = MDL_DT_BF16;
-        else if (strcmp(s, "float16") == 0) c->dtype = MDL_DT_F16;
-        else if (strcmp(s, "float32") == 0) c->dtype = MDL_DT_F32;
-        else {
-            snprintf(err, errlen, "config.json: unsupported torch_dtype %s", s);
-            goto out;
-        }
-    }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
         snprintf(err, errlen, "config.json: unsupported hidden_act (only silu)");
         goto out;
     }
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    if (rs && !cJSON_IsNull(rs)) {
-        snprintf(err, errlen, "config.json: rope_scaling is not supported (must be null)");
-        goto out;
-    }
     int flag;
-    if (get_bool(root, "use_sliding_window", 0, &flag, err, errlen)) goto out;
-    if (flag) {
-        snprintf(err, errlen, "config.json: use_sliding_window=true is not supported");
-        goto out;
-    }
     if (get_bool(root, "mlp_bias", 0, &flag, err, errlen)) goto out;
     if (flag) {
         snprintf(err, errlen, "config.json: mlp_bias=true is not supported");
@@ -425,6 +402,15 @@ int mdl_config_load(const char *dir, mdl_config *out, char *err, size_t errlen)
     char *buf = mdl_read_file(path, 1 << 20, &len, err, errlen);
     if (!buf) return -1;
     int rc = mdl_config_parse(buf, len, out, err, errlen);
+    free(buf);
+    if (rc != 0) return rc;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0; /* optional */
+    fclose(f);
+    buf = mdl_read_file(path, 1 << 20, &len, err, errlen);
+    if (!buf) return -1;
+    rc = mdl_gen_config_parse(buf, len, out, err, errlen);
     free(buf);
     return rc;
 }

@@ -1,6 +1,8 @@
 /* models/config.h — config.json of a Hugging Face causal LM, parsed and checked.
- * Supported: Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM with SiLU MLP, plain RoPE
- * (rope_scaling null), full attention. Anything else is a clear error naming the field. */
+ * Supported: Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM with SiLU MLP, full attention,
+ * RoPE default / linear / dynamic / llama3 / yarn in both the transformers 4 layout (rope_theta +
+ * rope_scaling) and the transformers 5 one (rope_parameters) — see models/config_rope.c and the
+ * README's "Supported config fields". Anything else is a clear error naming the field. */
 #ifndef GS_MDL_CONFIG_H
 #define GS_MDL_CONFIG_H
 
@@ -13,6 +15,29 @@ typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2, MDL_ARCH_DFLA
 #define MDL_MAX_TARGET_IDS 64
 
 #define MDL_MAX_EOS 8
+
+enum {
+    MDL_GEN_TEMPERATURE = 1,
+    MDL_GEN_TOP_P = 2,
+    MDL_GEN_TOP_K = 4,
+    MDL_GEN_MIN_P = 8,
+    MDL_GEN_REPETITION_PENALTY = 16,
+    MDL_GEN_MAX_NEW_TOKENS = 32
+};
+
+/* RoPE frequency schemes (transformers' rope_type), models/config_rope.c */
+typedef enum { MDL_ROPE_DEFAULT = 0, MDL_ROPE_LINEAR, MDL_ROPE_DYNAMIC, MDL_ROPE_LLAMA3, MDL_ROPE_YARN } mdl_rope_type;
+
+/* generation_config.json sampling defaults, as vLLM's --generation-config auto reads them: a field
+ * counts when present and unlike transformers' GenerationConfig default (temperature 1, top_p 1,
+ * top_k 50, min_p none, repetition_penalty 1, max_new_tokens none). */
+typedef struct {
+    unsigned set; /* MDL_GEN_* bits */
+    float temperature, top_p, min_p;
+    int top_k;    /* 0: off */
+    int max_new_tokens;
+    double repetition_penalty;
+} mdl_gen_defaults;
 
 typedef struct {
     mdl_arch arch;
@@ -27,6 +52,15 @@ typedef struct {
     int qk_norm;             /* qwen3 */
     int qkv_bias;            /* qwen2, llama attention_bias */
     int o_bias;              /* llama attention_bias */
+    /* RoPE beyond rope_theta (models/config_rope.c); defaults mean plain RoPE */
+    mdl_rope_type rope_type;
+    double rope_factor;                  /* linear, dynamic, llama3, yarn */
+    double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int rope_orig_max_pos;               /* llama3, yarn: original_max_position_embeddings */
+    double rope_beta_fast, rope_beta_slow; /* yarn */
+    int rope_truncate;                   /* yarn: floor/ceil the correction range */
+    double rope_attn_factor;             /* yarn: multiplies cos and sin; 1 otherwise */
+    mdl_gen_defaults gen;    /* generation_config.json sampling defaults */
     /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
     int is_drafter;
     int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */
@@ -51,9 +85,20 @@ const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */
  * as Hugging Face output_hidden_states), strictly increasing. */
 int mdl_config_check_drafter(const mdl_config *target, const mdl_config *draft, char *err, size_t errlen);
 
+/* RoPE inverse frequencies inv[0 .. head_dim/2) of the config's rope type, in double (the table
+ * the qk_norm_rope op reads is these rounded to f32). */
+void mdl_rope_inv_freq(const mdl_config *c, double *inv);
+/* The attention op's softmax scale: head_dim^-0.5, times rope_attn_factor^2 (yarn scales cos and
+ * sin by the factor, so q.k by its square). */
+double mdl_attn_softmax_scale(const mdl_config *c);
+
 /* Parses config.json text. Returns 0, or -1 with err naming the field and the reason. */
 int mdl_config_parse(const char *json, size_t len, mdl_config *out, char *err, size_t errlen);
-/* Reads dir/config.json. */
+/* Merges generation_config.json text into c (after mdl_config_parse): its eos_token_id (an int or
+ * a list) joins c->eos (vLLM adds them to the stop ids), and the sampling defaults go to c->gen.
+ * 0, or -1 with err naming the field. */
+int mdl_gen_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen);
+/* Reads dir/config.json, then dir/generation_config.json when there is one. */
 int mdl_config_load(const char *dir, mdl_config *out, char *err, size_t errlen);
 
 /* Reads a whole file into a NUL-terminated malloc'd buffer (max_bytes bound). NULL + err on failure. */

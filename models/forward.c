@@ -176,7 +176,7 @@ static void emit_layer(eng_tape *t, const mdl_model *m, int l, const layer_io *i
     op.p[4] = io->block_size;
     op.p[5] = io->max_blocks;
     op.p[6] = rows;
-    op.f[0] = (float)(1.0 / sqrt((double)hd));
+    op.f[0] = (float)mdl_attn_softmax_scale(c); /* hd^-0.5, times the yarn attention factor^2 */
     eng_tape_push(t, &op);
 
     emit_matmul(t, m, io->attn, nh * hd, L->o, L->o_bias, io->x, H, rows, io->n_rows, 1);

@@ -41,6 +41,32 @@ void mdl_mkmodel_defaults(mdl_mkmodel_opts *o)
     o->markov_rank = 16;
     o->conf_head = 1;
     o->mask_token_id = -1;
+    o->rope_truncate = -1;
+}
+
+/* The rope_scaling (v4) / rope_parameters (v5) object of the options, or NULL for plain RoPE in v4. */
+static cJSON *rope_object(const mdl_mkmodel_opts *o, double theta)
+{
+    if (!o->rope_type && !o->config_v5) return NULL;
+    cJSON *r = cJSON_CreateObject();
+    if (o->config_v5) cJSON_AddNumberToObject(r, "rope_theta", theta);
+    cJSON_AddStringToObject(r, "rope_type", o->rope_type ? o->rope_type : "default");
+    const struct {
+        const char *key;
+        double v;
+    } nums[] = {{"factor", o->rope_factor},
+                {"low_freq_factor", o->rope_low_freq_factor},
+                {"high_freq_factor", o->rope_high_freq_factor},
+                {"original_max_position_embeddings", o->rope_orig_max_pos},
+                {"beta_fast", o->rope_beta_fast},
+                {"beta_slow", o->rope_beta_slow},
+                {"mscale", o->rope_mscale},
+                {"mscale_all_dim", o->rope_mscale_all_dim},
+                {"attention_factor", o->rope_attention_factor}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+        if (nums[i].v != 0) cJSON_AddNumberToObject(r, nums[i].key, nums[i].v);
+    if (o->rope_truncate >= 0) cJSON_AddBoolToObject(r, "truncate", o->rope_truncate);
+    return r;
 }
 
 typedef struct {
@@ -393,13 +419,17 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
     cJSON_AddNumberToObject(cfg, "vocab_size", o->vocab);
     cJSON_AddNumberToObject(cfg, "max_position_embeddings", o->max_pos);
     cJSON_AddNumberToObject(cfg, "rms_norm_eps", 1e-6);
-    cJSON_AddNumberToObject(cfg, "rope_theta", o->arch == MDL_ARCH_LLAMA ? 500000.0 : 1000000.0);
+    const double theta = o->rope_theta > 0 ? o->rope_theta : o->arch == MDL_ARCH_LLAMA ? 500000.0 : 1000000.0;
+    cJSON *rope = drafter ? NULL : rope_object(o, theta);
+    if (!o->config_v5 || drafter) cJSON_AddNumberToObject(cfg, "rope_theta", theta);
     cJSON_AddBoolToObject(cfg, "tie_word_embeddings", o->tie);
     cJSON_AddNumberToObject(cfg, "bos_token_id", bos);
     cJSON_AddNumberToObject(cfg, "eos_token_id", eos);
-    cJSON_AddStringToObject(cfg, "torch_dtype", torch_dtype(o->dtype));
+    cJSON_AddStringToObject(cfg, o->config_v5 && !drafter ? "dtype" : "torch_dtype", torch_dtype(o->dtype));
     cJSON_AddStringToObject(cfg, "hidden_act", "silu");
-    cJSON_AddNullToObject(cfg, "rope_scaling");
+    if (o->config_v5 && !drafter) cJSON_AddItemToObject(cfg, "rope_parameters", rope);
+    else if (rope) cJSON_AddItemToObject(cfg, "rope_scaling", rope);
+    else cJSON_AddNullToObject(cfg, "rope_scaling");
     cJSON_AddNumberToObject(cfg, "initializer_range", 0.02);
     cJSON_AddBoolToObject(cfg, "use_cache", 1);
     if (o->arch != MDL_ARCH_QWEN2) cJSON_AddBoolToObject(cfg, "attention_bias", 0);
@@ -414,7 +444,7 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         for (int l = 0; l < o->layers; l++) cJSON_AddItemToArray(lt, cJSON_CreateString("full_attention"));
         cJSON_AddNumberToObject(cfg, "attention_dropout", 0.0);
     }
-    cJSON_AddStringToObject(cfg, "transformers_version", "4.51.0");
+    cJSON_AddStringToObject(cfg, "transformers_version", o->config_v5 && !drafter ? "5.0.0" : "4.51.0");
     char path[4352];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (write_json(path, cfg, err, errlen) != 0) goto out;

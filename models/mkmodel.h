@@ -23,6 +23,15 @@ typedef struct {
     int n_target_ids;     /* 0: spread over the target's layers */
     int target_ids[MDL_MAX_TARGET_IDS];
     int mask_token_id;    /* -1: vocab - 4 (below mkmodel's tokenizer's special tokens) */
+    /* config.json layout and RoPE (targets): transformers 4 (rope_theta + rope_scaling,
+     * torch_dtype) or 5 (rope_parameters, dtype). Numbers left at 0 are not written. */
+    int config_v5;
+    const char *rope_type;   /* NULL: plain RoPE (rope_scaling null / rope_type default) */
+    double rope_theta;       /* 0: 500000 for llama, 1e6 otherwise */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_beta_fast, rope_beta_slow;
+    double rope_mscale, rope_mscale_all_dim, rope_attention_factor;
+    int rope_orig_max_pos;
+    int rope_truncate;       /* -1: not written, else false / true */
 } mdl_mkmodel_opts;
 
 void mdl_mkmodel_defaults(mdl_mkmodel_opts *o);

@@ -175,6 +175,19 @@ static void build_table(builder *b)
     }
 }
 
+/* The RoPE table the qk_norm_rope op reads (kern.h: f32 inv_freq[hd/2]), computed in double from
+ * the config's rope type (models/config_rope.c) and rounded once. Written in place: plans keep the
+ * pointer. */
+static void fill_inv_freq(mdl_model *m)
+{
+    const int half = m->cfg.head_dim / 2;
+    double invd[2048];
+    float inv[2048];
+    mdl_rope_inv_freq(&m->cfg, invd);
+    for (int i = 0; i < half; i++) inv[i] = (float)invd[i];
+    m->be->ops->upload(m->be, m->inv_freq, inv, (size_t)half * sizeof(float));
+}
+
 mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, size_t errlen)
 {
     mdl_model *m = calloc(1, sizeof *m);
@@ -203,11 +216,6 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
         }
         m->weight_bytes += p->bytes;
     }
-    /* RoPE inverse frequencies: config-derived, fixed for the model's lifetime */
-    int half = cfg->head_dim / 2;
-    float inv[4096];
-    for (int i = 0; i < half; i++)
-        inv[i] = (float)(1.0 / pow(cfg->rope_theta, (double)(2 * i) / (double)cfg->head_dim));
     if (cfg->is_drafter) { /* derived buffers: allocated once here, refilled in place by the hook */
         const size_t kv_rows = (size_t)cfg->kv_heads * (size_t)cfg->head_dim;
         mdl_param *d = &m->derived[0];
@@ -232,13 +240,15 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
             }
         }
     }
-    m->inv_freq = be->ops->alloc(be, (size_t)half * sizeof(float), "rope_inv_freq");
+    /* RoPE inverse frequencies: a derived buffer, allocated once here and (re)filled in place from
+     * the config (filled now too, so a model is usable before its first load) */
+    m->inv_freq = be->ops->alloc(be, (size_t)(cfg->head_dim / 2) * sizeof(float), "rope_inv_freq");
     if (!m->inv_freq) {
         snprintf(err, errlen, "out of device memory allocating rope_inv_freq");
         mdl_model_destroy(m);
         return NULL;
     }
-    be->ops->upload(be, m->inv_freq, inv, (size_t)half * sizeof(float));
+    fill_inv_freq(m);
     return m;
 oom:
     snprintf(err, errlen, "out of memory building the parameter table");
@@ -363,6 +373,7 @@ int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const c
 static void model_post_load(mdl_model *m)
 {
     m->hook_runs++;
+    fill_inv_freq(m); /* config-derived: the same values, in place (I1, I4) */
     if (!m->cfg.is_drafter) return;
     const mdl_config *c = &m->cfg;
     eng_backend *be = m->be;

@@ -71,7 +71,8 @@ typedef struct mdl_model {
      *   ctx_knorm [L, hd]                 k_norm of each layer */
     mdl_param derived[2];
     int n_derived;
-    float *inv_freq;                /* RoPE inverse frequencies [hd/2], from config */
+    float *inv_freq;                /* RoPE inverse frequencies [hd/2] of the config's rope type: a derived
+                                       buffer, filled at create and refilled in place by the hook */
     kern_dtype wdt;                 /* storage dtype of matrices */
     uint64_t hook_runs;             /* post-load hook executions (tests, metrics) */
     uint64_t weight_bytes;          /* bytes of all parameters */

@@ -74,13 +74,35 @@ static const char help[] =
     "                             -1 = the embedding output, L-1 = the final-normed last state\n"
     "  --mask-token-id N          (default vocab - 4)\n"
     "  --markov-rank N            DSpark Markov head rank (default 16; 0 = none)\n"
-    "  --no-confidence            DSpark without a confidence head\n";
+    "  --no-confidence            DSpark without a confidence head\n"
+    "\n"
+    "config.json layout and RoPE (targets):\n"
+    "  --config-layout v4|v5      transformers 4 (rope_theta + rope_scaling, torch_dtype; default) or\n"
+    "                             5 (rope_parameters, dtype)\n"
+    "  --rope-type T              default|linear|dynamic|llama3|yarn (any string is written as is)\n"
+    "  --rope-theta X             (default 500000 for llama, 1000000 otherwise)\n"
+    "  --rope-factor X  --rope-low-freq-factor X  --rope-high-freq-factor X\n"
+    "  --rope-orig-max-pos N      original_max_position_embeddings\n"
+    "  --rope-beta-fast X  --rope-beta-slow X  --rope-mscale X  --rope-mscale-all-dim X\n"
+    "  --rope-attention-factor X  --rope-truncate true|false\n"
+    "                             (each written only when given)\n";
+
+/* A "--name X" option parsed as a double (exactly as written, for config.json). */
+static int arg_double(int argc, char **argv, int *i, const char *name, double *out)
+{
+    const char *s;
+    if (!srv_arg_str(argc, argv, i, name, &s)) return 0;
+    char *end;
+    *out = strtod(s, &end);
+    if (end == s || *end) srv_die("%s: not a number: %s", name, s);
+    return 1;
+}
 
 int srv_cmd_mkmodel(int argc, char **argv)
 {
     mdl_mkmodel_opts o;
     mdl_mkmodel_defaults(&o);
-    const char *out = NULL, *arch = NULL, *dtype = NULL, *ids = NULL;
+    const char *out = NULL, *arch = NULL, *dtype = NULL, *ids = NULL, *layout = NULL, *trunc = NULL;
     int tie = 0, no_tie = 0, no_tok = 0, no_conf = 0, layers_set = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -107,7 +129,20 @@ int srv_cmd_mkmodel(int argc, char **argv)
             srv_arg_str(argc, argv, &i, "--target-layer-ids", &ids) ||
             srv_arg_int(argc, argv, &i, "--mask-token-id", 0, 1 << 24, &o.mask_token_id) ||
             srv_arg_int(argc, argv, &i, "--markov-rank", 0, 4096, &o.markov_rank) ||
-            srv_arg_flag(argc, argv, &i, "--no-confidence", &no_conf))
+            srv_arg_flag(argc, argv, &i, "--no-confidence", &no_conf) ||
+            srv_arg_str(argc, argv, &i, "--config-layout", &layout) ||
+            srv_arg_str(argc, argv, &i, "--rope-type", &o.rope_type) ||
+            arg_double(argc, argv, &i, "--rope-theta", &o.rope_theta) ||
+            arg_double(argc, argv, &i, "--rope-factor", &o.rope_factor) ||
+            arg_double(argc, argv, &i, "--rope-low-freq-factor", &o.rope_low_freq_factor) ||
+            arg_double(argc, argv, &i, "--rope-high-freq-factor", &o.rope_high_freq_factor) ||
+            srv_arg_int(argc, argv, &i, "--rope-orig-max-pos", 1, 1 << 24, &o.rope_orig_max_pos) ||
+            arg_double(argc, argv, &i, "--rope-beta-fast", &o.rope_beta_fast) ||
+            arg_double(argc, argv, &i, "--rope-beta-slow", &o.rope_beta_slow) ||
+            arg_double(argc, argv, &i, "--rope-mscale", &o.rope_mscale) ||
+            arg_double(argc, argv, &i, "--rope-mscale-all-dim", &o.rope_mscale_all_dim) ||
+            arg_double(argc, argv, &i, "--rope-attention-factor", &o.rope_attention_factor) ||
+            srv_arg_str(argc, argv, &i, "--rope-truncate", &trunc))
             continue;
         srv_die_usage("mkmodel", argv[i]);
     }
@@ -128,6 +163,16 @@ int srv_cmd_mkmodel(int argc, char **argv)
         else if (strcmp(dtype, "f16") == 0) o.dtype = MDL_DT_F16;
         else if (strcmp(dtype, "f32") == 0) o.dtype = MDL_DT_F32;
         else srv_die("--dtype must be bf16, f16 or f32");
+    }
+    if (layout) {
+        if (strcmp(layout, "v4") == 0) o.config_v5 = 0;
+        else if (strcmp(layout, "v5") == 0) o.config_v5 = 1;
+        else srv_die("--config-layout must be v4 or v5");
+    }
+    if (trunc) {
+        if (strcmp(trunc, "true") == 0) o.rope_truncate = 1;
+        else if (strcmp(trunc, "false") == 0) o.rope_truncate = 0;
+        else srv_die("--rope-truncate must be true or false");
     }
     if (o.arch == MDL_ARCH_DFLASH || o.arch == MDL_ARCH_DSPARK) {
         if (!layers_set) o.layers = 1;

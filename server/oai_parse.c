@@ -459,6 +459,9 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
         g->max_tokens = room - longest;
         if (g->max_tokens < 1) g->max_tokens = 1; /* reported as too long below */
     }
+    /* vLLM: generation_config.json's max_new_tokens caps max_tokens, given or not */
+    if ((s->gen.set & MDL_GEN_MAX_NEW_TOKENS) && g->max_tokens > s->gen.max_new_tokens)
+        g->max_tokens = s->gen.max_new_tokens;
     for (int i = 0; i < g->n_prompts; i++) {
         long total = (long)g->prompts[i].n + g->max_tokens;
         const char *what = chat ? "messages" : "prompt";
@@ -486,11 +489,16 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     }
 
     /* sampling */
+    /* defaults: the model's generation_config.json (s->gen, as vLLM's --generation-config auto),
+     * else OpenAI's */
+    const mdl_gen_defaults *gd = &s->gen;
     if (get_num(body, "temperature", 0, 100, 0, &g->sp.temperature, e)) return -1;
-    if (!field(body, "temperature")) g->sp.temperature = 1.0f; /* the OpenAI default */
+    if (!field(body, "temperature")) g->sp.temperature = gd->set & MDL_GEN_TEMPERATURE ? gd->temperature : 1.0f;
+    if (gd->set & MDL_GEN_TOP_P) g->sp.top_p = gd->top_p;
+    if (gd->set & MDL_GEN_MIN_P) g->sp.min_p = gd->min_p;
     if (get_num(body, "top_p", 0, 1, 1, &g->sp.top_p, e)) return -1;
     if (get_int(body, "top_k", -1, 1 << 30, &v, &set, e)) return -1;
-    g->sp.top_k = set && v > 0 ? (int)v : 0;
+    g->sp.top_k = set ? (v > 0 ? (int)v : 0) : (gd->set & MDL_GEN_TOP_K ? gd->top_k : 0);
     set = 0;
     if (get_num(body, "min_p", 0, 1, 0, &g->sp.min_p, e)) return -1;
     if (get_int(body, "seed", -9223372036854775808.0, 18446744073709551615.0, &v, &g->seed_set, e)) return -1;

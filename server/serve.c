@@ -311,6 +311,11 @@ static const char help[] =
     "                         (a stalled body gets 408; default 10, at most --request-timeout)\n"
     "  --queue-cap N          requests waiting for a sequence slot (default 4096), else 503\n"
     "  --max-batch N          sequences (prompts x n) per request (default 256)\n"
+    "  --generation-config auto|vllm  auto (default, as vLLM): the model's generation_config.json\n"
+    "                         temperature / top_p / top_k / min_p are the defaults of requests that\n"
+    "                         do not set them and its max_new_tokens caps max_tokens; a\n"
+    "                         repetition_penalty != 1 there cannot be honoured and stops start-up.\n"
+    "                         vllm: OpenAI's defaults. Its eos_token_id ids stop generation either way.\n"
     "\n"
     "Weight updates (POST /v1/weights/{begin,bucket,finish,abort,load}, GET /v1/weights,\n"
     "GET /v1/weights/checksums, and the vLLM / SGLang routes; see README):\n"
@@ -338,7 +343,7 @@ int srv_cmd_serve(int argc, char **argv)
     const char *host = "127.0.0.1", *api_key = getenv("GRAPHSWAP_API_KEY"), *served = NULL;
     int port = 8080, http_threads = 512, max_body = 8 << 20, timeout_s = 600, keep_alive_ms = 5000, io_s = 10;
     int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60, wsess_s = 300;
-    const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL;
+    const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL, *gen_cfg = "auto";
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     const char *log_format = "text";
     int access_log = 0, log_interval = 10;
@@ -367,10 +372,13 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--weight-session-timeout", 0, 1 << 24, &wsess_s) ||
             srv_arg_str(argc, argv, &i, "--log-format", &log_format) ||
             srv_arg_flag(argc, argv, &i, "--access-log", &access_log) ||
-            srv_arg_int(argc, argv, &i, "--log-interval", 0, 1 << 20, &log_interval))
+            srv_arg_int(argc, argv, &i, "--log-interval", 0, 1 << 20, &log_interval) ||
+            srv_arg_str(argc, argv, &i, "--generation-config", &gen_cfg))
             continue;
         srv_die_usage("serve", argv[i]);
     }
+    if (strcmp(gen_cfg, "auto") != 0 && strcmp(gen_cfg, "vllm") != 0)
+        srv_die("--generation-config must be auto or vllm");
     srv_log_format lf;
     if (srv_log_parse_format(log_format, &lf) != 0) {
         fprintf(stderr, "graphswap: --log-format must be text or json\n");
@@ -404,6 +412,27 @@ int srv_cmd_serve(int argc, char **argv)
     s->kv_tokens = eng_kv_blocks_total(s->rt.e) * ec->block_size;
     s->n_eos = mc->n_eos;
     memcpy(s->eos, mc->eos, sizeof s->eos);
+    if (strcmp(gen_cfg, "auto") == 0) {
+        s->gen = mc->gen;
+        /* a default that graphswap cannot apply would make every request differ from vLLM's answer */
+        if (s->gen.set & MDL_GEN_REPETITION_PENALTY)
+            srv_die("%s/generation_config.json: repetition_penalty %g is not supported (only 1); start with "
+                    "--generation-config vllm to use OpenAI's defaults instead of the file's",
+                    ro.model_dir, s->gen.repetition_penalty);
+        if (s->gen.set) {
+            char line[256];
+            size_t n = 0;
+            const mdl_gen_defaults *gd = &s->gen;
+            if (gd->set & MDL_GEN_TEMPERATURE)
+                n += (size_t)snprintf(line + n, sizeof line - n, " temperature=%g", gd->temperature);
+            if (gd->set & MDL_GEN_TOP_P) n += (size_t)snprintf(line + n, sizeof line - n, " top_p=%g", gd->top_p);
+            if (gd->set & MDL_GEN_TOP_K) n += (size_t)snprintf(line + n, sizeof line - n, " top_k=%d", gd->top_k);
+            if (gd->set & MDL_GEN_MIN_P) n += (size_t)snprintf(line + n, sizeof line - n, " min_p=%g", gd->min_p);
+            if (gd->set & MDL_GEN_MAX_NEW_TOKENS)
+                snprintf(line + n, sizeof line - n, " max_new_tokens=%d", gd->max_new_tokens);
+            fprintf(stderr, "graphswap: request defaults from generation_config.json:%s\n", line);
+        }
+    }
     s->api_key = api_key;
     s->max_body = (size_t)max_body;
     s->request_timeout = timeout_s;

@@ -121,6 +121,8 @@ struct srv_state {
     int kv_tokens;           /* tokens the whole KV cache holds */
     int n_eos;
     int32_t eos[MDL_MAX_EOS];
+    mdl_gen_defaults gen;    /* request sampling defaults (generation_config.json; none with
+                                --generation-config vllm) */
     const char *api_key;     /* NULL: no auth */
     size_t max_body;
     double request_timeout;  /* seconds */

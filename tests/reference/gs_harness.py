@@ -92,12 +92,12 @@ def run(args, timeout=DEFAULT_TIMEOUT):
 
 
 def mkmodel(binary, out, arch, hidden, layers, heads, kv_heads, head_dim, inter, vocab, tie=True,
-            dtype="bf16", shards=1, seed=0):
+            dtype="bf16", shards=1, seed=0, extra=()):
     shutil.rmtree(out, ignore_errors=True)
     args = [binary, "mkmodel", "--arch", arch, "--out", out, "--hidden", str(hidden), "--layers", str(layers),
             "--heads", str(heads), "--kv-heads", str(kv_heads), "--head-dim", str(head_dim),
             "--intermediate", str(inter), "--vocab", str(vocab), "--tie" if tie else "--no-tie",
-            "--dtype", dtype, "--shards", str(shards), "--seed", str(seed)]
+            "--dtype", dtype, "--shards", str(shards), "--seed", str(seed)] + list(extra)
     return run(args)
 
 

@@ -15,7 +15,9 @@ Semantics (per decoder layer, pre-norm residual):
     y = h + down(silu(gate(rms(h))) * up(rms(h)))
 RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w.  q_norm / k_norm (Qwen3 only) are RMSNorms over head_dim
 shared by all heads, applied before RoPE.  RoPE is neox "rotate half" with
-inv_freq[i] = theta^(-2i/hd), i in [0, hd/2).  Attention: causal, GQA (query head h uses kv head
+inv_freq[i] = theta^(-2i/hd), i in [0, hd/2), rescaled per rope type (rope_frequencies below:
+linear, dynamic, llama3, yarn, from the formulas of transformers' modeling_rope_utils.py), with cos
+and sin multiplied by the type's attention factor (yarn).  Attention: causal, GQA (query head h uses kv head
 h // (nh/nkv)), scale hd^-0.5.  Final RMSNorm, lm_head (or embed_tokens when tied).
 Biases: Qwen2 q/k/v; Llama q/k/v/o when attention_bias, gate/up/down when mlp_bias; Qwen3 q/k/v/o
 when attention_bias.
@@ -259,6 +261,69 @@ def read_geometry(cfg, d):
     cfg.eps = float(d["rms_norm_eps"])
 
 
+def rope_settings(d):
+    """(theta, rope dict or None) from config.json: rope_parameters (transformers 5) or rope_theta +
+    rope_scaling (transformers 4)."""
+    rp = d.get("rope_parameters")
+    rs = d.get("rope_scaling")
+    p = rp if rp is not None else rs
+    theta = d.get("rope_theta")
+    if p is not None and p.get("rope_theta") is not None:
+        theta = p["rope_theta"]
+    return float(theta if theta is not None else 10000.0), p
+
+
+def rope_frequencies(theta, p, head_dim, max_pos):
+    """(inv_freq [hd/2] float64, attention_factor) for rope dict p (None: plain RoPE).
+    Written from the published formulas (transformers' _compute_*_parameters):
+      linear: inv / factor
+      dynamic: the default table while the sequence fits max_position_embeddings (always, here)
+      llama3: wavelength bands around original_max_position_embeddings / {low,high}_freq_factor
+      yarn: ramp blend of inv and inv / factor between the beta_fast / beta_slow correction dims,
+            attention factor 0.1 ln(factor) + 1 (or mscale ratio, or given)."""
+    d = head_dim
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    kind = "default" if p is None else p.get("rope_type", p.get("type", "default"))
+    if kind in ("default", "dynamic"):
+        return inv, 1.0
+    if kind == "linear":
+        return inv / float(p["factor"]), 1.0
+    if kind == "llama3":
+        f, lo, hi = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        old = float(p["original_max_position_embeddings"])
+        wl = 2 * np.pi / inv
+        smooth = (old / wl - lo) / (hi - lo)
+        out = np.where(wl > old / lo, inv / f, inv)
+        mid = (wl >= old / hi) & (wl <= old / lo)
+        out = np.where(mid, (1 - smooth) * inv / f + smooth * inv, out)
+        return out, 1.0
+    if kind == "yarn":
+        old = float(p.get("original_max_position_embeddings") or max_pos)
+        f = p.get("factor")
+        f = float(f) if f is not None else max_pos / old
+
+        def mscale(s, m=1.0):
+            return 1.0 if s <= 1 else 0.1 * m * np.log(s) + 1.0
+        af = p.get("attention_factor")
+        if af is None:
+            ms, msa = p.get("mscale"), p.get("mscale_all_dim")
+            af = mscale(f, ms) / mscale(f, msa) if ms and msa else mscale(f)
+        bf, bs = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return d * np.log(old / (rot * 2 * np.pi)) / (2 * np.log(theta))
+        low, high = corr_dim(bf), corr_dim(bs)
+        if p.get("truncate", True):
+            low, high = np.floor(low), np.ceil(high)
+        low, high = max(low, 0), min(high, d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        keep = 1 - ramp                      # weight of the unscaled frequency
+        return inv / f * (1 - keep) + inv * keep, float(af)
+    raise FormatError("rope_type %r not supported by the reference" % (kind,))
+
+
 class Config:
     def __init__(self, d):
         archs = d.get("architectures") or []
@@ -266,15 +331,15 @@ class Config:
             raise FormatError("unsupported architectures %r" % (archs,))
         self.arch = ARCHS[archs[0]]
         read_geometry(self, d)
-        self.theta = float(d.get("rope_theta", 10000.0))
+        self.theta, self.rope = rope_settings(d)
+        self.max_pos = int(d.get("max_position_embeddings", 4096))
         self.tie = bool(d.get("tie_word_embeddings", False))
-        self.torch_dtype = d.get("torch_dtype")
+        self.torch_dtype = d.get("torch_dtype", d.get("dtype"))
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise FormatError("hidden_act %r not supported by the reference" % act)
-        rs = d.get("rope_scaling")
-        if rs is not None and rs.get("rope_type", rs.get("type")) not in (None, "default"):
-            raise FormatError("rope_scaling %r not supported by the reference" % (rs,))
+        if float((self.rope or {}).get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))) != 1.0:
+            raise FormatError("partial_rotary_factor not supported by the reference")
         if self.heads % self.kv_heads != 0:
             raise FormatError("num_attention_heads %d not a multiple of num_key_value_heads %d"
                               % (self.heads, self.kv_heads))
@@ -380,7 +445,7 @@ class RefModel:
             self.w[name] = raw[name].to_f64()
         self.lm_head = self.w["lm_head.weight"] if not cfg.tie else self.w["model.embed_tokens.weight"]
         hd = cfg.head_dim
-        self.inv_freq = cfg.theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+        self.inv_freq, self.attn_factor = rope_frequencies(cfg.theta, cfg.rope, hd, cfg.max_pos)
 
     # -- pieces ----------------------------------------------------------------------------------
     def _lin(self, x, name):
@@ -393,8 +458,8 @@ class RefModel:
     def _rope(self, x, positions):
         """x: [heads, T, hd]; neox rotate-half."""
         ang = np.asarray(positions, dtype=np.float64)[:, None] * self.inv_freq[None, :]   # [T, hd/2]
-        cos = np.cos(np.concatenate([ang, ang], axis=-1))[None]
-        sin = np.sin(np.concatenate([ang, ang], axis=-1))[None]
+        cos = np.cos(np.concatenate([ang, ang], axis=-1))[None] * self.attn_factor
+        sin = np.sin(np.concatenate([ang, ang], axis=-1))[None] * self.attn_factor
         half = x.shape[-1] // 2
         rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rot * sin

@@ -195,6 +195,35 @@ def test_model(tmp, name, arch, shards=1, **kw):
     return d
 
 
+def test_rope_frequencies():
+    """Scaled RoPE tables: identities that hold whatever the implementation."""
+    hd, th = 32, 10000.0
+    base, af = rm.rope_frequencies(th, None, hd, 4096)
+    check(af == 1.0 and np.allclose(base, th ** (-np.arange(0, hd, 2) / hd), rtol=1e-15), "default table")
+    lin, _ = rm.rope_frequencies(th, {"rope_type": "linear", "factor": 4.0}, hd, 4096)
+    check(np.allclose(lin, base / 4, rtol=1e-15), "linear is inv / factor")
+    dyn, _ = rm.rope_frequencies(th, {"rope_type": "dynamic", "factor": 4.0}, hd, 4096)
+    check(np.array_equal(dyn, base), "dynamic within max_position_embeddings is the default table")
+    l3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+    inv, _ = rm.rope_frequencies(th, l3, hd, 4096)
+    wl = 2 * np.pi / base
+    check(np.array_equal(inv[wl < 16], base[wl < 16]), "llama3 keeps short wavelengths")
+    check(np.allclose(inv[wl > 64], base[wl > 64] / 8, rtol=1e-15), "llama3 divides long wavelengths by factor")
+    mid = (wl >= 16) & (wl <= 64)
+    check(mid.any() and np.all(inv[mid] <= base[mid]) and np.all(inv[mid] >= base[mid] / 8), "llama3 blend band")
+    one, _ = rm.rope_frequencies(th, dict(l3, factor=1.0), hd, 4096)
+    check(np.allclose(one, base, rtol=1e-15), "llama3 with factor 1 is the default table")
+    y = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    inv, af = rm.rope_frequencies(th, y, hd, 256)
+    check(abs(af - (0.1 * np.log(4.0) + 1)) < 1e-15, "yarn default attention factor")
+    check(inv[0] == base[0] and abs(inv[-1] - base[-1] / 4) < 1e-15 * base[-1], "yarn ends: extrapolate / interpolate")
+    inv1, af1 = rm.rope_frequencies(th, dict(y, factor=1.0), hd, 256)
+    check(af1 == 1.0 and np.allclose(inv1, base, rtol=1e-15), "yarn with factor 1 is the default table")
+    _, af2 = rm.rope_frequencies(th, dict(y, mscale=1.0, mscale_all_dim=1.0), hd, 256)
+    check(abs(af2 - 1.0) < 1e-15, "yarn mscale == mscale_all_dim gives attention factor 1")
+
+
 def test_rope():
     cfgd = rm.make_config_dict("qwen3", hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, inter=64,
                                vocab=64, tie=True, theta=10000.0)
@@ -204,6 +233,7 @@ def test_rope():
             self.cfg = rm.Config(cfgd)
             hd = self.cfg.head_dim
             self.inv_freq = self.cfg.theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+            self.attn_factor = 1.0
 
     m = Dummy()
     rng = np.random.default_rng(3)
@@ -260,6 +290,7 @@ def main():
         tmp = tempfile.mkdtemp(prefix="gs_ref_selfcheck_")
     test_safetensors_io(tmp)
     test_rope()
+    test_rope_frequencies()
     q = test_model(tmp, "qwen3_hd", "qwen3", hidden=32, layers=2, heads=4, kv_heads=2, head_dim=16, inter=48,
                    vocab=97, tie=False)
     test_model(tmp, "qwen3_tied_gqa4_shard3", "qwen3", shards=3, hidden=32, layers=2, heads=4, kv_heads=1,

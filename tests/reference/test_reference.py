@@ -9,6 +9,8 @@ For each checkpoint shape (built with `graphswap mkmodel`):
 Where mkmodel's init leaves norm weights at exactly 1 or biases at exactly 0, a copy with perturbed
 norms/biases (rewritten with the reference's safetensors writer) is tested too, so those code paths
 are exercised. A hand-built Llama with attention_bias=true covers q/k/v/o biases.
+RoPE variants (linear, dynamic, llama3, yarn with its attention factor, both config layouts) run
+prompts past a small original_max_position_embeddings (GS_REF_ONLY=rope runs only those).
 Extra: sampled generation returns logprobs of the raw distribution (before temperature) and only
 samples tokens allowed by top-k / top-p / min-p.
 """
@@ -55,6 +57,47 @@ CONFIGS = [
      dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, inter=128, vocab=512, tie=False, dtype="bf16"), 1),
     ("qwen2_gqa1_tied_sharded2_f16", "qwen2",
      dict(hidden=32, layers=3, heads=2, kv_heads=2, head_dim=16, inter=64, vocab=256, tie=True, dtype="f16"), 2),
+]
+
+# RoPE variants (mkmodel --rope-* / --config-layout): name, arch, geometry, mkmodel options, the rope
+# object config.json must hold (under rope_scaling for v4, rope_parameters for v5). A small
+# original_max_position_embeddings (64) puts the prompts (70 and 100 tokens) past it, so every
+# frequency band and the yarn attention factor matter.
+ROPE_G = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=32, inter=128, vocab=512, tie=False, dtype="f32")
+ROPE_CONFIGS = [
+    ("rope_qwen3_linear_v4", "qwen3", ROPE_G,
+     ["--rope-theta", "10000", "--rope-type", "linear", "--rope-factor", "2.5"],
+     {"rope_type": "linear", "factor": 2.5}),
+    ("rope_llama_llama3_v4", "llama", dict(ROPE_G, tie=True, dtype="bf16"),
+     ["--rope-theta", "10000", "--rope-type", "llama3", "--rope-factor", "8", "--rope-low-freq-factor", "1",
+      "--rope-high-freq-factor", "4", "--rope-orig-max-pos", "64"],
+     {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+      "original_max_position_embeddings": 64}),
+    ("rope_llama_llama3_v5", "llama", ROPE_G,
+     ["--config-layout", "v5", "--rope-theta", "10000", "--rope-type", "llama3", "--rope-factor", "4",
+      "--rope-low-freq-factor", "1", "--rope-high-freq-factor", "2", "--rope-orig-max-pos", "64"],
+     {"rope_type": "llama3", "rope_theta": 10000, "factor": 4, "low_freq_factor": 1, "high_freq_factor": 2,
+      "original_max_position_embeddings": 64}),
+    ("rope_qwen3_yarn_v5", "qwen3", ROPE_G,
+     ["--config-layout", "v5", "--max-pos", "256", "--rope-theta", "10000", "--rope-type", "yarn",
+      "--rope-factor", "4", "--rope-orig-max-pos", "64"],
+     {"rope_type": "yarn", "rope_theta": 10000, "factor": 4, "original_max_position_embeddings": 64}),
+    ("rope_qwen2_yarn_mscale_v4", "qwen2", dict(ROPE_G, dtype="bf16"),
+     ["--max-pos", "512", "--rope-theta", "10000", "--rope-type", "yarn", "--rope-factor", "8",
+      "--rope-orig-max-pos", "64", "--rope-beta-fast", "16", "--rope-beta-slow", "2", "--rope-mscale", "2",
+      "--rope-mscale-all-dim", "0.5", "--rope-truncate", "false"],
+     {"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": 64, "beta_fast": 16, "beta_slow": 2,
+      "mscale": 2, "mscale_all_dim": 0.5, "truncate": False}),
+    ("rope_llama_yarn_attnfactor_v5", "llama", ROPE_G,
+     ["--config-layout", "v5", "--max-pos", "128", "--rope-theta", "10000", "--rope-type", "yarn",
+      "--rope-orig-max-pos", "64", "--rope-attention-factor", "1.3"],
+     {"rope_type": "yarn", "rope_theta": 10000, "original_max_position_embeddings": 64, "attention_factor": 1.3}),
+    ("rope_qwen3_dynamic_v5", "qwen3", ROPE_G,
+     ["--config-layout", "v5", "--rope-theta", "10000", "--rope-type", "dynamic", "--rope-factor", "4"],
+     {"rope_type": "dynamic", "rope_theta": 10000, "factor": 4}),
+    ("rope_qwen3_default_v5", "qwen3", ROPE_G,
+     ["--config-layout", "v5", "--rope-theta", "5000"],
+     {"rope_type": "default", "rope_theta": 5000}),
 ]
 
 TORCH_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
@@ -345,9 +388,39 @@ def test_config(binary, tmp, name, arch, g, shards, seed):
     return ref
 
 
+def test_rope(binary, tmp, name, arch, g, opts, want, seed):
+    """A RoPE variant: config.json in the asked layout, then greedy parity on prompts past
+    original_max_position_embeddings, the reference computing the tables from the config itself."""
+    d = os.path.join(tmp, name)
+    res = H.mkmodel(binary, d, arch, seed=seed, extra=opts, **g)
+    if not C.check(res.rc == 0, "%s: mkmodel exited %s: %s\n  cmd: %s" % (name, res.rc, res.stderr.strip(), res.cmd())):
+        return
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    v5 = "--config-layout" in opts and opts[opts.index("--config-layout") + 1] == "v5"
+    key, other = ("rope_parameters", "rope_scaling") if v5 else ("rope_scaling", "rope_parameters")
+    C.check(cfg.get(key) == want, "%s: config.json %s = %r, expected %r" % (name, key, cfg.get(key), want))
+    C.check(other not in cfg, "%s: config.json has %s too" % (name, other))
+    C.check(("rope_theta" in cfg) != v5, "%s: top-level rope_theta present=%s in layout %s"
+            % (name, "rope_theta" in cfg, "v5" if v5 else "v4"))
+    C.check(("dtype" if v5 else "torch_dtype") in cfg, "%s: config.json lacks its dtype field" % name)
+    ref = load_ref(name, d)
+    if ref is None:
+        return
+    rng = np.random.default_rng(seed)
+    for j, n in enumerate((70, 100)):
+        parity_run(name, binary, d, ref, [int(x) for x in rng.integers(0, g["vocab"], size=n)], j)
+
+
 def main():
     binary = H.require_bin(C)
     tmp = H.scratch_dir("reference")
+    # GS_REF_ONLY=rope runs only the RoPE variants (a quick loop while working on RoPE)
+    only = os.environ.get("GS_REF_ONLY", "")
+    for k, (name, arch, g, opts, want) in enumerate(ROPE_CONFIGS):
+        test_rope(binary, tmp, name, arch, g, opts, want, 5000 + 31 * k)
+    if only == "rope":
+        return C.finish()
     sampled = {"qwen3_hd32_gqa2_tied", "qwen2_gqa2_untied"}
     for k, (name, arch, g, shards) in enumerate(CONFIGS):
         seed = 1000 + 17 * k

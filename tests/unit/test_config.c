@@ -4,6 +4,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "models/config.h"
@@ -82,8 +84,8 @@ static void test_refusals(void **state)
          "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"head_dim\":15}",
          "head_dim 15 must be even"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"
-         "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"rope_scaling\":{\"type\":\"yarn\"}}",
-         "rope_scaling"},
+         "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"rope_scaling\":{\"type\":\"longrope\"}}",
+         "rope_scaling.rope_type \"longrope\" is not supported"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"
          "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"hidden_act\":\"gelu\"}",
          "hidden_act"},
@@ -91,8 +93,9 @@ static void test_refusals(void **state)
          "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"torch_dtype\":\"int8\"}",
          "torch_dtype"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"
-         "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"use_sliding_window\":true}",
-         "use_sliding_window"},
+         "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"use_sliding_window\":true,"
+         "\"sliding_window\":16,\"max_window_layers\":0}",
+         "use_sliding_window=true with sliding_window 16"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"
          "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"eos_token_id\":9}",
          "eos_token_id"},
@@ -221,6 +224,378 @@ static void test_drafter_formats(void **state)
                                 "embedding output) or a target layer in [0, 3]"));
 }
 
+/* Llama-3.1-8B's published config.json (transformers 4 layout, llama3 rope_scaling). */
+static const char llama31_8b[] =
+    "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+    "\"bos_token_id\":128000,\"eos_token_id\":[128001,128008,128009],\"hidden_act\":\"silu\","
+    "\"hidden_size\":4096,\"initializer_range\":0.02,\"intermediate_size\":14336,"
+    "\"max_position_embeddings\":131072,\"mlp_bias\":false,\"model_type\":\"llama\",\"num_attention_heads\":32,"
+    "\"num_hidden_layers\":32,\"num_key_value_heads\":8,\"pretraining_tp\":1,\"rms_norm_eps\":1e-05,"
+    "\"rope_scaling\":{\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+    "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,"
+    "\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.43.0.dev0\","
+    "\"use_cache\":true,\"vocab_size\":128256}";
+
+/* Qwen2.5-7B-Instruct's published config.json: a sliding_window value with use_sliding_window false. */
+static const char qwen25_7b[] =
+    "{\"architectures\":[\"Qwen2ForCausalLM\"],\"attention_dropout\":0.0,\"bos_token_id\":151643,"
+    "\"eos_token_id\":151645,\"hidden_act\":\"silu\",\"hidden_size\":3584,\"initializer_range\":0.02,"
+    "\"intermediate_size\":18944,\"max_position_embeddings\":32768,\"max_window_layers\":28,"
+    "\"model_type\":\"qwen2\",\"num_attention_heads\":28,\"num_hidden_layers\":28,\"num_key_value_heads\":4,"
+    "\"rms_norm_eps\":1e-06,\"rope_theta\":1000000.0,\"sliding_window\":131072,\"tie_word_embeddings\":false,"
+    "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.43.1\",\"use_cache\":true,"
+    "\"use_sliding_window\":false,\"vocab_size\":152064}";
+
+/* A Qwen3 config as transformers 5 writes it: rope_parameters, dtype, layer_types. */
+static const char qwen3_v5[] =
+    "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"dtype\":\"float32\",\"head_dim\":16,"
+    "\"hidden_size\":64,\"intermediate_size\":128,\"layer_types\":[\"full_attention\",\"full_attention\"],"
+    "\"max_position_embeddings\":4096,\"max_window_layers\":2,\"num_attention_heads\":4,\"num_hidden_layers\":2,"
+    "\"num_key_value_heads\":2,\"rope_parameters\":{\"rope_theta\":5000.0,\"rope_type\":\"default\"},"
+    "\"sliding_window\":null,\"use_sliding_window\":false,\"vocab_size\":512,\"transformers_version\":\"5.0.0\"}";
+
+static void test_real_configs(void **state)
+{
+    (void)state;
+    mdl_config c;
+    char err[256];
+    assert_int_equal(mdl_config_parse(llama31_8b, strlen(llama31_8b), &c, err, sizeof err), 0);
+    assert_int_equal(c.rope_type, MDL_ROPE_LLAMA3);
+    assert_true(c.rope_theta == 500000.0 && c.rope_factor == 8.0);
+    assert_true(c.rope_low_freq_factor == 1.0 && c.rope_high_freq_factor == 4.0);
+    assert_int_equal(c.rope_orig_max_pos, 8192);
+    assert_int_equal(c.n_eos, 3);
+    assert_false(c.qkv_bias);
+    assert_true(c.rope_attn_factor == 1.0);
+    assert_int_equal(mdl_config_parse(qwen25_7b, strlen(qwen25_7b), &c, err, sizeof err), 0);
+    assert_true(c.qkv_bias);
+    assert_int_equal(c.rope_type, MDL_ROPE_DEFAULT);
+    assert_true(c.rope_theta == 1e6);
+    /* transformers 5: theta inside rope_parameters (graphswap used its default 1e6 before) */
+    if (mdl_config_parse(qwen3_v5, strlen(qwen3_v5), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_true(c.rope_theta == 5000.0);
+    assert_int_equal(c.dtype, MDL_DT_F32);
+    assert_int_equal(c.rope_type, MDL_ROPE_DEFAULT);
+}
+
+/* A small Qwen3 (head_dim 16, 2 layers) with `extra` JSON members appended (", ..." or ""). */
+static int parse_with(const char *arch, int max_pos, const char *extra, mdl_config *c, char *err, size_t errlen)
+{
+    char json[2048];
+    snprintf(json, sizeof json,
+             "{\"architectures\":[\"%s\"],\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,"
+             "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,\"vocab_size\":512,"
+             "\"max_position_embeddings\":%d%s}",
+             arch, max_pos, extra);
+    return mdl_config_parse(json, strlen(json), c, err, errlen);
+}
+
+static void expect_ok(const char *arch, int max_pos, const char *extra, mdl_config *c)
+{
+    char err[512] = "";
+    if (parse_with(arch, max_pos, extra, c, err, sizeof err) != 0) fail_msg("%s: refused: %s", extra, err);
+}
+
+static void expect_refused(const char *arch, int max_pos, const char *extra, const char *msg)
+{
+    mdl_config c;
+    char err[512] = "";
+    if (parse_with(arch, max_pos, extra, &c, err, sizeof err) == 0) fail_msg("%s: accepted", extra);
+    if (!strstr(err, msg)) fail_msg("%s: '%s' lacks '%s'", extra, err, msg);
+}
+
+#define Q3 "Qwen3ForCausalLM"
+
+static void test_rope_default_linear_dynamic(void **state)
+{
+    (void)state;
+    mdl_config c;
+    double inv[8], ref[8];
+    for (int i = 0; i < 8; i++) ref[i] = pow(10000.0, -(double)(2 * i) / 16.0);
+    /* v4 and v5 layouts name the same theta */
+    expect_ok(Q3, 4096, ",\"rope_theta\":10000", &c);
+    mdl_rope_inv_freq(&c, inv);
+    for (int i = 0; i < 8; i++) assert_true(fabs(inv[i] - ref[i]) <= 1e-15 * ref[i]);
+    expect_ok(Q3, 4096, ",\"rope_parameters\":{\"rope_theta\":10000,\"rope_type\":\"default\"}", &c);
+    assert_true(c.rope_theta == 10000.0);
+    expect_ok(Q3, 4096, ",\"rope_theta\":10000,\"rope_parameters\":{\"rope_theta\":10000}", &c);
+    assert_true(mdl_attn_softmax_scale(&c) == 1.0 / sqrt(16.0));
+    /* linear: inv / factor, both layouts, "type" (older name) too */
+    const char *lin[] = {",\"rope_theta\":10000,\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4.0}",
+                         ",\"rope_theta\":10000,\"rope_scaling\":{\"type\":\"linear\",\"factor\":4.0}",
+                         ",\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":4.0,\"rope_theta\":10000}"};
+    for (int k = 0; k < 3; k++) {
+        expect_ok(Q3, 4096, lin[k], &c);
+        assert_int_equal(c.rope_type, MDL_ROPE_LINEAR);
+        mdl_rope_inv_freq(&c, inv);
+        for (int i = 0; i < 8; i++) assert_true(fabs(inv[i] - ref[i] / 4.0) <= 1e-15 * ref[i]);
+    }
+    /* dynamic: exactly default for every length up to max_position_embeddings */
+    expect_ok(Q3, 4096, ",\"rope_theta\":10000,\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2.0}", &c);
+    assert_int_equal(c.rope_type, MDL_ROPE_DYNAMIC);
+    mdl_rope_inv_freq(&c, inv);
+    for (int i = 0; i < 8; i++) assert_true(fabs(inv[i] - ref[i]) <= 1e-15 * ref[i]);
+    expect_ok(Q3, 4096,
+              ",\"rope_parameters\":{\"rope_type\":\"dynamic\",\"factor\":2.0,"
+              "\"original_max_position_embeddings\":4096}",
+              &c);
+    expect_refused(Q3, 4096,
+                   ",\"rope_parameters\":{\"rope_type\":\"dynamic\",\"factor\":2.0,"
+                   "\"original_max_position_embeddings\":64}",
+                   "rope_parameters.rope_type dynamic with original_max_position_embeddings 64");
+    expect_refused(Q3, 4096, ",\"rope_scaling\":{\"rope_type\":\"dynamic\"}", "rope_scaling.factor is required");
+    expect_refused(Q3, 4096, ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":0}", "rope_scaling.factor");
+}
+
+static void test_rope_llama3(void **state)
+{
+    (void)state;
+    mdl_config c;
+    double inv[64];
+    char err[512];
+    assert_int_equal(mdl_config_parse(llama31_8b, strlen(llama31_8b), &c, err, sizeof err), 0);
+    mdl_rope_inv_freq(&c, inv);
+    int hi = 0, lo = 0, mid = 0;
+    for (int i = 0; i < 64; i++) {
+        const double base = pow(500000.0, -(double)(2 * i) / 128.0), wl = 2 * M_PI / base;
+        double want = base;
+        if (wl > 8192.0) want = base / 8.0, lo++;
+        else if (wl >= 2048.0) {
+            const double s = (8192.0 / wl - 1.0) / 3.0;
+            want = (1 - s) * base / 8.0 + s * base;
+            mid++;
+        } else hi++;
+        if (fabs(inv[i] - want) > 1e-14 * want) fail_msg("inv[%d] = %.17g, want %.17g", i, inv[i], want);
+    }
+    assert_true(hi > 0 && mid > 0 && lo > 0); /* all three bands exercised */
+    const char *v5 = ",\"rope_parameters\":{\"rope_type\":\"llama3\",\"rope_theta\":500000.0,\"factor\":8.0,"
+                     "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":64}";
+    expect_ok("LlamaForCausalLM", 4096, v5, &c);
+    assert_int_equal(c.rope_type, MDL_ROPE_LLAMA3);
+    assert_int_equal(c.rope_orig_max_pos, 64);
+    expect_refused("LlamaForCausalLM", 4096,
+                   ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"high_freq_factor\":4.0,"
+                   "\"original_max_position_embeddings\":64}",
+                   "rope_scaling.low_freq_factor is required");
+    expect_refused("LlamaForCausalLM", 4096,
+                   ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                   "\"high_freq_factor\":4.0}",
+                   "rope_scaling.original_max_position_embeddings is required");
+    expect_refused("LlamaForCausalLM", 4096,
+                   ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":2.0,"
+                   "\"high_freq_factor\":2.0,\"original_max_position_embeddings\":64}",
+                   "high_freq_factor must differ");
+}
+
+static void test_rope_yarn(void **state)
+{
+    (void)state;
+    mdl_config c;
+    double inv[8];
+    /* the Qwen3 long-context recipe, with max_position_embeddings = factor * original */
+    expect_ok(Q3, 131072,
+              ",\"rope_theta\":1000000,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+              "\"original_max_position_embeddings\":32768}",
+              &c);
+    assert_int_equal(c.rope_type, MDL_ROPE_YARN);
+    assert_true(c.rope_factor == 4.0 && c.rope_orig_max_pos == 32768 && c.rope_truncate);
+    assert_true(c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0);
+    assert_true(fabs(c.rope_attn_factor - (0.1 * log(4.0) + 1.0)) < 1e-15);
+    assert_true(fabs(mdl_attn_softmax_scale(&c) - c.rope_attn_factor * c.rope_attn_factor / 4.0) < 1e-15);
+    /* the blend, recomputed here: ramp between the correction dims of beta_fast and beta_slow */
+    const char *y = ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000,\"factor\":8.0,"
+                    "\"original_max_position_embeddings\":64,\"beta_fast\":8,\"beta_slow\":0.5%s}";
+    char extra[512];
+    for (int trunc = 0; trunc < 2; trunc++) {
+        snprintf(extra, sizeof extra, y, trunc ? "" : ",\"truncate\":false");
+        expect_ok(Q3, 512, extra, &c);
+        assert_int_equal(c.rope_truncate, trunc);
+        mdl_rope_inv_freq(&c, inv);
+        double lo = 16 * log(64 / (8 * 2 * M_PI)) / (2 * log(10000.0));
+        double hi = 16 * log(64 / (0.5 * 2 * M_PI)) / (2 * log(10000.0));
+        if (trunc) lo = floor(lo), hi = ceil(hi);
+        lo = fmax(lo, 0), hi = fmin(hi, 15);
+        int blended = 0;
+        for (int i = 0; i < 8; i++) {
+            const double p = pow(10000.0, (double)(2 * i) / 16.0);
+            const double r = fmin(fmax((i - lo) / (hi - lo), 0), 1);
+            const double want = (1 / (8 * p)) * r + (1 / p) * (1 - r);
+            blended += r > 0 && r < 1;
+            if (fabs(inv[i] - want) > 1e-14 * want) fail_msg("trunc %d inv[%d] %.17g want %.17g", trunc, i, inv[i], want);
+        }
+        assert_true(blended > 0);
+    }
+    /* factor absent: max_position_embeddings / original */
+    expect_ok(Q3, 512, ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"original_max_position_embeddings\":64}", &c);
+    assert_true(c.rope_factor == 8.0);
+    /* attention factor: explicit, or mscale / mscale_all_dim */
+    expect_ok(Q3, 512,
+              ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
+              "\"attention_factor\":1.5}",
+              &c);
+    assert_true(c.rope_attn_factor == 1.5);
+    assert_true(fabs(mdl_attn_softmax_scale(&c) - 2.25 / 4.0) < 1e-15);
+    expect_ok(Q3, 512,
+              ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
+              "\"mscale\":0.707,\"mscale_all_dim\":1.0}",
+              &c);
+    assert_true(fabs(c.rope_attn_factor - (0.1 * 0.707 * log(8.0) + 1) / (0.1 * log(8.0) + 1)) < 1e-15);
+    /* Qwen3's documented long-context recipe: the factor as given (transformers 5, vLLM), not
+     * max_position_embeddings / original (transformers 4.5x) */
+    expect_ok(Q3, 40960,
+              ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32768}",
+              &c);
+    assert_true(c.rope_factor == 4.0 && c.rope_orig_max_pos == 32768);
+    assert_true(fabs(c.rope_attn_factor - (0.1 * log(4.0) + 1)) < 1e-15);
+    expect_refused(Q3, 512,
+                   ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
+                   "\"truncate\":1}",
+                   "rope_parameters.truncate must be true or false");
+    expect_refused(Q3, 512,
+                   ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
+                   "\"beta_fast\":-2}",
+                   "rope_parameters.beta_fast must be a number in [0,");
+    expect_refused(Q3, 512,
+                   ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":8,\"original_max_position_embeddings\":64,"
+                   "\"attention_factor\":0}",
+                   "the yarn attention factor 0 must be positive");
+}
+
+static void test_rope_refusals(void **state)
+{
+    (void)state;
+    expect_refused(Q3, 4096, ",\"rope_scaling\":{\"rope_type\":\"longrope\",\"short_factor\":[1],\"long_factor\":[1]}",
+                   "rope_scaling.rope_type \"longrope\" is not supported");
+    expect_refused(Q3, 4096, ",\"rope_parameters\":{\"rope_type\":\"su\"}",
+                   "rope_parameters.rope_type \"su\" is not supported");
+    expect_refused(Q3, 4096, ",\"rope_scaling\":{\"factor\":2.0}", "rope_scaling.rope_type is required");
+    expect_refused(Q3, 4096, ",\"rope_scaling\":{\"rope_type\":\"linear\",\"type\":\"yarn\",\"factor\":2}",
+                   "rope_scaling.rope_type and rope_scaling.type differ");
+    expect_refused(Q3, 4096, ",\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":2.0,\"beta_fast\":3}",
+                   "rope_parameters.beta_fast is not supported with rope_type linear");
+    expect_refused(Q3, 4096, ",\"rope_parameters\":{\"rope_type\":\"default\",\"factor\":2.0}",
+                   "rope_parameters.factor is not supported with rope_type default");
+    expect_refused(Q3, 4096, ",\"rope_theta\":10000,\"rope_parameters\":{\"rope_theta\":20000}",
+                   "rope_theta and rope_parameters.rope_theta differ");
+    expect_refused(Q3, 4096,
+                   ",\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":2},"
+                   "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":3}",
+                   "rope_parameters and rope_scaling are both set and differ");
+    expect_refused(Q3, 4096, ",\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"default\"}}",
+                   "rope_parameters.full_attention: per-layer-type RoPE parameters are not supported");
+    expect_refused(Q3, 4096, ",\"rope_parameters\":[1]", "rope_parameters must be an object");
+    expect_refused(Q3, 4096, ",\"rope_scaling\":\"yarn\"", "rope_scaling must be an object");
+    expect_refused(Q3, 4096, ",\"partial_rotary_factor\":0.5", "partial_rotary_factor must be 1.0");
+    expect_refused(Q3, 4096, ",\"rope_parameters\":{\"rope_type\":\"default\",\"partial_rotary_factor\":0.25}",
+                   "rope_parameters.partial_rotary_factor must be 1.0");
+    mdl_config c;
+    expect_ok(Q3, 4096, ",\"partial_rotary_factor\":1.0,\"rope_scaling\":null,\"rope_parameters\":null", &c);
+}
+
+static void test_fields(void **state)
+{
+    (void)state;
+    mdl_config c;
+    /* dtype: transformers 5 "dtype", 4 "torch_dtype" */
+    expect_ok(Q3, 4096, ",\"dtype\":\"float16\"", &c);
+    assert_int_equal(c.dtype, MDL_DT_F16);
+    expect_ok(Q3, 4096, ",\"dtype\":\"float32\",\"torch_dtype\":\"float32\"", &c);
+    assert_int_equal(c.dtype, MDL_DT_F32);
+    expect_refused(Q3, 4096, ",\"dtype\":\"float32\",\"torch_dtype\":\"bfloat16\"", "torch_dtype and dtype differ");
+    expect_refused(Q3, 4096, ",\"dtype\":\"int8\"", "unsupported dtype int8");
+    /* sliding windows: accepted when disabled, or when no sliding layer / window covers every length */
+    expect_ok("Qwen2ForCausalLM", 32768, ",\"use_sliding_window\":false,\"sliding_window\":4096,\"max_window_layers\":0",
+              &c);
+    expect_ok("Qwen2ForCausalLM", 4096, ",\"use_sliding_window\":true,\"sliding_window\":4096,\"max_window_layers\":0",
+              &c);
+    expect_ok("Qwen2ForCausalLM", 32768, ",\"use_sliding_window\":true,\"sliding_window\":64,\"max_window_layers\":2",
+              &c);
+    expect_ok(Q3, 32768, ",\"use_sliding_window\":true,\"sliding_window\":null,\"max_window_layers\":0", &c);
+    expect_refused("Qwen2ForCausalLM", 32768,
+                   ",\"use_sliding_window\":true,\"sliding_window\":4096,\"max_window_layers\":1",
+                   "use_sliding_window=true with sliding_window 4096 below max_position_embeddings 32768 on 1 layer");
+    expect_refused(Q3, 8192, ",\"use_sliding_window\":true,\"max_window_layers\":0",
+                   "sliding_window 4096 below max_position_embeddings 8192"); /* class default 4096 */
+    expect_refused(Q3, 8192,
+                   ",\"use_sliding_window\":true,\"sliding_window\":64,"
+                   "\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
+                   "sliding_window 64 below max_position_embeddings 8192 on 1 layer");
+    expect_ok(Q3, 8192, ",\"use_sliding_window\":false,\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
+              &c);
+    expect_refused(Q3, 8192, ",\"layer_types\":[\"full_attention\",\"chunked_attention\"]",
+                   "layer_types[1] \"chunked_attention\" is not supported");
+    expect_refused(Q3, 8192, ",\"layer_types\":[\"full_attention\"]", "layer_types must be a list of num_hidden_layers");
+    expect_refused(Q3, 8192, ",\"sliding_window\":-1", "sliding_window must be");
+    expect_refused(Q3, 8192, ",\"use_sliding_window\":1", "use_sliding_window must be true or false");
+    /* Llama ignores sliding fields (LlamaForCausalLM has no sliding attention) */
+    expect_ok("LlamaForCausalLM", 8192, ",\"use_sliding_window\":true,\"sliding_window\":64,\"max_window_layers\":0",
+              &c);
+    /* biases */
+    expect_refused("LlamaForCausalLM", 4096, ",\"mlp_bias\":true", "mlp_bias=true is not supported");
+    expect_ok("LlamaForCausalLM", 4096, ",\"mlp_bias\":false,\"attention_bias\":true", &c);
+    assert_true(c.qkv_bias && c.o_bias);
+    expect_ok(Q3, 4096, ",\"attention_bias\":true", &c);
+    assert_true(c.qkv_bias && c.o_bias && c.qk_norm);
+    expect_ok("Qwen2ForCausalLM", 4096, "", &c);
+    assert_true(c.qkv_bias && !c.o_bias);
+    /* head_dim read, not derived, when given */
+    expect_ok(Q3, 4096, "", &c);
+    assert_int_equal(c.head_dim, 16);
+    expect_ok(Q3, 4096, ",\"tie_word_embeddings\":true,\"eos_token_id\":[3,4,5]", &c);
+    assert_true(c.tie);
+    assert_int_equal(c.n_eos, 3);
+}
+
+static void test_generation_config(void **state)
+{
+    (void)state;
+    mdl_config c;
+    char err[512];
+    assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
+    /* Qwen3-0.6B's published generation_config.json */
+    const char *g = "{\"bos_token_id\":151643,\"do_sample\":true,\"eos_token_id\":[151645,151643],"
+                    "\"pad_token_id\":151643,\"temperature\":0.6,\"top_k\":20,\"top_p\":0.95,"
+                    "\"transformers_version\":\"4.51.0\"}";
+    if (mdl_gen_config_parse(g, strlen(g), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(c.n_eos, 2); /* 151645 (config.json) + 151643, no duplicate */
+    assert_int_equal(c.eos[0], 151645);
+    assert_int_equal(c.eos[1], 151643);
+    assert_int_equal(c.gen.set, MDL_GEN_TEMPERATURE | MDL_GEN_TOP_K | MDL_GEN_TOP_P);
+    assert_true(c.gen.temperature == 0.6f && c.gen.top_p == 0.95f);
+    assert_int_equal(c.gen.top_k, 20);
+    /* GenerationConfig defaults do not count (vLLM reads the diff): top_k 50, temperature 1, top_p 1 */
+    assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
+    g = "{\"eos_token_id\":151645,\"temperature\":1.0,\"top_k\":50,\"top_p\":1.0,\"repetition_penalty\":1.0,"
+        "\"min_p\":0.05,\"max_new_tokens\":128}";
+    assert_int_equal(mdl_gen_config_parse(g, strlen(g), &c, err, sizeof err), 0);
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.gen.set, MDL_GEN_MIN_P | MDL_GEN_MAX_NEW_TOKENS);
+    assert_int_equal(c.gen.max_new_tokens, 128);
+    /* Qwen2.5-Instruct's repetition_penalty is recorded (serve refuses it at start-up) */
+    g = "{\"repetition_penalty\":1.05,\"temperature\":0.7,\"top_p\":0.8,\"top_k\":20}";
+    assert_int_equal(mdl_gen_config_parse(g, strlen(g), &c, err, sizeof err), 0);
+    assert_true(c.gen.set & MDL_GEN_REPETITION_PENALTY);
+    assert_true(c.gen.repetition_penalty == 1.05);
+    const struct {
+        const char *json, *expect;
+    } bad[] = {
+        {"{\"eos_token_id\":[1,200000]}", "generation_config.json: field eos_token_id"},
+        {"{\"eos_token_id\":\"x\"}", "generation_config.json: field eos_token_id"},
+        {"{\"eos_token_id\":[1,2,3,4,5,6,7,8,9]}", "more than 8 eos ids"},
+        {"{\"temperature\":-1}", "generation_config.json: field temperature"},
+        {"{\"top_p\":0}", "generation_config.json: field top_p"},
+        {"{\"top_k\":2.5}", "generation_config.json: field top_k"},
+        {"{\"max_new_tokens\":0}", "generation_config.json: field max_new_tokens"},
+        {"[1]", "generation_config.json: not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
+        err[0] = 0;
+        assert_int_equal(mdl_gen_config_parse(bad[i].json, strlen(bad[i].json), &c, err, sizeof err), -1);
+        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -228,6 +603,13 @@ int main(void)
         cmocka_unit_test(test_llama_qwen2),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_drafter_formats),
+        cmocka_unit_test(test_real_configs),
+        cmocka_unit_test(test_rope_default_linear_dynamic),
+        cmocka_unit_test(test_rope_llama3),
+        cmocka_unit_test(test_rope_yarn),
+        cmocka_unit_test(test_rope_refusals),
+        cmocka_unit_test(test_fields),
+        cmocka_unit_test(test_generation_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

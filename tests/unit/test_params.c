@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <math.h>
+#include <string.h>
 
 #include "engine/backend.h"
 #include "models/mkmodel.h"
@@ -225,6 +227,55 @@ static void test_tied_alias(void **state)
     unmake(&x);
 }
 
+/* The RoPE table is a derived buffer: filled at create from the config's rope type (yarn here, the
+ * transformers 5 layout) and refilled in place by the post-load hook (plans keep its pointer). */
+static void test_inv_freq_derived(void **state)
+{
+    (void)state;
+    char err[512];
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("params_rope"));
+    mdl_mkmodel_opts o;
+    mdl_mkmodel_defaults(&o);
+    o.tokenizer = 0;
+    o.vocab = 96;
+    o.max_pos = 256;
+    o.config_v5 = 1;
+    o.rope_type = "yarn";
+    o.rope_theta = 10000;
+    o.rope_factor = 4;
+    o.rope_orig_max_pos = 64;
+    assert_int_equal(mdl_mkmodel(&o, dir, err, sizeof err), 0);
+    mdl_config cfg;
+    assert_int_equal(mdl_config_load(dir, &cfg, err, sizeof err), 0);
+    assert_int_equal(cfg.rope_type, MDL_ROPE_YARN);
+    eng_backend_config bc = {.arena_bytes = (size_t)1 << 26, .threads = 1, .checked = 1};
+    eng_backend *be = eng_backend_cpu_create(&bc, err, sizeof err);
+    mdl_model *m = mdl_model_create(&cfg, be, err, sizeof err);
+    assert_non_null(m);
+    const int half = cfg.head_dim / 2;
+    double want[64];
+    mdl_rope_inv_freq(&cfg, want);
+    float *const table = m->inv_freq;
+    for (int i = 0; i < half; i++) assert_true(table[i] == (float)want[i]);
+    assert_true(table[half - 1] < (float)(1.0 / pow(10000.0, (double)(half - 1) * 2 / cfg.head_dim))); /* scaled */
+    memset(table, 0, (size_t)half * sizeof(float));
+    mdl_st_file f;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(mdl_st_open(path, &f, err, sizeof err), 0);
+    mdl_session s;
+    assert_int_equal(mdl_session_begin(&s, m, MDL_LOAD_PARTIAL, err, sizeof err), 0);
+    assert_int_equal(mdl_session_bucket(&s, &f.tensors[0], 1, "b", err, sizeof err), 0);
+    assert_int_equal(mdl_session_finish(&s, err, sizeof err), 0);
+    mdl_session_end(&s);
+    assert_ptr_equal(m->inv_freq, table); /* in place */
+    for (int i = 0; i < half; i++) assert_true(table[i] == (float)want[i]);
+    mdl_st_close(&f);
+    mdl_model_destroy(m);
+    eng_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -234,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_missing_tensor_named),
         cmocka_unit_test(test_bad_bucket_writes_nothing),
         cmocka_unit_test(test_tied_alias),
+        cmocka_unit_test(test_inv_freq_derived),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
