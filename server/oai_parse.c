@@ -274,6 +274,207 @@ static void sb_py_json_str(srv_buf *b, span s)
     sb_str(b, "\"");
 }
 
+/* Python's repr(float) (what json.dumps writes): the shortest digits that round-trip, fixed notation
+ * for 1e-4 <= |x| < 1e16 (with ".0" when integral), else d.ddde+XX. */
+static void sb_py_float(srv_buf *b, double x)
+{
+    if (x != x) {
+        sb_str(b, "NaN");
+        return;
+    }
+    if (x > 1.7976931348623157e308 || x < -1.7976931348623157e308) {
+        sb_str(b, x > 0 ? "Infinity" : "-Infinity");
+        return;
+    }
+    char e[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p - 1, x);
+        if (strtod(e, NULL) == x) break;
+    }
+    /* e: [-]d[.ddd]e(+|-)XX */
+    const char *q = e;
+    int neg = *q == '-';
+    if (neg) q++;
+    char dig[24];
+    int nd = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[nd++] = *q;
+    int ex = atoi(q + 1);
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    if (neg) sb_str(b, "-");
+    if (x == 0 || (ex >= -4 && ex < 16)) {
+        if (x == 0) ex = 0;
+        if (ex < 0) {
+            sb_str(b, "0.");
+            for (int i = 0; i < -ex - 1; i++) sb_str(b, "0");
+            srv_buf_add(b, dig, (size_t)nd);
+        } else {
+            for (int i = 0; i <= ex; i++) srv_buf_add(b, i < nd ? &dig[i] : "0", 1);
+            sb_str(b, ".");
+            if (nd > ex + 1) srv_buf_add(b, dig + ex + 1, (size_t)(nd - ex - 1));
+            else sb_str(b, "0");
+        }
+        return;
+    }
+    srv_buf_add(b, dig, 1);
+    if (nd > 1) {
+        sb_str(b, ".");
+        srv_buf_add(b, dig + 1, (size_t)(nd - 1));
+    }
+    char xs[16];
+    snprintf(xs, sizeof xs, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
+    sb_str(b, xs);
+}
+
+static int hex4(const char *p, unsigned *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        *v = *v * 16 + (unsigned)d;
+    }
+    return 0;
+}
+
+/* json.dumps(json.loads(text), ensure_ascii=False): vLLM parses a tool call's arguments string
+ * before the template writes it through tojson (vllm/entrypoints/chat_utils.py,
+ * _postprocess_messages). Walks the JSON text itself (cJSON keeps no int / float distinction):
+ * ", " and ": " separators, strings re-escaped as Python does, ints as written, floats as repr.
+ * Returns the end of the value, or NULL when the text is not JSON. */
+static const char *py_redump(srv_buf *b, const char *p, int depth)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    if (depth > 64) return NULL;
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        srv_buf_add(b, p, 1);
+        p++;
+        for (int first = 1;; first = 0) {
+            while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+            if (*p == close && first) break;
+            if (!first) sb_str(b, ", ");
+            if (close == '}') {
+                while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+                if (*p != '"' || !(p = py_redump(b, p, depth + 1))) return NULL;
+                while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+                if (*p++ != ':') return NULL;
+                sb_str(b, ": ");
+            }
+            if (!(p = py_redump(b, p, depth + 1))) return NULL;
+            while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            if (*p != close) return NULL;
+            break;
+        }
+        srv_buf_add(b, &close, 1);
+        return p + 1;
+    }
+    if (*p == '"') {
+        srv_buf raw = {0};
+        for (p++; *p != '"'; p++) {
+            if (!*p || (unsigned char)*p < 0x20) {
+                free(raw.p);
+                return NULL;
+            }
+            if (*p != '\\') {
+                srv_buf_add(&raw, p, 1);
+                continue;
+            }
+            p++;
+            const char *m = strchr("\"\\/bfnrt", *p);
+            if (m && *p) {
+                static const char to[] = "\"\\/\b\f\n\r\t";
+                srv_buf_add(&raw, &to[m - "\"\\/bfnrt"], 1);
+                continue;
+            }
+            if (*p != 'u') {
+                free(raw.p);
+                return NULL;
+            }
+            unsigned cp = 0, lo = 0;
+            if (hex4(p + 1, &cp)) {
+                free(raw.p);
+                return NULL;
+            }
+            p += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF && p[1] == '\\' && p[2] == 'u' && !hex4(p + 3, &lo) && lo >= 0xDC00 &&
+                lo <= 0xDFFF) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                p += 6;
+            } else if (cp >= 0xD800 && cp <= 0xDFFF) {
+                free(raw.p); /* a lone surrogate cannot be written as UTF-8 */
+                return NULL;
+            }
+            char u[4];
+            size_t ul = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+            if (ul == 1) u[0] = (char)cp;
+            else if (ul == 2) u[0] = (char)(0xC0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3F));
+            else if (ul == 3)
+                u[0] = (char)(0xE0 | (cp >> 12)), u[1] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[2] = (char)(0x80 | (cp & 0x3F));
+            else
+                u[0] = (char)(0xF0 | (cp >> 18)), u[1] = (char)(0x80 | ((cp >> 12) & 0x3F)),
+                u[2] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[3] = (char)(0x80 | (cp & 0x3F));
+            srv_buf_add(&raw, u, ul);
+        }
+        if (raw.oom || !srv_utf8_valid(raw.p ? raw.p : "", raw.n) || (raw.n && memchr(raw.p, 0, raw.n))) {
+            free(raw.p);
+            return NULL;
+        }
+        sb_py_json_str(b, (span){raw.p ? raw.p : "", raw.n});
+        free(raw.p);
+        return p + 1;
+    }
+    static const char *lits[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++)
+        if (strncmp(p, lits[i], strlen(lits[i])) == 0) {
+            sb_str(b, lits[i]);
+            return p + strlen(lits[i]);
+        }
+    /* a number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
+    const char *q = p;
+    int is_float = 0;
+    if (*q == '-') q++;
+    if (*q == '0') q++;
+    else if (*q >= '1' && *q <= '9')
+        while (*q >= '0' && *q <= '9') q++;
+    else
+        return NULL;
+    if (*q == '.') {
+        is_float = 1;
+        if (!(*++q >= '0' && *q <= '9')) return NULL;
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    if (*q == 'e' || *q == 'E') {
+        is_float = 1;
+        q++;
+        if (*q == '+' || *q == '-') q++;
+        if (!(*q >= '0' && *q <= '9')) return NULL;
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    if (is_float) {
+        sb_py_float(b, strtod(p, NULL));
+    } else if (q - p == 2 && p[0] == '-' && p[1] == '0') {
+        sb_str(b, "0"); /* int("-0") */
+    } else {
+        srv_buf_add(b, p, (size_t)(q - p));
+    }
+    return q;
+}
+
+/* The rendering of one tool call's arguments as vLLM hands them to the template (a dict), or -1. */
+static int py_args(srv_buf *b, const char *args)
+{
+    const char *end = py_redump(b, args, 0);
+    if (!end) return -1;
+    while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r') end++;
+    return *end ? -1 : 0;
+}
+
 typedef struct {
     const char *role;      /* developer is rendered as system */
     srv_buf text;          /* content as one string ("" for null) */
@@ -380,21 +581,31 @@ static int parse_msgs(const srv_state *s, const cJSON *messages, chat_msg **out,
                 const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
                 const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
                 const cJSON *ar = cJSON_GetObjectItemCaseSensitive(f, "arguments");
-                if (!cJSON_IsObject(f) || !cJSON_IsString(nm) || !cJSON_IsString(ar)) {
+                srv_buf probe = {0};
+                int bad = !cJSON_IsObject(f) || !cJSON_IsString(nm) || !cJSON_IsString(ar);
+                if (!bad && ar->valuestring[0] && py_args(&probe, ar->valuestring)) bad = 2;
+                free(probe.p);
+                if (bad) {
                     free_msgs(v, n);
-                    return srv_errf(e, 400, "messages",
-                                    "messages[%d].tool_calls[%d] must be {\"function\": {\"name\": string, "
-                                    "\"arguments\": string}}", i, k);
+                    return bad == 2 ? srv_errf(e, 400, "messages",
+                                               "messages[%d].tool_calls[%d].function.arguments is not valid JSON", i, k)
+                                    : srv_errf(e, 400, "messages",
+                                               "messages[%d].tool_calls[%d] must be {\"function\": {\"name\": "
+                                               "string, \"arguments\": string}}", i, k);
                 }
                 k++;
             }
-            /* Llama-3.1's template raises on any "tool_calls" key but a single call, and renders that
-             * call's arguments through Python's json.dumps of the parsed object (not done here) */
-            if ((v[i].tool_calls || s->chat == MDL_CHAT_LLAMA31) && s->chat != MDL_CHAT_QWEN3) {
+            /* Llama-3.1's template raises on anything but a single call (vLLM drops an empty list) */
+            if (s->chat == MDL_CHAT_LLAMA31 && k > 1) {
+                free_msgs(v, n);
+                return srv_errf(e, 400, "messages", "messages[%d].tool_calls: This model only supports single "
+                                                    "tool-calls at once!", i);
+            }
+            if (v[i].tool_calls && s->chat != MDL_CHAT_QWEN3 && s->chat != MDL_CHAT_LLAMA31) {
                 free_msgs(v, n);
                 return srv_errf(e, 400, "messages",
                                 "messages[%d].tool_calls: assistant tool calls are only rendered for the Qwen3 "
-                                "template", i);
+                                "and Llama-3.1 templates", i);
             }
         }
         i++;
@@ -402,6 +613,12 @@ static int parse_msgs(const srv_state *s, const cJSON *messages, chat_msg **out,
     *out = v;
     *nout = n;
     return 0;
+}
+
+/* vLLM: empty arguments become {} */
+static void args_of(srv_buf *b, const char *args)
+{
+    if (!args[0] || py_args(b, args)) sb_str(b, "{}");
 }
 
 static int starts_ends(span s, const char *a, const char *z)
@@ -466,7 +683,7 @@ static void render_qwen3(const chat_msg *v, int n, const srv_chat_opts *o, srv_b
                     sb_str(b, "<tool_call>\n{\"name\": \"");
                     sb_str(b, cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring);
                     sb_str(b, "\", \"arguments\": ");
-                    sb_str(b, cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring);
+                    args_of(b, cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring);
                     sb_str(b, "}\n</tool_call>");
                     k++;
                 }
@@ -509,7 +726,15 @@ static void render_llama31(const chat_msg *v, int n, const srv_chat_opts *o, srv
     sb_span(b, sys);
     sb_str(b, "<|eot_id|>");
     for (; i < n; i++) {
-        if (strcmp(v[i].role, "tool") == 0) {
+        if (v[i].tool_calls) {
+            /* {"name": "<name>", "parameters": <arguments|tojson>} */
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(v[i].tool_calls->child, "function");
+            sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+            sb_str(b, cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring);
+            sb_str(b, "\", \"parameters\": ");
+            args_of(b, cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring);
+            sb_str(b, "}<|eot_id|>");
+        } else if (strcmp(v[i].role, "tool") == 0) {
             /* a string is "iterable" to Jinja: the template writes it through tojson */
             sb_str(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
             sb_py_json_str(b, msg_span(&v[i]));

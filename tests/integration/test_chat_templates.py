@@ -8,7 +8,8 @@ ensure_ascii=False; raise_exception; strftime_now), and continue_final_message c
 way transformers 5.x does (a tag appended to the final content marks where the rendering is cut;
 right-stripped when the template trimmed the content).
 Messages reach the template as vLLM hands them over: list-of-text-parts content joined with "\\n",
-null content as "".
+null content as "", tool-call arguments parsed from their JSON string (vllm/entrypoints/chat_utils.py,
+_postprocess_messages), so the templates' tojson re-dumps them as Python's json.dumps does.
 
 graphswap's side: POST /tokenize {"messages", add_generation_prompt, continue_final_message,
 chat_template_kwargs} -> token ids -> POST /detokenize (byte-level BPE round-trips every byte, so
@@ -61,6 +62,13 @@ def flat(messages):
             m["content"] = ""
         if isinstance(m.get("content"), list):
             m["content"] = "\n".join(p["text"] for p in m["content"])
+        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
+            # vLLM's _postprocess_messages: arguments strings are parsed (empty: {}), an empty list dropped
+            if not m["tool_calls"]:
+                del m["tool_calls"]
+            else:
+                m["tool_calls"] = [dict(c, function=dict(c["function"], arguments=json.loads(c["function"]["arguments"] or "{}")))
+                                   for c in m["tool_calls"]]
         out.append(m)
     return out
 
@@ -91,6 +99,9 @@ U1 = {"role": "user", "content": "Hello!"}
 A1 = {"role": "assistant", "content": "Hi there. How can I help?"}
 U2 = {"role": "user", "content": "What is 2+2?"}
 
+ARGS = ('{"q":"caf\\u00e9 \\"x\\" \\ud83d\\ude00\\n\\t/","n":[1,2.50,-0,-0.0,1e20,1.5e-7,3.0,12345678901234567890,'
+        '0.1,1e16,123456789012345.6,1E-4,0.00001],"o":{},"a":[],"b":[true,false,null],"nested":{"k":{"z":[{"y":1}]}}}')
+
 # (name, messages, options) -- options: add_generation_prompt, continue_final_message, enable_thinking
 COMMON = [
     ("one user", [U1], {}),
@@ -113,6 +124,15 @@ COMMON = [
     ("tool result", [U1, {"role": "assistant", "content": "Let me look."}, {"role": "tool", "content": "22 C, sunny"},
                      {"role": "tool", "content": "{\"ok\": true}\nline2"}], {}),
     ("special text in content", [{"role": "user", "content": "tokens <|im_start|> and <|eot_id|> as text"}], {}),
+    ("one tool call", [U1, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                       {"role": "tool", "content": "sunny"}], {}),
+    ("tool call arguments re-dumped", [U1, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": ARGS}}]}], {"add_generation_prompt": False}),
+    ("empty tool call arguments, empty tool_calls list", [U1, {"role": "assistant", "content": "x", "tool_calls": []},
+                                                         U2, {"role": "assistant", "content": "", "tool_calls": [
+                                                             {"function": {"name": "g", "arguments": ""}}]}],
+     {"add_generation_prompt": False}),
 ]
 
 QWEN3_ONLY = [
@@ -226,6 +246,8 @@ def test_qwen3(C, binary, tmp, env):
              "continue_final_message"),
             ("tool_calls arguments not a string", {"messages": [U1, {"role": "assistant", "content": "", "tool_calls": [
                 {"function": {"name": "f", "arguments": {"x": 1}}}]}]}, "messages"),
+            ("tool_calls arguments not JSON", {"messages": [U1, {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "f", "arguments": "{x: 1}"}}]}]}, "messages"),
         ]:
             for path in ("/tokenize", "/v1/chat/completions"):
                 r = post(srv, path, b)
@@ -245,10 +267,10 @@ def test_llama31(C, binary, tmp, env):
     srv = Server(C, binary, d)
     try:
         run_table(C, srv, tmpl, "<|begin_of_text|>", COMMON, "llama31")
-        # tool calls: the template renders arguments through json.dumps of the parsed object; refused
+        # the template raises on more than one call
         r = post(srv, "/tokenize", {"messages": [U1, {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "f", "arguments": "{}"}}]}]})
-        C.check(r.status == 400 and r.json["error"]["param"] == "messages", "llama31 tool_calls refused: %r" % r)
+            {"function": {"name": "f", "arguments": "{}"}}, {"function": {"name": "g", "arguments": "{}"}}]}]})
+        C.check(r.status == 400 and r.json["error"]["param"] == "messages", "llama31 two tool_calls refused: %r" % r)
     finally:
         rc, _ = srv.stop()
         C.check(rc == 0, "llama31 server exit %r" % (rc,))
