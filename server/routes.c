@@ -155,7 +155,10 @@ int srv_route_tokenize(srv_state *s, struct mg_connection *c)
             /* vLLM's TokenizeChatRequest: add_special_tokens defaults to false for messages (the
              * template carries bos); true adds the post-processor's ids on top, as vLLM does */
             const cJSON *as = cJSON_GetObjectItemCaseSensitive(body, "add_special_tokens");
+            const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
             rc = srv_chat_opts_parse(body, &co, &e);
+            if (rc == 0 && tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
+                rc = srv_errf(&e, 400, "tools", "tools are not supported (the templates' tool blocks are not rendered)");
             if (rc == 0) rc = srv_chat_encode(s, messages, &co, &p, &e);
             if (rc == 0 && cJSON_IsTrue(as)) rc = add_specials(s, &p, &e);
         } else if (cJSON_IsString(prompt)) {

@@ -248,6 +248,7 @@ def test_qwen3(C, binary, tmp, env):
                 {"function": {"name": "f", "arguments": {"x": 1}}}]}]}, "messages"),
             ("tool_calls arguments not JSON", {"messages": [U1, {"role": "assistant", "content": "", "tool_calls": [
                 {"function": {"name": "f", "arguments": "{x: 1}"}}]}]}, "messages"),
+            ("tools", {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ]:
             for path in ("/tokenize", "/v1/chat/completions"):
                 r = post(srv, path, b)
