@@ -712,7 +712,7 @@ static void llama_turn(srv_buf *b, const char *role, span body)
 }
 
 /* Llama-3.1's template (meta-llama/Llama-3.1-8B-Instruct; tests/data/templates/llama31.jinja), with
- * no tools / builtin_tools / date_string given. */
+ * no tools / builtin_tools given; date_string from chat_template_kwargs. */
 static void render_llama31(const chat_msg *v, int n, const srv_chat_opts *o, srv_buf *b)
 {
     int i = 0;
@@ -722,7 +722,9 @@ static void render_llama31(const chat_msg *v, int n, const srv_chat_opts *o, srv
         i = 1;
     }
     sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-              "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+              "Cutting Knowledge Date: December 2023\nToday Date: ");
+    sb_str(b, o->date_string ? o->date_string : "26 Jul 2024");
+    sb_str(b, "\n\n");
     sb_span(b, sys);
     sb_str(b, "<|eot_id|>");
     for (; i < n; i++) {
@@ -771,6 +773,7 @@ int srv_chat_opts_parse(const cJSON *body, srv_chat_opts *o, srv_err *e)
     o->add_generation_prompt = 1;
     o->continue_final_message = 0;
     o->enable_thinking = -1;
+    o->date_string = NULL;
     if (get_bool(body, "add_generation_prompt", &o->add_generation_prompt, e) ||
         get_bool(body, "continue_final_message", &o->continue_final_message, e))
         return -1;
@@ -787,6 +790,10 @@ int srv_chat_opts_parse(const cJSON *body, srv_chat_opts *o, srv_err *e)
         if (et && !cJSON_IsBool(et))
             return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be a boolean");
         if (et) o->enable_thinking = cJSON_IsTrue(et);
+        const cJSON *ds = field(kw, "date_string");
+        if (ds && (!cJSON_IsString(ds) || !srv_utf8_valid(ds->valuestring, strlen(ds->valuestring))))
+            return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs.date_string must be a string");
+        if (ds) o->date_string = ds->valuestring;
         /* other keys are variables the built-in templates do not read (as Jinja ignores them) */
     }
     return 0;

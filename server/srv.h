@@ -213,6 +213,7 @@ int srv_parse_prompt_text(const srv_state *s, const char *text, size_t len, int 
  * (-1 when not given; Qwen3: false adds the empty <think> block after the generation prompt). */
 typedef struct {
     int add_generation_prompt, continue_final_message, enable_thinking;
+    const char *date_string; /* chat_template_kwargs.date_string (Llama-3.1; NULL: "26 Jul 2024"), in the body */
 } srv_chat_opts;
 int srv_chat_opts_parse(const cJSON *body, srv_chat_opts *o, srv_err *e);
 /* Renders messages with the model's built-in chat template (malloc'ed text of *len bytes; NULL with e

@@ -175,14 +175,15 @@ def body_of(messages, opts):
     for k in ("add_generation_prompt", "continue_final_message"):
         if k in opts:
             b[k] = opts[k]
-    if "enable_thinking" in opts:
-        b["chat_template_kwargs"] = {"enable_thinking": opts["enable_thinking"]}
+    kw = {k: opts[k] for k in ("enable_thinking", "date_string") if k in opts}
+    if kw:
+        b["chat_template_kwargs"] = kw
     return b
 
 
 def run_table(C, srv, tmpl, bos, cases, family):
     for name, msgs, opts in cases:
-        kwargs = {"enable_thinking": opts["enable_thinking"]} if "enable_thinking" in opts else None
+        kwargs = {k: opts[k] for k in ("enable_thinking", "date_string") if k in opts} or None
         want = reference(tmpl, msgs, bos, opts.get("add_generation_prompt", True),
                          opts.get("continue_final_message", False), kwargs)
         got = rendered(C, srv, body_of(msgs, opts))
@@ -267,7 +268,9 @@ def test_llama31(C, binary, tmp, env):
     tmpl = env.from_string(text)
     srv = Server(C, binary, d)
     try:
-        run_table(C, srv, tmpl, "<|begin_of_text|>", COMMON, "llama31")
+        run_table(C, srv, tmpl, "<|begin_of_text|>", COMMON + [
+            ("date_string", [SYS, U1], {"date_string": "03 Dec 2026"}),
+            ("enable_thinking is no variable of this template", [U1], {"enable_thinking": False})], "llama31")
         # the template raises on more than one call
         r = post(srv, "/tokenize", {"messages": [U1, {"role": "assistant", "content": "", "tool_calls": [
             {"function": {"name": "f", "arguments": "{}"}}, {"function": {"name": "g", "arguments": "{}"}}]}]})
