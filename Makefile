@@ -9,7 +9,7 @@ MODEL       ?= models-local/default
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 APT_PACKAGES = build-essential cmake pkg-config libcivetweb-dev libcjson-dev libcmocka-dev \
-               libpcre2-dev python3 python3-numpy
+               libpcre2-dev python3 python3-numpy python3-jinja2
 
 .PHONY: all deps build serve check check-fast check-asan check-release model bench clean
 

@@ -32,6 +32,7 @@
 #define MDL_TOK_MAX_ID (1 << 24)              /* ids are < 16M (largest real vocabularies ~260k) */
 #define MDL_TOK_MAX_FILE (1024ull * 1024 * 1024) /* tokenizer.json larger than 1 GiB is refused */
 #define MDL_TOK_MAX_STEPS 16
+#define MDL_TOK_MAX_POST 8 /* ids a post-processor may add on either side */
 
 static const char GPT2_REGEX[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -293,6 +294,8 @@ struct mdl_tokenizer {
     size_t n_steps;
     pcre2_code *word_re; /* \w of the reference (single_word added tokens) */
     int32_t bos, eos;
+    int32_t post_pre[MDL_TOK_MAX_POST], post_suf[MDL_TOK_MAX_POST]; /* add_special_tokens */
+    size_t n_post_pre, n_post_suf;
     mdl_chat_family chat;
 };
 
@@ -687,6 +690,143 @@ static int parse_decoder(const cJSON *d, int depth, char *err, size_t errlen) {
         if (n > 0) return 0;
     }
     seterr(err, errlen, "tokenizer.json: unsupported decoder \"%.40s\" (ByteLevel required)", type);
+    return -1;
+}
+
+/* post_processor: the ids added around one encoded sequence when add_special_tokens is set (the
+ * "single" template only; pairs do not exist here). Supported as the reference library applies them
+ * (tokenizers/src/processors/{template,sequence,roberta,bert,byte_level}.rs): null and ByteLevel add
+ * nothing, TemplateProcessing its single template (SpecialToken pieces around Sequence "A"),
+ * RobertaProcessing / BertProcessing cls ... sep, Sequence applies each in turn. Special token ids
+ * are resolved after the vocabulary and the added tokens are loaded. */
+static int post_add(int32_t *v, size_t *n, int32_t id, char *err, size_t errlen) {
+    if (*n >= MDL_TOK_MAX_POST) {
+        seterr(err, errlen, "tokenizer.json: post_processor adds more than %d tokens", MDL_TOK_MAX_POST);
+        return -1;
+    }
+    v[(*n)++] = id;
+    return 0;
+}
+
+static int post_check_id(const mdl_tokenizer *t, int32_t id, char *err, size_t errlen) {
+    if (id < 0 || id >= t->n_ids) {
+        seterr(err, errlen, "tokenizer.json: post_processor token id %d is not in the vocabulary", (int)id);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_post(mdl_tokenizer *t, const cJSON *pp, int depth, int32_t *pre, size_t *npre, int32_t *suf,
+                      size_t *nsuf, char *err, size_t errlen) {
+    if (!pp || cJSON_IsNull(pp)) return 0;
+    const char *type = cJSON_IsObject(pp) ? json_type(pp) : NULL;
+    if (!type || depth > 4) {
+        seterr(err, errlen, "tokenizer.json: malformed post_processor");
+        return -1;
+    }
+    if (strcmp(type, "ByteLevel") == 0) return 0;
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(pp, "processors")) {
+            /* each processor wraps the result of the previous one */
+            int32_t p2[MDL_TOK_MAX_POST], s2[MDL_TOK_MAX_POST];
+            size_t np2 = 0, ns2 = 0;
+            if (parse_post(t, it, depth + 1, p2, &np2, s2, &ns2, err, errlen)) return -1;
+            if (np2 + *npre > MDL_TOK_MAX_POST || ns2 + *nsuf > MDL_TOK_MAX_POST) {
+                seterr(err, errlen, "tokenizer.json: post_processor adds more than %d tokens", MDL_TOK_MAX_POST);
+                return -1;
+            }
+            memmove(pre + np2, pre, *npre * sizeof *pre);
+            memcpy(pre, p2, np2 * sizeof *pre);
+            *npre += np2;
+            memcpy(suf + *nsuf, s2, ns2 * sizeof *suf);
+            *nsuf += ns2;
+        }
+        return 0;
+    }
+    if (strcmp(type, "RobertaProcessing") == 0 || strcmp(type, "BertProcessing") == 0) {
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(pp, "cls");
+        const cJSON *sep = cJSON_GetObjectItemCaseSensitive(pp, "sep");
+        int32_t ci, si;
+        if (cJSON_GetArraySize(cls) != 2 || cJSON_GetArraySize(sep) != 2 || !json_id(cJSON_GetArrayItem(cls, 1), &ci) ||
+            !json_id(cJSON_GetArrayItem(sep, 1), &si)) {
+            seterr(err, errlen, "tokenizer.json: %s needs cls and sep as [token, id]", type);
+            return -1;
+        }
+        if (post_check_id(t, ci, err, errlen) || post_check_id(t, si, err, errlen)) return -1;
+        if (*npre >= MDL_TOK_MAX_POST) {
+            seterr(err, errlen, "tokenizer.json: post_processor adds more than %d tokens", MDL_TOK_MAX_POST);
+            return -1;
+        }
+        memmove(pre + 1, pre, *npre * sizeof *pre);
+        pre[0] = ci;
+        (*npre)++;
+        return post_add(suf, nsuf, si, err, errlen);
+    }
+    if (strcmp(type, "TemplateProcessing") == 0) {
+        const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single");
+        const cJSON *specials = cJSON_GetObjectItemCaseSensitive(pp, "special_tokens");
+        if (!cJSON_IsArray(single)) {
+            seterr(err, errlen, "tokenizer.json: TemplateProcessing.single must be a list");
+            return -1;
+        }
+        int32_t before[MDL_TOK_MAX_POST], after[MDL_TOK_MAX_POST];
+        size_t nb = 0, na = 0;
+        int seen_a = 0;
+        const cJSON *piece;
+        cJSON_ArrayForEach(piece, single) {
+            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(piece, "SpecialToken");
+            const cJSON *sq = cJSON_GetObjectItemCaseSensitive(piece, "Sequence");
+            if (cJSON_IsObject(sq)) {
+                const cJSON *id = cJSON_GetObjectItemCaseSensitive(sq, "id");
+                if (!cJSON_IsString(id) || strcmp(id->valuestring, "A") != 0 || seen_a) {
+                    seterr(err, errlen, "tokenizer.json: TemplateProcessing.single must hold sequence A once");
+                    return -1;
+                }
+                seen_a = 1;
+                continue;
+            }
+            const cJSON *name = cJSON_IsObject(sp) ? cJSON_GetObjectItemCaseSensitive(sp, "id") : NULL;
+            if (!cJSON_IsString(name)) {
+                seterr(err, errlen, "tokenizer.json: TemplateProcessing.single pieces are SpecialToken or Sequence");
+                return -1;
+            }
+            const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name->valuestring);
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
+            if (!cJSON_IsArray(ids)) {
+                seterr(err, errlen, "tokenizer.json: TemplateProcessing special token \"%.60s\" is not defined",
+                       name->valuestring);
+                return -1;
+            }
+            const cJSON *x;
+            cJSON_ArrayForEach(x, ids) {
+                int32_t id;
+                if (!json_id(x, &id)) {
+                    seterr(err, errlen, "tokenizer.json: TemplateProcessing \"%.60s\" has a bad id", name->valuestring);
+                    return -1;
+                }
+                if (post_check_id(t, id, err, errlen)) return -1;
+                if (post_add(seen_a ? after : before, seen_a ? &na : &nb, id, err, errlen)) return -1;
+            }
+        }
+        if (!seen_a) {
+            seterr(err, errlen, "tokenizer.json: TemplateProcessing.single has no sequence A");
+            return -1;
+        }
+        if (nb + *npre > MDL_TOK_MAX_POST || na + *nsuf > MDL_TOK_MAX_POST) {
+            seterr(err, errlen, "tokenizer.json: post_processor adds more than %d tokens", MDL_TOK_MAX_POST);
+            return -1;
+        }
+        memmove(pre + nb, pre, *npre * sizeof *pre);
+        memcpy(pre, before, nb * sizeof *pre);
+        *npre += nb;
+        memcpy(suf + *nsuf, after, na * sizeof *suf);
+        *nsuf += na;
+        return 0;
+    }
+    seterr(err, errlen,
+           "tokenizer.json: unsupported post_processor \"%.40s\" (null, ByteLevel, TemplateProcessing, "
+           "RobertaProcessing, BertProcessing, Sequence)", type);
     return -1;
 }
 
@@ -1104,12 +1244,13 @@ static int config_token(mdl_tokenizer *t, const cJSON *cfg, const char *name, in
 }
 
 static int detect_family(const char *tmpl, mdl_chat_family *fam, char *err, size_t errlen) {
+    /* the Qwen3 and Llama-3.1 templates are told from their older relatives by what only they hold */
     if (strstr(tmpl, "<|im_start|>")) {
-        *fam = MDL_CHAT_CHATML;
+        *fam = strstr(tmpl, "enable_thinking") || strstr(tmpl, "<think>") ? MDL_CHAT_QWEN3 : MDL_CHAT_CHATML;
         return 0;
     }
     if (strstr(tmpl, "<|start_header_id|>")) {
-        *fam = MDL_CHAT_LLAMA3;
+        *fam = strstr(tmpl, "Cutting Knowledge Date") ? MDL_CHAT_LLAMA31 : MDL_CHAT_LLAMA3;
         return 0;
     }
     char head[61];
@@ -1141,6 +1282,12 @@ static int load_config(mdl_tokenizer *t, const char *dir, char *err, size_t errl
     if (config_token(t, cfg, "bos_token", &t->bos, err, errlen) ||
         config_token(t, cfg, "eos_token", &t->eos, err, errlen))
         goto done;
+    /* add_bos_token / add_eos_token are not read: transformers' AutoTokenizer (5.24.0, checked by
+     * tests/data/tokenizer/expected_add_special.jsonl) keeps tokenizer.json's post_processor for a
+     * byte-level tokenizer whatever they say (TokenizersBackend, Qwen2Tokenizer, GPT2Tokenizer: Llama-3
+     * gets <|begin_of_text|> from its TemplateProcessing, Qwen nothing from ByteLevel). Only the
+     * SentencePiece-era Llama/Gemma classes of transformers 4.x rebuilt it from those keys
+     * (LlamaTokenizerFast.update_post_processor), and their tokenizers are not byte-level. */
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
     t->chat = MDL_CHAT_NONE;
     if (cJSON_IsArray(ct)) { /* [{"name": ..., "template": ...}]: use "default", else the first */
@@ -1225,6 +1372,9 @@ mdl_tokenizer *mdl_tok_load(const char *dir, char *err, size_t errlen) {
         goto fail;
     }
     if (finish_tables(t, err, errlen)) goto fail;
+    if (parse_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0, t->post_pre, &t->n_post_pre,
+                   t->post_suf, &t->n_post_suf, err, errlen))
+        goto fail;
     cJSON_Delete(root);
     root = NULL;
     if (load_config(t, dir, err, errlen)) goto fail;
@@ -1243,6 +1393,15 @@ fail:
 int32_t mdl_tok_vocab_size(const mdl_tokenizer *t) { return t ? t->n_ids : 0; }
 int32_t mdl_tok_bos(const mdl_tokenizer *t) { return t ? t->bos : -1; }
 int32_t mdl_tok_eos(const mdl_tokenizer *t) { return t ? t->eos : -1; }
+
+size_t mdl_tok_special_ids(const mdl_tokenizer *t, int suffix, const int32_t **ids) {
+    if (!t) {
+        if (ids) *ids = NULL;
+        return 0;
+    }
+    if (ids) *ids = suffix ? t->post_suf : t->post_pre;
+    return suffix ? t->n_post_suf : t->n_post_pre;
+}
 mdl_chat_family mdl_tok_chat_family(const mdl_tokenizer *t) { return t ? t->chat : MDL_CHAT_NONE; }
 
 int mdl_tok_is_special(const mdl_tokenizer *t, int32_t id) {

@@ -3,7 +3,8 @@
  *
  * Load: tokenizer.json (model.type "BPE" with vocab + merges (either "a b" strings or [a, b] pairs),
  * pre_tokenizer Split(regex) + ByteLevel (or a Sequence of them), decoder ByteLevel, added_tokens
- * with "special") and tokenizer_config.json (bos_token, eos_token, chat template family).
+ * with "special", post_processor for add_special_tokens) and tokenizer_config.json (bos_token,
+ * eos_token, chat template family).
  * Encode: added tokens are matched first (longest match, left to right) and emitted as their ids
  * (when parse_special is set; otherwise only non-special added tokens are matched); the text between
  * them is split with the pre-tokenizer regex (PCRE2, UTF mode, Unicode properties), each piece mapped
@@ -24,6 +25,8 @@ typedef enum {
     MDL_CHAT_NONE = 0, /* no chat template (chat requests are refused) */
     MDL_CHAT_CHATML,   /* Qwen: <|im_start|>role\n...<|im_end|>\n */
     MDL_CHAT_LLAMA3,   /* <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    MDL_CHAT_QWEN3,    /* ChatML as Qwen3's template: <think> blocks, enable_thinking, tool turns */
+    MDL_CHAT_LLAMA31,  /* Llama-3.1's template: the system header with "Cutting Knowledge Date" always */
 } mdl_chat_family;
 
 /* Loads dir/tokenizer.json and dir/tokenizer_config.json. Returns NULL and writes err on failure
@@ -34,6 +37,12 @@ void mdl_tok_free(mdl_tokenizer *t);
 int32_t mdl_tok_vocab_size(const mdl_tokenizer *t);       /* max id + 1 over vocab and added tokens */
 int32_t mdl_tok_bos(const mdl_tokenizer *t);              /* -1 when none */
 int32_t mdl_tok_eos(const mdl_tokenizer *t);              /* -1 when none */
+/* The ids add_special_tokens puts before (suffix 0) or after (suffix 1) an encoded text: the
+ * tokenizer.json post_processor's single template (TemplateProcessing / Roberta / Bert / Sequence;
+ * null and ByteLevel add nothing), as transformers' AutoTokenizer applies it: tokenizer_config.json's
+ * bos_token, add_bos_token and add_eos_token do not change it. Returns the count (at most 8) and
+ * points *ids at them. Empty text gets them too. */
+size_t mdl_tok_special_ids(const mdl_tokenizer *t, int suffix, const int32_t **ids);
 mdl_chat_family mdl_tok_chat_family(const mdl_tokenizer *t);
 int mdl_tok_is_special(const mdl_tokenizer *t, int32_t id);
 int32_t mdl_tok_token_id(const mdl_tokenizer *t, const char *token); /* exact vocab/added lookup, -1 */

@@ -3,8 +3,9 @@
 
 HOW THE COMMITTED FILES WERE PRODUCED
   Reference library: Hugging Face `tokenizers` 0.23.3 from PyPI (Rust core; its pre-tokenizer
-  regexes run on Oniguruma), Python 3.11, in a throwaway virtualenv:
-      python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install tokenizers==0.23.3
+  regexes run on Oniguruma), Python 3.11, in a throwaway virtualenv; transformers 5.24.0 only for
+  expected_add_special.jsonl:
+      python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install tokenizers==0.23.3 transformers==5.24.0
   1. tests/data/tokenizer/default/  <- written by OUR C code, mdl_tok_write_default(dir, 1024):
       build/tests/test_tokenizer --write-default tests/data/tokenizer/default 1024
      (test_tokenizer also re-writes it on every run and asserts the bytes are unchanged).
@@ -15,15 +16,27 @@ HOW THE COMMITTED FILES WERE PRODUCED
                no normalizer, added tokens with special / lstrip / rstrip / single_word /
                normalized flags, merges serialized as [a, b] pairs, no chat template.
        llama3: pre_tokenizer Sequence[Split(Llama-3 regex, Isolated), ByteLevel(use_regex=False)],
-               model.ignore_merges = true, Llama-3 special tokens and chat template.
+               model.ignore_merges = true, Llama-3 special tokens and chat template, and (added after
+               training, llama3_post_processor) Meta's post_processor Sequence[ByteLevel,
+               TemplateProcessing "<|begin_of_text|> $A"].
+       qwen2:  as Qwen2/Qwen3: normalizer NFC, pre_tokenizer Sequence[Split(Qwen2 regex: single
+               \p{N}, Isolated), ByteLevel(use_regex=False)], post_processor ByteLevel (adds nothing),
+               special <|endoftext|> <|im_start|> <|im_end|>, non-special <tool_call> </tool_call>
+               <think> </think>; tokenizer_config.json with Qwen3's keys (add_bos_token false,
+               bos_token null) and the Qwen3 chat template (tests/data/templates/qwen3.jinja).
      Only --retrain rewrites them (they are committed; retraining may change ids).
   3. tests/data/tokenizer/expected_<name>.jsonl  <- for every line of tests/data/tokenizer/corpus.txt
      (one JSON string per line), each tokenizer is loaded with Tokenizer.from_file(tokenizer.json)
      and records:
+       hex          = the text's UTF-8 bytes in hex (texts may hold NUL, which cJSON cannot)
        ids          = tok.encode(text, add_special_tokens=False).ids
        ids_nospecial= same with tok.encode_special_tokens = True (special tokens not parsed)
-       decoded      = tok.decode(ids, skip_special_tokens=False)
-       decoded_skip = tok.decode(ids, skip_special_tokens=True)
+       ids_add_special = tok.encode(text, add_special_tokens=True).ids (the post_processor)
+       decoded      = tok.decode(ids, skip_special_tokens=False)   (and decoded_hex)
+       decoded_skip = tok.decode(ids, skip_special_tokens=True)    (and decoded_skip_hex)
+  4. tests/data/tokenizer/expected_add_special.jsonl <- transformers.AutoTokenizer on copies of the
+     fixtures with tokenizer_config.json's add_bos_token / add_eos_token / tokenizer_class changed
+     (ADD_SPECIAL_CASES): AutoTokenizer(text).input_ids.
   Run:  /tmp/tokvenv/bin/python scripts/gen_tokenizer_expected.py [--retrain]
 
   Separately, `python3 scripts/gen_tokenizer_expected.py --nfc-data` (stdlib only) regenerates
@@ -138,6 +151,9 @@ and trailing spaces
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 LLAMA3_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
                    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
                    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
@@ -152,8 +168,7 @@ def read_corpus():
                 continue
             t = json.loads(line)
             assert isinstance(t, str), "corpus.txt:%d is not a JSON string" % n
-            t.encode("utf-8")  # no lone surrogates
-            assert "\0" not in t, "corpus.txt:%d contains NUL (cJSON strings cannot hold it)" % n
+            t.encode("utf-8")  # no lone surrogates (NUL is fine: the expected files carry hex too)
             texts.append(t)
     return texts
 
@@ -169,6 +184,16 @@ def train(name, corpus):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         specials = ["<|endoftext|>"]
         vocab_size = 900
+    elif name == "qwen2":
+        from tokenizers import normalizers, processors
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        vocab_size = 900
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
@@ -181,7 +206,11 @@ def train(name, corpus):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([TRAIN_TEXT] + corpus, trainer=trainer)
-    if name == "gpt2":
+    if name == "qwen2":
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+        tok.add_tokens([AddedToken(s, special=False, normalized=False)
+                        for s in ("<tool_call>", "</tool_call>", "<think>", "</think>")])
+    elif name == "gpt2":
         tok.add_special_tokens([
             AddedToken("<|endoftext|>", special=True, normalized=False),
             AddedToken("<mask>", special=True, lstrip=True, normalized=False),
@@ -205,6 +234,14 @@ def train(name, corpus):
             f.write("\n")
         cfg = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
                "chat_template": LLAMA3_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}
+    elif name == "qwen2":
+        with open(os.path.join(ROOT, "tests", "data", "templates", "qwen3.jinja"), encoding="utf-8") as f:
+            tmpl = f.read()
+        # the keys Qwen3's tokenizer_config.json sets (Qwen/Qwen3-8B)
+        cfg = {"add_bos_token": False, "add_prefix_space": False, "bos_token": None, "eos_token": "<|im_end|>",
+               "pad_token": "<|endoftext|>", "unk_token": None, "errors": "replace", "split_special_tokens": False,
+               "clean_up_tokenization_spaces": False, "model_max_length": 131072,
+               "tokenizer_class": "Qwen2Tokenizer", "chat_template": tmpl}
     else:
         cfg = {"bos_token": "<|endoftext|>",
                "eos_token": {"__type": "AddedToken", "content": "<|endoftext|>", "lstrip": False,
@@ -214,6 +251,81 @@ def train(name, corpus):
         json.dump(cfg, f, indent=2)
         f.write("\n")
     print("trained %s: %d bytes" % (path, os.path.getsize(path)))
+
+
+def llama3_post_processor():
+    """Meta's Llama-3 tokenizer.json post_processor: Sequence[ByteLevel, TemplateProcessing(<|begin_of_text|> $A)].
+    Added to the trained llama3 tokenizer (ids are unchanged; only add_special_tokens=True differs)."""
+    from tokenizers import Tokenizer
+    path = os.path.join(DATA, "llama3", "tokenizer.json")
+    with open(path, encoding="utf-8") as f:
+        j = json.load(f)
+    if j.get("post_processor"):
+        return
+    bos = Tokenizer.from_file(path).token_to_id("<|begin_of_text|>")
+    sp = lambda tid: {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": tid}}
+    sq = lambda s, tid: {"Sequence": {"id": s, "type_id": tid}}
+    j["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing", "single": [sp(0), sq("A", 0)], "pair": [sp(0), sq("A", 0), sp(1), sq("B", 1)],
+         "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos],
+                                                 "tokens": ["<|begin_of_text|>"]}}}]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("added the TemplateProcessing post_processor to", path)
+
+
+# add_bos_token / add_eos_token overrides, checked against transformers' AutoTokenizer (which
+# applies tokenizer_config.json to the tokenizer.json post-processor); (fixture, config changes)
+ADD_SPECIAL_CASES = [
+    ("llama3", {}),
+    ("llama3", {"add_bos_token": False}),
+    ("llama3", {"add_eos_token": True}),
+    ("llama3", {"add_bos_token": True, "add_eos_token": True}),
+    ("llama3", {"tokenizer_class": "LlamaTokenizerFast"}),
+    ("llama3", {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": False, "add_eos_token": True}),
+    ("gpt2", {}),
+    ("gpt2", {"add_bos_token": True}),
+    ("gpt2", {"add_eos_token": True}),
+    ("qwen2", {}),
+    ("qwen2", {"add_bos_token": True}),
+    ("qwen2", {"add_eos_token": True}),
+    ("qwen2", {"add_bos_token": None}),
+]
+ADD_SPECIAL_TEXTS = ["", "Hi", " hello world", "<|endoftext|>", "<|begin_of_text|>x", "<|im_start|>user\nHi<|im_end|>"]
+
+
+def expected_add_special():
+    """expected_add_special.jsonl: for each (fixture, tokenizer_config.json changes) and text, the ids
+    of transformers.AutoTokenizer.from_pretrained(dir)(text).input_ids (add_special_tokens=True)."""
+    import shutil
+    import tempfile
+
+    import transformers
+    from transformers import AutoTokenizer
+
+    out_path = os.path.join(DATA, "expected_add_special.jsonl")
+    n = 0
+    with open(out_path, "w", encoding="ascii") as f:
+        f.write(json.dumps({"transformers": transformers.__version__}) + "\n")
+        for name, change in ADD_SPECIAL_CASES:
+            d = tempfile.mkdtemp()
+            try:
+                shutil.copy(os.path.join(DATA, name, "tokenizer.json"), d)
+                with open(os.path.join(DATA, name, "tokenizer_config.json"), encoding="utf-8") as g:
+                    cfg = json.load(g)
+                cfg.update(change)
+                with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as g:
+                    json.dump(cfg, g)
+                tok = AutoTokenizer.from_pretrained(d)
+                for text in ADD_SPECIAL_TEXTS:
+                    rec = {"fixture": name, "config": change, "text": text, "ids": tok(text).input_ids}
+                    f.write(json.dumps(rec, ensure_ascii=True) + "\n")
+                    n += 1
+            finally:
+                shutil.rmtree(d)
+    print("wrote %s (%d cases)" % (out_path, n))
 
 
 def expected(name, corpus):
@@ -228,9 +340,13 @@ def expected(name, corpus):
             tok.encode_special_tokens = True
             ids_ns = tok.encode(text, add_special_tokens=False).ids
             tok.encode_special_tokens = False
-            rec = {"text": text, "ids": ids, "ids_nospecial": ids_ns,
-                   "decoded": tok.decode(ids, skip_special_tokens=False),
-                   "decoded_skip": tok.decode(ids, skip_special_tokens=True)}
+            ids_as = tok.encode(text, add_special_tokens=True).ids
+            dec = tok.decode(ids, skip_special_tokens=False)
+            dec_skip = tok.decode(ids, skip_special_tokens=True)
+            # hex: the UTF-8 bytes (NUL-safe; the C test reads these, the strings are for people)
+            rec = {"text": text, "hex": text.encode("utf-8").hex(), "ids": ids, "ids_nospecial": ids_ns,
+                   "ids_add_special": ids_as, "decoded": dec, "decoded_hex": dec.encode("utf-8").hex(),
+                   "decoded_skip": dec_skip, "decoded_skip_hex": dec_skip.encode("utf-8").hex()}
             f.write(json.dumps(rec, ensure_ascii=True) + "\n")
     print("wrote %s (%d cases)" % (out_path, len(corpus)))
 
@@ -244,14 +360,16 @@ def main():
 
     print("tokenizers", tokenizers.__version__)
     corpus = read_corpus()
-    for name in ("gpt2", "llama3"):
+    for name in ("gpt2", "llama3", "qwen2"):
         if "--retrain" in sys.argv or not os.path.exists(os.path.join(DATA, name, "tokenizer.json")):
             train(name, corpus)
+    llama3_post_processor()
     if not os.path.exists(os.path.join(DATA, "default", "tokenizer.json")):
         sys.exit("tests/data/tokenizer/default/ is missing: run "
                  "build/tests/test_tokenizer --write-default tests/data/tokenizer/default 1024")
-    for name in ("default", "gpt2", "llama3"):
+    for name in ("default", "gpt2", "llama3", "qwen2"):
         expected(name, corpus)
+    expected_add_special()
 
 
 if __name__ == "__main__":

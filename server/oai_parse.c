@@ -83,35 +83,35 @@ static int ids_from_array(const srv_state *s, const cJSON *a, srv_prompt *out, c
     return 0;
 }
 
-int srv_parse_prompt_text(const srv_state *s, const char *text, size_t len, int add_special, srv_prompt *out,
-                          const char *param, srv_err *e)
+int srv_parse_prompt_text(const srv_state *s, const char *text, size_t len, int add_special, int allow_empty,
+                          srv_prompt *out, const char *param, srv_err *e)
 {
     out->ids = NULL;
     out->n = 0;
     if (!s->tok)
         return srv_errf(e, 400, param, "%s: this model has no tokenizer (tokenizer.json); send token ids", param);
-    if (len == 0) return srv_errf(e, 400, param, "%s must not be empty", param);
+    if (len == 0 && !allow_empty) return srv_errf(e, 400, param, "%s must not be empty", param);
     if (!srv_utf8_valid(text, len)) return srv_errf(e, 400, param, "%s is not valid UTF-8", param);
     char err[256];
     size_t n = 0;
     if (mdl_tok_encode(s->tok, text, len, 1, NULL, 0, &n, err, sizeof err) != 0)
         return srv_errf(e, 400, param, "%s: %s", param, err);
-    int32_t bos = add_special ? mdl_tok_bos(s->tok) : -1;
-    out->ids = malloc((n + 1) * sizeof *out->ids);
+    /* add_special_tokens: what the post-processor adds around the text (HF: also around "") */
+    const int32_t *pre = NULL, *suf = NULL;
+    size_t npre = add_special ? mdl_tok_special_ids(s->tok, 0, &pre) : 0;
+    size_t nsuf = add_special ? mdl_tok_special_ids(s->tok, 1, &suf) : 0;
+    out->ids = malloc((npre + n + nsuf + 1) * sizeof *out->ids);
     if (!out->ids) return srv_errf(e, 500, NULL, "out of memory");
     size_t got = 0;
-    if (mdl_tok_encode(s->tok, text, len, 1, out->ids + 1, n, &got, err, sizeof err) != 0 || got != n) {
+    if (mdl_tok_encode(s->tok, text, len, 1, out->ids + npre, n, &got, err, sizeof err) != 0 || got != n) {
         free(out->ids);
         out->ids = NULL;
         return srv_errf(e, 500, param, "tokenizing %s failed", param);
     }
-    if (bos >= 0 && !(n > 0 && out->ids[1] == bos)) {
-        out->ids[0] = bos;
-        n++;
-    } else {
-        memmove(out->ids, out->ids + 1, n * sizeof *out->ids);
-    }
-    if (n == 0) {
+    if (npre) memcpy(out->ids, pre, npre * sizeof *pre);
+    if (nsuf) memcpy(out->ids + npre + n, suf, nsuf * sizeof *suf);
+    n += npre + nsuf;
+    if (n == 0 && !allow_empty) {
         free(out->ids);
         out->ids = NULL;
         return srv_errf(e, 400, param, "%s encodes to no tokens", param);
@@ -135,7 +135,7 @@ static int parse_prompts(const srv_state *s, const cJSON *p, int add_special, sr
         g->prompts = calloc(1, sizeof *g->prompts);
         if (!g->prompts) return srv_errf(e, 500, NULL, "out of memory");
         g->n_prompts = 1;
-        return srv_parse_prompt_text(s, p->valuestring, strlen(p->valuestring), add_special, &g->prompts[0],
+        return srv_parse_prompt_text(s, p->valuestring, strlen(p->valuestring), add_special, 0, &g->prompts[0],
                                      "prompt", e);
     }
     if (!cJSON_IsArray(p))
@@ -166,8 +166,8 @@ static int parse_prompts(const srv_state *s, const cJSON *p, int add_special, sr
         if (cJSON_IsString(first) != cJSON_IsString(x) || cJSON_IsArray(first) != cJSON_IsArray(x))
             return srv_errf(e, 400, "prompt", "%s: a prompt list must hold only strings or only token-id lists", name);
         int rc = cJSON_IsString(x)
-                     ? srv_parse_prompt_text(s, x->valuestring, strlen(x->valuestring), add_special, &g->prompts[i],
-                                             name, e)
+                     ? srv_parse_prompt_text(s, x->valuestring, strlen(x->valuestring), add_special, 0,
+                                             &g->prompts[i], name, e)
                      : ids_from_array(s, x, &g->prompts[i], name, e);
         if (rc) {
             snprintf(e->param, sizeof e->param, "prompt");
@@ -179,11 +179,312 @@ static int parse_prompts(const srv_state *s, const cJSON *p, int add_special, sr
 }
 
 /* ---- chat ------------------------------------------------------------------------------------------- */
+/* Built-in renderers, one per template family, that reproduce the published Jinja templates byte for
+ * byte (tests/data/templates/ and tests/integration/test_chat_templates.py check them against jinja2
+ * as transformers configures it: trim_blocks, lstrip_blocks, its own tojson). Message content is a
+ * string or a list of text parts joined with "\n" (vLLM's "string" content format). */
 
 static void sb_str(srv_buf *b, const char *s) { srv_buf_add(b, s, strlen(s)); }
 
-/* The text of a message's content: a string, or a list of {"type":"text","text":...} parts
- * (concatenated). Appends to b. */
+/* Python str.isspace() for the code point at s (what Jinja's trim and str.strip() remove). */
+static size_t py_space_at(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    if (n == 0) return 0;
+    if (u[0] < 0x80) return (u[0] >= 0x09 && u[0] <= 0x0D) || (u[0] >= 0x1C && u[0] <= 0x20) ? 1 : 0;
+    uint32_t cp = 0;
+    size_t l = u[0] < 0xE0 ? 2 : u[0] < 0xF0 ? 3 : 4;
+    if (l > n) return 0;
+    cp = l == 2 ? (uint32_t)(u[0] & 0x1F) : l == 3 ? (uint32_t)(u[0] & 0x0F) : (uint32_t)(u[0] & 0x07);
+    for (size_t i = 1; i < l; i++) cp = (cp << 6) | (u[i] & 0x3F);
+    int sp = cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+             cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    return sp ? l : 0;
+}
+
+/* A byte range of valid UTF-8. */
+typedef struct {
+    const char *p;
+    size_t n;
+} span;
+
+/* str.strip() (ws: Unicode whitespace) or str.strip('\n') (!ws), on the left and / or right. */
+static span py_strip(span s, int left, int right, int ws)
+{
+    if (left)
+        for (;;) {
+            size_t k = ws ? py_space_at(s.p, s.n) : (s.n && s.p[0] == '\n');
+            if (!k) break;
+            s.p += k;
+            s.n -= k;
+        }
+    if (right)
+        while (s.n) {
+            if (!ws) {
+                if (s.p[s.n - 1] != '\n') break;
+                s.n--;
+                continue;
+            }
+            size_t at = s.n - 1;
+            while (at > 0 && ((unsigned char)s.p[at] & 0xC0) == 0x80) at--;
+            if (py_space_at(s.p + at, s.n - at) != s.n - at) break;
+            s.n = at;
+        }
+    return s;
+}
+
+static const char *span_find(span s, const char *needle, int last)
+{
+    size_t k = strlen(needle);
+    const char *hit = NULL;
+    for (size_t i = 0; i + k <= s.n; i++)
+        if (memcmp(s.p + i, needle, k) == 0) {
+            hit = s.p + i;
+            if (!last) break;
+        }
+    return hit;
+}
+
+static void sb_span(srv_buf *b, span s) { srv_buf_add(b, s.p, s.n); }
+
+/* Python json.dumps(s, ensure_ascii=False) of a string (transformers' tojson filter). */
+static void sb_py_json_str(srv_buf *b, span s)
+{
+    sb_str(b, "\"");
+    for (size_t i = 0; i < s.n; i++) {
+        unsigned char c = (unsigned char)s.p[i];
+        char esc[8];
+        switch (c) {
+        case '"': sb_str(b, "\\\""); break;
+        case '\\': sb_str(b, "\\\\"); break;
+        case '\n': sb_str(b, "\\n"); break;
+        case '\r': sb_str(b, "\\r"); break;
+        case '\t': sb_str(b, "\\t"); break;
+        case '\b': sb_str(b, "\\b"); break;
+        case '\f': sb_str(b, "\\f"); break;
+        default:
+            if (c < 0x20) {
+                snprintf(esc, sizeof esc, "\\u%04x", c);
+                sb_str(b, esc);
+            } else {
+                srv_buf_add(b, s.p + i, 1);
+            }
+        }
+    }
+    sb_str(b, "\"");
+}
+
+/* Python's repr(float) (what json.dumps writes): the shortest digits that round-trip, fixed notation
+ * for 1e-4 <= |x| < 1e16 (with ".0" when integral), else d.ddde+XX. */
+static void sb_py_float(srv_buf *b, double x)
+{
+    if (x != x) {
+        sb_str(b, "NaN");
+        return;
+    }
+    if (x > 1.7976931348623157e308 || x < -1.7976931348623157e308) {
+        sb_str(b, x > 0 ? "Infinity" : "-Infinity");
+        return;
+    }
+    char e[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p - 1, x);
+        if (strtod(e, NULL) == x) break;
+    }
+    /* e: [-]d[.ddd]e(+|-)XX */
+    const char *q = e;
+    int neg = *q == '-';
+    if (neg) q++;
+    char dig[24];
+    int nd = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[nd++] = *q;
+    int ex = atoi(q + 1);
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    if (neg) sb_str(b, "-");
+    if (x == 0 || (ex >= -4 && ex < 16)) {
+        if (x == 0) ex = 0;
+        if (ex < 0) {
+            sb_str(b, "0.");
+            for (int i = 0; i < -ex - 1; i++) sb_str(b, "0");
+            srv_buf_add(b, dig, (size_t)nd);
+        } else {
+            for (int i = 0; i <= ex; i++) srv_buf_add(b, i < nd ? &dig[i] : "0", 1);
+            sb_str(b, ".");
+            if (nd > ex + 1) srv_buf_add(b, dig + ex + 1, (size_t)(nd - ex - 1));
+            else sb_str(b, "0");
+        }
+        return;
+    }
+    srv_buf_add(b, dig, 1);
+    if (nd > 1) {
+        sb_str(b, ".");
+        srv_buf_add(b, dig + 1, (size_t)(nd - 1));
+    }
+    char xs[16];
+    snprintf(xs, sizeof xs, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
+    sb_str(b, xs);
+}
+
+static int hex4(const char *p, unsigned *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        *v = *v * 16 + (unsigned)d;
+    }
+    return 0;
+}
+
+/* json.dumps(json.loads(text), ensure_ascii=False): vLLM parses a tool call's arguments string
+ * before the template writes it through tojson (vllm/entrypoints/chat_utils.py,
+ * _postprocess_messages). Walks the JSON text itself (cJSON keeps no int / float distinction):
+ * ", " and ": " separators, strings re-escaped as Python does, ints as written, floats as repr.
+ * Returns the end of the value, or NULL when the text is not JSON. */
+static const char *py_redump(srv_buf *b, const char *p, int depth)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    if (depth > 64) return NULL;
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        srv_buf_add(b, p, 1);
+        p++;
+        for (int first = 1;; first = 0) {
+            while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+            if (*p == close && first) break;
+            if (!first) sb_str(b, ", ");
+            if (close == '}') {
+                while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+                if (*p != '"' || !(p = py_redump(b, p, depth + 1))) return NULL;
+                while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+                if (*p++ != ':') return NULL;
+                sb_str(b, ": ");
+            }
+            if (!(p = py_redump(b, p, depth + 1))) return NULL;
+            while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            if (*p != close) return NULL;
+            break;
+        }
+        srv_buf_add(b, &close, 1);
+        return p + 1;
+    }
+    if (*p == '"') {
+        srv_buf raw = {0};
+        for (p++; *p != '"'; p++) {
+            if (!*p || (unsigned char)*p < 0x20) {
+                free(raw.p);
+                return NULL;
+            }
+            if (*p != '\\') {
+                srv_buf_add(&raw, p, 1);
+                continue;
+            }
+            p++;
+            const char *m = strchr("\"\\/bfnrt", *p);
+            if (m && *p) {
+                static const char to[] = "\"\\/\b\f\n\r\t";
+                srv_buf_add(&raw, &to[m - "\"\\/bfnrt"], 1);
+                continue;
+            }
+            if (*p != 'u') {
+                free(raw.p);
+                return NULL;
+            }
+            unsigned cp = 0, lo = 0;
+            if (hex4(p + 1, &cp)) {
+                free(raw.p);
+                return NULL;
+            }
+            p += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF && p[1] == '\\' && p[2] == 'u' && !hex4(p + 3, &lo) && lo >= 0xDC00 &&
+                lo <= 0xDFFF) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                p += 6;
+            } else if (cp >= 0xD800 && cp <= 0xDFFF) {
+                free(raw.p); /* a lone surrogate cannot be written as UTF-8 */
+                return NULL;
+            }
+            char u[4];
+            size_t ul = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+            if (ul == 1) u[0] = (char)cp;
+            else if (ul == 2) u[0] = (char)(0xC0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3F));
+            else if (ul == 3)
+                u[0] = (char)(0xE0 | (cp >> 12)), u[1] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[2] = (char)(0x80 | (cp & 0x3F));
+            else
+                u[0] = (char)(0xF0 | (cp >> 18)), u[1] = (char)(0x80 | ((cp >> 12) & 0x3F)),
+                u[2] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[3] = (char)(0x80 | (cp & 0x3F));
+            srv_buf_add(&raw, u, ul);
+        }
+        if (raw.oom || !srv_utf8_valid(raw.p ? raw.p : "", raw.n) || (raw.n && memchr(raw.p, 0, raw.n))) {
+            free(raw.p);
+            return NULL;
+        }
+        sb_py_json_str(b, (span){raw.p ? raw.p : "", raw.n});
+        free(raw.p);
+        return p + 1;
+    }
+    static const char *lits[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++)
+        if (strncmp(p, lits[i], strlen(lits[i])) == 0) {
+            sb_str(b, lits[i]);
+            return p + strlen(lits[i]);
+        }
+    /* a number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
+    const char *q = p;
+    int is_float = 0;
+    if (*q == '-') q++;
+    if (*q == '0') q++;
+    else if (*q >= '1' && *q <= '9')
+        while (*q >= '0' && *q <= '9') q++;
+    else
+        return NULL;
+    if (*q == '.') {
+        is_float = 1;
+        if (!(*++q >= '0' && *q <= '9')) return NULL;
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    if (*q == 'e' || *q == 'E') {
+        is_float = 1;
+        q++;
+        if (*q == '+' || *q == '-') q++;
+        if (!(*q >= '0' && *q <= '9')) return NULL;
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    if (is_float) {
+        sb_py_float(b, strtod(p, NULL));
+    } else if (q - p == 2 && p[0] == '-' && p[1] == '0') {
+        sb_str(b, "0"); /* int("-0") */
+    } else {
+        srv_buf_add(b, p, (size_t)(q - p));
+    }
+    return q;
+}
+
+/* The rendering of one tool call's arguments as vLLM hands them to the template (a dict), or -1. */
+static int py_args(srv_buf *b, const char *args)
+{
+    const char *end = py_redump(b, args, 0);
+    if (!end) return -1;
+    while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r') end++;
+    return *end ? -1 : 0;
+}
+
+typedef struct {
+    const char *role;      /* developer is rendered as system */
+    srv_buf text;          /* content as one string ("" for null) */
+    const char *reasoning; /* reasoning_content when a string, else NULL */
+    const cJSON *tool_calls; /* non-empty list, else NULL */
+    int has_tool_calls;    /* the key is present and not null */
+} chat_msg;
+
+/* The text of a message's content: a string, or a list of {"type":"text","text":...} parts joined
+ * with "\n". */
 static int content_text(const cJSON *content, int idx, int may_be_null, srv_buf *b, srv_err *e)
 {
     if (!content || cJSON_IsNull(content)) {
@@ -209,88 +510,374 @@ static int content_text(const cJSON *content, int idx, int may_be_null, srv_buf 
                                                 "(only \"text\")", idx, k, type->valuestring);
         if (!cJSON_IsString(text))
             return srv_errf(e, 400, "messages", "messages[%d].content[%d].text must be a string", idx, k);
+        if (k > 0) sb_str(b, "\n");
         sb_str(b, text->valuestring);
         k++;
     }
     return 0;
 }
 
-/* Trims ASCII whitespace on both sides of b[from..) in place (Llama-3's template trims content). */
-static void sb_trim_from(srv_buf *b, size_t from)
+static void free_msgs(chat_msg *v, int n)
 {
-    if (b->oom || !b->p) return;
-    size_t a = from, z = b->n;
-    while (a < z && strchr(" \t\r\n", b->p[a])) a++;
-    while (z > a && strchr(" \t\r\n", b->p[z - 1])) z--;
-    memmove(b->p + from, b->p + a, z - a);
-    b->n = from + (z - a);
-    b->p[b->n] = 0;
+    for (int i = 0; i < n; i++) free(v[i].text.p);
+    free(v);
 }
 
-int srv_chat_encode(const srv_state *s, const cJSON *messages, int add_generation_prompt, srv_prompt *out,
-                    srv_err *e)
+static span msg_span(const chat_msg *m) { return (span){m->text.p ? m->text.p : "", m->text.n}; }
+
+static int parse_msgs(const srv_state *s, const cJSON *messages, chat_msg **out, int *nout, srv_err *e)
 {
-    out->ids = NULL;
-    out->n = 0;
-    if (!s->tok) return srv_errf(e, 400, "messages", "this model has no tokenizer, so it cannot serve chat");
-    if (s->chat == MDL_CHAT_NONE)
-        return srv_errf(e, 400, "messages", "this model has no chat template (tokenizer_config.json chat_template "
-                                            "of a known family); use /v1/completions");
     if (!messages) return srv_errf(e, 400, "messages", "messages is required");
     if (!cJSON_IsArray(messages)) return srv_errf(e, 400, "messages", "messages must be a list of message objects");
-    if (cJSON_GetArraySize(messages) < 1) return srv_errf(e, 400, "messages", "messages must not be empty");
-    srv_buf b = {0};
-    if (s->chat == MDL_CHAT_LLAMA3) sb_str(&b, "<|begin_of_text|>");
+    int n = cJSON_GetArraySize(messages);
+    if (n < 1) return srv_errf(e, 400, "messages", "messages must not be empty");
+    chat_msg *v = calloc((size_t)n, sizeof *v);
+    if (!v) return srv_errf(e, 500, NULL, "out of memory");
     int i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, messages)
     {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
-            free(b.p);
+            free_msgs(v, n);
             return srv_errf(e, 400, "messages", "messages[%d] must be an object with a string \"role\"", i);
         }
         const char *r = role->valuestring;
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer")) {
-            free(b.p);
-            return srv_errf(e, 400, "messages", "messages[%d].role \"%s\" is not supported (system, developer, "
-                                                "user, assistant)", i, r);
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer") &&
+            strcmp(r, "tool")) {
+            free_msgs(v, n);
+            return srv_errf(e, 400, "messages", "messages[%d].role \"%.64s\" is not supported (system, developer, "
+                                                "user, assistant, tool)", i, r);
         }
-        if (strcmp(r, "developer") == 0) r = "system";
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        int rc;
-        if (s->chat == MDL_CHAT_CHATML) {
-            /* <|im_start|>role\ncontent<|im_end|>\n */
-            sb_str(&b, "<|im_start|>");
-            sb_str(&b, r);
-            sb_str(&b, "\n");
-            rc = content_text(content, i, strcmp(r, "assistant") == 0, &b, e);
-            sb_str(&b, "<|im_end|>\n");
-        } else {
-            /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> (content trimmed) */
-            sb_str(&b, "<|start_header_id|>");
-            sb_str(&b, r);
-            sb_str(&b, "<|end_header_id|>\n\n");
-            size_t at = b.n;
-            rc = content_text(content, i, strcmp(r, "assistant") == 0, &b, e);
-            sb_trim_from(&b, at);
-            sb_str(&b, "<|eot_id|>");
-        }
-        if (rc) {
-            free(b.p);
+        v[i].role = strcmp(r, "developer") == 0 ? "system" : r;
+        const int assistant = strcmp(r, "assistant") == 0;
+        if (content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, assistant, &v[i].text, e)) {
+            free_msgs(v, n);
             return -1;
+        }
+        if (v[i].text.oom) {
+            free_msgs(v, n);
+            return srv_errf(e, 500, NULL, "out of memory");
+        }
+        const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
+        if (rc && !cJSON_IsNull(rc) && !cJSON_IsString(rc)) {
+            free_msgs(v, n);
+            return srv_errf(e, 400, "messages", "messages[%d].reasoning_content must be a string", i);
+        }
+        v[i].reasoning = cJSON_IsString(rc) ? rc->valuestring : NULL;
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (tc && !cJSON_IsNull(tc)) {
+            v[i].has_tool_calls = 1;
+            if (!assistant || !cJSON_IsArray(tc)) {
+                free_msgs(v, n);
+                return srv_errf(e, 400, "messages", "messages[%d].tool_calls must be a list on an assistant message",
+                                i);
+            }
+            v[i].tool_calls = tc->child ? tc : NULL;
+            int k = 0;
+            const cJSON *c;
+            cJSON_ArrayForEach(c, tc)
+            {
+                const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+                const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+                const cJSON *ar = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+                srv_buf probe = {0};
+                int bad = !cJSON_IsObject(f) || !cJSON_IsString(nm) || !cJSON_IsString(ar);
+                if (!bad && ar->valuestring[0] && py_args(&probe, ar->valuestring)) bad = 2;
+                free(probe.p);
+                if (bad) {
+                    free_msgs(v, n);
+                    return bad == 2 ? srv_errf(e, 400, "messages",
+                                               "messages[%d].tool_calls[%d].function.arguments is not valid JSON", i, k)
+                                    : srv_errf(e, 400, "messages",
+                                               "messages[%d].tool_calls[%d] must be {\"function\": {\"name\": "
+                                               "string, \"arguments\": string}}", i, k);
+                }
+                k++;
+            }
+            /* Llama-3.1's template raises on anything but a single call (vLLM drops an empty list) */
+            if (s->chat == MDL_CHAT_LLAMA31 && k > 1) {
+                free_msgs(v, n);
+                return srv_errf(e, 400, "messages", "messages[%d].tool_calls: This model only supports single "
+                                                    "tool-calls at once!", i);
+            }
+            if (v[i].tool_calls && s->chat != MDL_CHAT_QWEN3 && s->chat != MDL_CHAT_LLAMA31) {
+                free_msgs(v, n);
+                return srv_errf(e, 400, "messages",
+                                "messages[%d].tool_calls: assistant tool calls are only rendered for the Qwen3 "
+                                "and Llama-3.1 templates", i);
+            }
         }
         i++;
     }
-    if (add_generation_prompt)
-        sb_str(&b, s->chat == MDL_CHAT_CHATML ? "<|im_start|>assistant\n" : "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    if (b.oom) {
-        free(b.p);
-        return srv_errf(e, 500, NULL, "out of memory");
+    *out = v;
+    *nout = n;
+    return 0;
+}
+
+/* vLLM: empty arguments become {} */
+static void args_of(srv_buf *b, const char *args)
+{
+    if (!args[0] || py_args(b, args)) sb_str(b, "{}");
+}
+
+static int starts_ends(span s, const char *a, const char *z)
+{
+    size_t la = strlen(a), lz = strlen(z);
+    return s.n >= la && s.n >= lz && memcmp(s.p, a, la) == 0 && memcmp(s.p + s.n - lz, z, lz) == 0;
+}
+
+/* Qwen3's template (Qwen/Qwen3-8B tokenizer_config.json chat_template; tests/data/templates/qwen3.jinja) */
+static void render_qwen3(const chat_msg *v, int n, const srv_chat_opts *o, srv_buf *b)
+{
+    if (strcmp(v[0].role, "system") == 0) {
+        sb_str(b, "<|im_start|>system\n");
+        sb_span(b, msg_span(&v[0]));
+        sb_str(b, "<|im_end|>\n");
     }
-    /* the template already carries bos where the family wants one */
-    int rc = srv_parse_prompt_text(s, b.p, b.n, 0, out, "messages", e);
-    free(b.p);
+    int last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (strcmp(v[i].role, "user") == 0 && !starts_ends(msg_span(&v[i]), "<tool_response>", "</tool_response>")) {
+            last_query = i;
+            break;
+        }
+    for (int i = 0; i < n; i++) {
+        const char *r = v[i].role;
+        span c = msg_span(&v[i]);
+        if (strcmp(r, "user") == 0 || (strcmp(r, "system") == 0 && i > 0)) {
+            sb_str(b, "<|im_start|>");
+            sb_str(b, r);
+            sb_str(b, "\n");
+            sb_span(b, c);
+            sb_str(b, "<|im_end|>\n");
+        } else if (strcmp(r, "assistant") == 0) {
+            span reasoning = {"", 0};
+            if (v[i].reasoning) {
+                reasoning = (span){v[i].reasoning, strlen(v[i].reasoning)};
+            } else if (span_find(c, "</think>", 0)) {
+                /* content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+                const char *first_end = span_find(c, "</think>", 0), *last_end = span_find(c, "</think>", 1);
+                span head = py_strip((span){c.p, (size_t)(first_end - c.p)}, 0, 1, 0);
+                const char *open = span_find(head, "<think>", 1);
+                if (open) head = (span){open + 7, head.n - (size_t)(open + 7 - head.p)};
+                reasoning = py_strip(head, 1, 0, 0);
+                /* content.split('</think>')[-1].lstrip('\n') */
+                c = py_strip((span){last_end + 8, c.n - (size_t)(last_end + 8 - c.p)}, 1, 0, 0);
+            }
+            if (i > last_query && (i == n - 1 || reasoning.n > 0)) {
+                sb_str(b, "<|im_start|>assistant\n<think>\n");
+                sb_span(b, py_strip(reasoning, 1, 1, 0));
+                sb_str(b, "\n</think>\n\n");
+                sb_span(b, py_strip(c, 1, 0, 0));
+            } else {
+                sb_str(b, "<|im_start|>assistant\n");
+                sb_span(b, c);
+            }
+            int k = 0;
+            const cJSON *tc;
+            if (v[i].tool_calls)
+                cJSON_ArrayForEach(tc, v[i].tool_calls)
+                {
+                    const cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+                    if ((k == 0 && c.n > 0) || k > 0) sb_str(b, "\n");
+                    sb_str(b, "<tool_call>\n{\"name\": \"");
+                    sb_str(b, cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring);
+                    sb_str(b, "\", \"arguments\": ");
+                    args_of(b, cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring);
+                    sb_str(b, "}\n</tool_call>");
+                    k++;
+                }
+            sb_str(b, "<|im_end|>\n");
+        } else if (strcmp(r, "tool") == 0) {
+            if (i == 0 || strcmp(v[i - 1].role, "tool") != 0) sb_str(b, "<|im_start|>user");
+            sb_str(b, "\n<tool_response>\n");
+            sb_span(b, c);
+            sb_str(b, "\n</tool_response>");
+            if (i == n - 1 || strcmp(v[i + 1].role, "tool") != 0) sb_str(b, "<|im_end|>\n");
+        }
+    }
+    if (o->add_generation_prompt) {
+        sb_str(b, "<|im_start|>assistant\n");
+        if (o->enable_thinking == 0) sb_str(b, "<think>\n\n</think>\n\n");
+    }
+}
+
+static void llama_turn(srv_buf *b, const char *role, span body)
+{
+    sb_str(b, "<|start_header_id|>");
+    sb_str(b, role);
+    sb_str(b, "<|end_header_id|>\n\n");
+    sb_span(b, body);
+    sb_str(b, "<|eot_id|>");
+}
+
+/* Llama-3.1's template (meta-llama/Llama-3.1-8B-Instruct; tests/data/templates/llama31.jinja), with
+ * no tools / builtin_tools given; date_string from chat_template_kwargs. */
+static void render_llama31(const chat_msg *v, int n, const srv_chat_opts *o, srv_buf *b)
+{
+    int i = 0;
+    span sys = {"", 0};
+    if (strcmp(v[0].role, "system") == 0) {
+        sys = py_strip(msg_span(&v[0]), 1, 1, 1);
+        i = 1;
+    }
+    sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+              "Cutting Knowledge Date: December 2023\nToday Date: ");
+    sb_str(b, o->date_string ? o->date_string : "26 Jul 2024");
+    sb_str(b, "\n\n");
+    sb_span(b, sys);
+    sb_str(b, "<|eot_id|>");
+    for (; i < n; i++) {
+        if (v[i].tool_calls) {
+            /* {"name": "<name>", "parameters": <arguments|tojson>} */
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(v[i].tool_calls->child, "function");
+            sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+            sb_str(b, cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring);
+            sb_str(b, "\", \"parameters\": ");
+            args_of(b, cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring);
+            sb_str(b, "}<|eot_id|>");
+        } else if (strcmp(v[i].role, "tool") == 0) {
+            /* a string is "iterable" to Jinja: the template writes it through tojson */
+            sb_str(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            sb_py_json_str(b, msg_span(&v[i]));
+            sb_str(b, "<|eot_id|>");
+        } else {
+            llama_turn(b, v[i].role, py_strip(msg_span(&v[i]), 1, 1, 1));
+        }
+    }
+    if (o->add_generation_prompt) sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* The older families: ChatML (<|im_start|>role\ncontent<|im_end|>\n) and Llama-3 (bos, then
+ * header + content|trim + <|eot_id|>). */
+static void render_simple(const srv_state *s, const chat_msg *v, int n, const srv_chat_opts *o, srv_buf *b)
+{
+    if (s->chat == MDL_CHAT_LLAMA3) sb_str(b, "<|begin_of_text|>");
+    for (int i = 0; i < n; i++) {
+        if (s->chat == MDL_CHAT_CHATML) {
+            sb_str(b, "<|im_start|>");
+            sb_str(b, v[i].role);
+            sb_str(b, "\n");
+            sb_span(b, msg_span(&v[i]));
+            sb_str(b, "<|im_end|>\n");
+        } else {
+            llama_turn(b, v[i].role, py_strip(msg_span(&v[i]), 1, 1, 1));
+        }
+    }
+    if (o->add_generation_prompt)
+        sb_str(b, s->chat == MDL_CHAT_CHATML ? "<|im_start|>assistant\n" : "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+int srv_chat_opts_parse(const cJSON *body, srv_chat_opts *o, srv_err *e)
+{
+    o->add_generation_prompt = 1;
+    o->continue_final_message = 0;
+    o->enable_thinking = -1;
+    o->date_string = NULL;
+    if (get_bool(body, "add_generation_prompt", &o->add_generation_prompt, e) ||
+        get_bool(body, "continue_final_message", &o->continue_final_message, e))
+        return -1;
+    /* vLLM: "Cannot set both `continue_final_message` and `add_generation_prompt` to True." */
+    if (o->continue_final_message && o->add_generation_prompt)
+        return srv_errf(e, 400, "continue_final_message",
+                        "Cannot set both continue_final_message and add_generation_prompt to true (set "
+                        "add_generation_prompt to false)");
+    const cJSON *kw = field(body, "chat_template_kwargs");
+    if (kw) {
+        if (!cJSON_IsObject(kw))
+            return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
+        const cJSON *et = field(kw, "enable_thinking");
+        if (et && !cJSON_IsBool(et))
+            return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be a boolean");
+        if (et) o->enable_thinking = cJSON_IsTrue(et);
+        const cJSON *ds = field(kw, "date_string");
+        if (ds && (!cJSON_IsString(ds) || !srv_utf8_valid(ds->valuestring, strlen(ds->valuestring))))
+            return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs.date_string must be a string");
+        if (ds) o->date_string = ds->valuestring;
+        /* other keys are variables the built-in templates do not read (as Jinja ignores them) */
+    }
+    return 0;
+}
+
+char *srv_chat_render(const srv_state *s, const cJSON *messages, const srv_chat_opts *o, size_t *len, srv_err *e)
+{
+    if (!s->tok) {
+        srv_errf(e, 400, "messages", "this model has no tokenizer, so it cannot serve chat");
+        return NULL;
+    }
+    if (s->chat == MDL_CHAT_NONE) {
+        srv_errf(e, 400, "messages", "this model has no chat template (tokenizer_config.json chat_template "
+                                     "of a known family); use /v1/completions");
+        return NULL;
+    }
+    chat_msg *v = NULL;
+    int n = 0;
+    if (parse_msgs(s, messages, &v, &n, e)) return NULL;
+    srv_chat_opts ro = *o;
+    /* continue_final_message as transformers' render_jinja_template (utils/chat_template_utils.py,
+     * v5): the final content gets a tag appended, the rendering is cut where the tag is (and
+     * right-stripped when the template did not keep the space after it, i.e. trimmed the content) */
+    static const char tag[] = "CONTINUE_FINAL_MESSAGE_TAG ";
+    span fin = {"", 0};
+    if (ro.continue_final_message) {
+        ro.add_generation_prompt = 0;
+        fin = py_strip(msg_span(&v[n - 1]), 1, 1, 1);
+        size_t off = (size_t)(fin.p - msg_span(&v[n - 1]).p);
+        sb_str(&v[n - 1].text, tag);
+        if (v[n - 1].text.oom) {
+            free_msgs(v, n);
+            srv_errf(e, 500, NULL, "out of memory");
+            return NULL;
+        }
+        fin.p = v[n - 1].text.p + off; /* the buffer may have moved */
+    }
+    srv_buf b = {0};
+    if (s->chat == MDL_CHAT_QWEN3) render_qwen3(v, n, &ro, &b);
+    else if (s->chat == MDL_CHAT_LLAMA31) render_llama31(v, n, &ro, &b);
+    else render_simple(s, v, n, &ro, &b);
+    if (!b.oom && !b.p) sb_str(&b, "");
+    if (b.oom) {
+        free_msgs(v, n);
+        free(b.p);
+        srv_errf(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    if (o->continue_final_message) {
+        span all = {b.p, b.n};
+        const char *at = span_find(all, "CONTINUE_FINAL_MESSAGE_TAG", 1);
+        int found = at != NULL;
+        if (found && fin.n) {
+            found = 0;
+            for (size_t k = 0; k + fin.n <= b.n && !found; k++) found = memcmp(b.p + k, fin.p, fin.n) == 0;
+        }
+        if (!found) {
+            free_msgs(v, n);
+            free(b.p);
+            srv_errf(e, 400, "continue_final_message",
+                     "continue_final_message is set but the final message does not appear in the chat after "
+                     "applying the chat template");
+            return NULL;
+        }
+        size_t cut = (size_t)(at - b.p);
+        int kept_space = cut + strlen(tag) <= b.n && memcmp(at, tag, strlen(tag)) == 0;
+        b.n = kept_space ? cut : py_strip((span){b.p, cut}, 0, 1, 1).n;
+        b.p[b.n] = 0;
+    }
+    free_msgs(v, n);
+    *len = b.n;
+    return b.p;
+}
+
+int srv_chat_encode(const srv_state *s, const cJSON *messages, const srv_chat_opts *o, srv_prompt *out, srv_err *e)
+{
+    out->ids = NULL;
+    out->n = 0;
+    size_t len = 0;
+    char *text = srv_chat_render(s, messages, o, &len, e);
+    if (!text) return -1;
+    /* the template already carries bos where the family wants one (vLLM: add_special_tokens false) */
+    int rc = srv_parse_prompt_text(s, text, len, 0, 0, out, "messages", e);
+    free(text);
     return rc;
 }
 
@@ -431,14 +1018,15 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     if (refuse_unsupported(body, g, e)) return -1;
 
     /* prompt(s) */
-    int add_special = 1, add_gen = 1;
+    int add_special = 1;
     if (get_bool(body, "add_special_tokens", &add_special, e)) return -1;
     if (chat) {
-        if (get_bool(body, "add_generation_prompt", &add_gen, e)) return -1;
+        srv_chat_opts co;
+        if (srv_chat_opts_parse(body, &co, e)) return -1;
         g->prompts = calloc(1, sizeof *g->prompts);
         if (!g->prompts) return srv_errf(e, 500, NULL, "out of memory");
         g->n_prompts = 1;
-        if (srv_chat_encode(s, field(body, "messages"), add_gen, &g->prompts[0], e)) return -1;
+        if (srv_chat_encode(s, field(body, "messages"), &co, &g->prompts[0], e)) return -1;
     } else if (parse_prompts(s, field(body, "prompt"), add_special, g, e))
         return -1;
     if (g->n_prompts * g->n > s->max_choices)

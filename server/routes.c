@@ -131,6 +131,23 @@ int srv_route_metrics(srv_state *s, struct mg_connection *c)
     return 200;
 }
 
+/* Wraps p in the post-processor's ids (add_special_tokens on a rendered chat). */
+static int add_specials(srv_state *s, srv_prompt *p, srv_err *e)
+{
+    const int32_t *pre = NULL, *suf = NULL;
+    size_t npre = mdl_tok_special_ids(s->tok, 0, &pre), nsuf = mdl_tok_special_ids(s->tok, 1, &suf);
+    if (npre + nsuf == 0) return 0;
+    int32_t *ids = malloc(((size_t)p->n + npre + nsuf) * sizeof *ids);
+    if (!ids) return srv_errf(e, 500, NULL, "out of memory");
+    memcpy(ids, pre, npre * sizeof *ids);
+    if (p->n) memcpy(ids + npre, p->ids, (size_t)p->n * sizeof *ids);
+    memcpy(ids + npre + (size_t)p->n, suf, nsuf * sizeof *ids);
+    free(p->ids);
+    p->ids = ids;
+    p->n += (int)(npre + nsuf);
+    return 0;
+}
+
 /* {"prompt": str | [ids], "add_special_tokens": bool} or {"messages": [...], "add_generation_prompt": bool}
  * -> {"count", "max_model_len", "tokens", "token_strs"} */
 int srv_route_tokenize(srv_state *s, struct mg_connection *c)
@@ -139,7 +156,8 @@ int srv_route_tokenize(srv_state *s, struct mg_connection *c)
     cJSON *body = srv_read_json(s, c, &e);
     if (!body) return srv_send_err(c, &e);
     srv_prompt p = {0};
-    int rc = 0, add_special = 1, add_gen = 1, strs = 0;
+    int rc = 0, add_special = 1, strs = 0;
+    srv_chat_opts co;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
     const cJSON *v;
@@ -149,15 +167,22 @@ int srv_route_tokenize(srv_state *s, struct mg_connection *c)
         else rc = srv_errf(&e, 400, key, "%s must be a boolean", key);                                        \
     }
     BOOL_FIELD("add_special_tokens", add_special)
-    BOOL_FIELD("add_generation_prompt", add_gen)
     BOOL_FIELD("return_token_strs", strs)
 #undef BOOL_FIELD
     if (rc == 0) {
         if (messages && !cJSON_IsNull(messages)) {
-            rc = srv_chat_encode(s, messages, add_gen, &p, &e);
+            /* vLLM's TokenizeChatRequest: add_special_tokens defaults to false for messages (the
+             * template carries bos); true adds the post-processor's ids on top, as vLLM does */
+            const cJSON *as = cJSON_GetObjectItemCaseSensitive(body, "add_special_tokens");
+            const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+            rc = srv_chat_opts_parse(body, &co, &e);
+            if (rc == 0 && tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
+                rc = srv_errf(&e, 400, "tools", "tools are not supported (the templates' tool blocks are not rendered)");
+            if (rc == 0) rc = srv_chat_encode(s, messages, &co, &p, &e);
+            if (rc == 0 && cJSON_IsTrue(as)) rc = add_specials(s, &p, &e);
         } else if (cJSON_IsString(prompt)) {
-            rc = srv_parse_prompt_text(s, prompt->valuestring, strlen(prompt->valuestring), add_special, &p, "prompt",
-                                       &e);
+            rc = srv_parse_prompt_text(s, prompt->valuestring, strlen(prompt->valuestring), add_special, 1, &p,
+                                       "prompt", &e);
         } else {
             rc = srv_errf(&e, 400, "prompt", "give prompt (a string) or messages (a list of chat messages)");
         }

@@ -216,12 +216,23 @@ typedef struct {
 /* Parses and validates a request body into g (zeroed first). Returns 0, or -1 with e filled. */
 int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g, srv_err *e);
 void srv_gen_free(srv_gen *g);
-/* Token ids of a /tokenize-style prompt: a string (encoded; add_special: prepend bos when the
- * tokenizer has one) or a list of ids. */
-int srv_parse_prompt_text(const srv_state *s, const char *text, size_t len, int add_special,
+/* Token ids of a prompt string: encoded, and with add_special the ids the tokenizer's post-processor
+ * adds (mdl_tok_special_ids: Llama-3 <|begin_of_text|>, Qwen nothing). An empty text (or one that
+ * encodes to nothing) is an error unless allow_empty (/tokenize: HF gives [] or just the specials). */
+int srv_parse_prompt_text(const srv_state *s, const char *text, size_t len, int add_special, int allow_empty,
                           srv_prompt *out, const char *param, srv_err *e);
-/* Renders messages with the model's built-in chat template and encodes them. */
-int srv_chat_encode(const srv_state *s, const cJSON *messages, int add_generation_prompt, srv_prompt *out,
+/* The chat template's request switches: add_generation_prompt (default true), vLLM's
+ * continue_final_message (not with add_generation_prompt) and chat_template_kwargs.enable_thinking
+ * (-1 when not given; Qwen3: false adds the empty <think> block after the generation prompt). */
+typedef struct {
+    int add_generation_prompt, continue_final_message, enable_thinking;
+    const char *date_string; /* chat_template_kwargs.date_string (Llama-3.1; NULL: "26 Jul 2024"), in the body */
+} srv_chat_opts;
+int srv_chat_opts_parse(const cJSON *body, srv_chat_opts *o, srv_err *e);
+/* Renders messages with the model's built-in chat template (malloc'ed text of *len bytes; NULL with e
+ * filled on a bad request), or renders and encodes them. */
+char *srv_chat_render(const srv_state *s, const cJSON *messages, const srv_chat_opts *o, size_t *len, srv_err *e);
+int srv_chat_encode(const srv_state *s, const cJSON *messages, const srv_chat_opts *o, srv_prompt *out,
                     srv_err *e);
 
 /* ---- generation (oai_run.c) ---------------------------------------------------------------------- */
@@ -273,7 +284,8 @@ size_t srv_utf8_stable_len(const char *s, size_t n);
 int srv_utf8_valid(const char *s, size_t n);
 /* A valid UTF-8 copy of s[0..n) (each invalid or truncated sequence, and NUL, -> U+FFFD), malloc'd. */
 char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len);
-/* cJSON string from bytes (sanitized). NULL on OOM. */
+/* cJSON string from bytes (invalid UTF-8 -> U+FFFD; NUL kept, written as \u0000 through a raw item).
+ * NULL on OOM. */
 cJSON *srv_json_bytes(const char *s, size_t n);
 
 /* Decodes ids to bytes (malloc'd, NUL-terminated; *len bytes). NULL on failure. */

@@ -7,6 +7,7 @@
  *   - what is finally written is sanitized: each invalid or truncated sequence becomes U+FFFD (one
  *     per maximal invalid subpart, as Python's errors="replace" does), so the concatenation of the
  *     streamed deltas equals the non-streamed text.
+ * A NUL byte (a token may decode to one) is written as \u0000 (srv_json_bytes), never cut or replaced.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -79,7 +80,7 @@ int srv_utf8_valid(const char *s, size_t n)
     return 1;
 }
 
-char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len)
+static char *sanitize(const char *s, size_t n, int keep_nul, size_t *out_len)
 {
     const unsigned char *u = (const unsigned char *)s;
     /* worst case: every byte becomes U+FFFD (3 bytes) */
@@ -88,7 +89,7 @@ char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len)
     size_t i = 0, k = 0, l;
     while (i < n) {
         int r = utf8_step(u + i, n - i, &l);
-        if (r == 1 && u[i] != 0) { /* NUL too: JSON strings here are C strings */
+        if (r == 1 && (u[i] != 0 || keep_nul)) {
             memcpy(o + k, u + i, l);
             k += l;
         } else {
@@ -102,16 +103,57 @@ char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len)
     return o;
 }
 
+char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len)
+{
+    return sanitize(s, n, 0, out_len); /* NUL too: callers hold C strings */
+}
+
+/* A JSON string of bytes that hold NUL: cJSON strings are C strings, so the escaped text is built
+ * here (each NUL-free run escaped by cJSON itself, NUL as \u0000) and returned as a raw item. */
+static cJSON *json_string_with_nul(const char *s, size_t n)
+{
+    size_t tl = 0;
+    char *t = sanitize(s, n, 1, &tl);
+    if (!t) return NULL;
+    srv_buf b = {0};
+    srv_buf_add(&b, "\"", 1);
+    size_t i = 0;
+    while (i <= tl) {
+        const char *z = memchr(t + i, 0, tl - i);
+        size_t seg = z ? (size_t)(z - (t + i)) : tl - i;
+        if (seg) {
+            char save = t[i + seg];
+            t[i + seg] = 0;
+            cJSON *str = cJSON_CreateString(t + i);
+            char *q = str ? cJSON_PrintUnformatted(str) : NULL;
+            t[i + seg] = save;
+            if (q) srv_buf_add(&b, q + 1, strlen(q) - 2); /* without its quotes */
+            else b.oom = 1;
+            cJSON_free(q);
+            cJSON_Delete(str);
+        }
+        if (!z) break;
+        srv_buf_add(&b, "\\u0000", 6);
+        i += seg + 1;
+    }
+    srv_buf_add(&b, "\"", 1);
+    free(t);
+    cJSON *j = b.oom ? NULL : cJSON_CreateRaw(b.p);
+    free(b.p);
+    return j;
+}
+
 cJSON *srv_json_bytes(const char *s, size_t n)
 {
     char *t;
-    if (srv_utf8_valid(s, n) && !memchr(s, 0, n)) {
+    if (n && memchr(s, 0, n)) return json_string_with_nul(s, n);
+    if (srv_utf8_valid(s, n)) {
         t = malloc(n + 1);
         if (!t) return NULL;
         memcpy(t, s, n);
         t[n] = 0;
     } else {
-        t = srv_utf8_sanitize(s, n, NULL); /* also maps NUL, which would cut a cJSON string */
+        t = srv_utf8_sanitize(s, n, NULL);
         if (!t) return NULL;
     }
     cJSON *j = cJSON_CreateString(t);

@@ -336,8 +336,8 @@ def chatml(messages, add_generation_prompt=True):
     s = ""
     for m in messages:
         c = m["content"]
-        if isinstance(c, list):
-            c = "".join(p["text"] for p in c)
+        if isinstance(c, list):  # vLLM's "string" content format joins text parts with "\n"
+            c = "\n".join(p["text"] for p in c)
         s += "<|im_start|>%s\n%s<|im_end|>\n" % (m["role"], c)
     if add_generation_prompt:
         s += "<|im_start|>assistant\n"
@@ -411,7 +411,7 @@ def test_expect_continue(C, srv):
         s.close()
 
 
-def test_tokenize(C, srv):
+def test_tokenize(C, srv, model):
     text = "Hello world, h\u00e9llo \u65e5\u672c \U0001F600!"
     r = post(srv, "/tokenize", {"prompt": text})
     ok = C.check(r.status == 200 and isinstance(r.json.get("tokens"), list) and r.json["count"] == len(r.json["tokens"])
@@ -431,6 +431,21 @@ def test_tokenize(C, srv):
                 "/tokenize does not parse <|im_start|> as one special token: %r" % d)
     r = post(srv, "/detokenize", {"tokens": []})
     C.check(r.status == 200 and r.json.get("prompt") == "", "/detokenize []: %r" % r)
+    # an empty prompt is [] (Qwen-style ByteLevel post-processor, add_bos_token false: nothing added),
+    # as HF's tokenizer("") is; completions still refuse it (test_http_errors)
+    for body in ({"prompt": ""}, {"prompt": "", "add_special_tokens": False}):
+        r = post(srv, "/tokenize", body)
+        C.check(r.status == 200 and r.json["tokens"] == [] and r.json["count"] == 0, "/tokenize %r: %r" % (body, r))
+    # the byte-level token of byte 0 (U+0100) detokenizes to a JSON "\u0000", not U+FFFD or a cut string
+    with open(os.path.join(model, "tokenizer.json"), encoding="utf-8") as f:
+        nul = json.load(f)["model"]["vocab"]["\u0100"]
+    r = post(srv, "/detokenize", {"tokens": [nul]})
+    C.check(r.status == 200 and b'"\\u0000"' in r.raw and r.json.get("prompt") == "\0", "/detokenize NUL: %r" % r)
+    r = post(srv, "/tokenize", {"prompt": "a\u0000b"})  # NUL in an HTTP prompt: refused before parsing
+    C.check(r.status == 400, "/tokenize with NUL: %r" % r)
+    hi = post(srv, "/tokenize", {"prompt": "hi"}).json["tokens"]
+    r = post(srv, "/detokenize", {"tokens": hi + [nul] + hi})
+    C.check(r.status == 200 and r.json.get("prompt") == "hi\0hi", "/detokenize hi NUL hi: %r" % r)
 
 
 def check_legacy_logprobs(C, what, lp, n, k, text, as_ids=False, ids=None):
@@ -755,11 +770,22 @@ def test_llama3_chat(C, binary, tmp):
             v = tok["model"]["vocab"]
             if old in v:
                 v[ren[old]] = v.pop(old)
+    # bos comes from the post-processor, as in Meta's tokenizer.json (Sequence[ByteLevel, TemplateProcessing]),
+    # not from tokenizer_config.json's bos_token
+    tok["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing",
+         "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                  {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [1021],
+                                                 "tokens": ["<|begin_of_text|>"]}}}]}
     with open(tj, "w") as f:
         json.dump(tok, f)
     tc = os.path.join(d, "tokenizer_config.json")
     with open(tc) as f:
         cfg = json.load(f)
+    cfg.pop("add_bos_token", None)  # Meta's tokenizer_config.json has none (it would override the template)
     cfg.update({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": None,
                 "chat_template": "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
                                  "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"})
@@ -771,7 +797,8 @@ def test_llama3_chat(C, binary, tmp):
         r = post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
                                                "return_token_ids": True})
         if C.check(r.status == 200, "llama3 chat: %r" % r):
-            t = post(srv, "/tokenize", {"prompt": llama3(msgs)})
+            # the rendering carries its bos: tokenized without the post-processor's (as vLLM does for chat)
+            t = post(srv, "/tokenize", {"prompt": llama3(msgs), "add_special_tokens": False})
             C.check(t.status == 200 and r.json.get("prompt_token_ids") == t.json["tokens"],
                     "llama3 chat prompt != /tokenize(rendered Llama-3 template): %r vs %r"
                     % (r.json.get("prompt_token_ids"), t.json))
@@ -782,6 +809,11 @@ def test_llama3_chat(C, binary, tmp):
         C.check(r.status == 200 and r.json["tokens"][0] == 1021, "llama3: bos not prepended: %r" % r)
         r = post(srv, "/tokenize", {"prompt": "Hi", "add_special_tokens": False})
         C.check(r.status == 200 and 1021 not in r.json["tokens"], "add_special_tokens false still adds bos: %r" % r)
+        # HF adds the template's bos even to an empty text, and a bos in the text is not merged with it
+        r = post(srv, "/tokenize", {"prompt": ""})
+        C.check(r.status == 200 and r.json["tokens"] == [1021], "llama3: empty prompt != [bos]: %r" % r)
+        r = post(srv, "/tokenize", {"prompt": "<|begin_of_text|>Hi"})
+        C.check(r.status == 200 and r.json["tokens"][:2] == [1021, 1021], "llama3: bos in text + template: %r" % r)
     finally:
         rc, _ = srv.stop()
         C.check(rc == 0, "llama3 server exit %r: %s" % (rc, srv.stderr_text()[-2000:]))
@@ -813,7 +845,7 @@ def main():
     try:
         test_routes(C, srv, model)
         test_expect_continue(C, srv)
-        test_tokenize(C, srv)
+        test_tokenize(C, srv, model)
         test_completions(C, srv, binary, model)
         test_prompt_logprobs(C, srv, binary, model)
         test_chat(C, srv, model)

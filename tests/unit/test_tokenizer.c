@@ -121,9 +121,10 @@ static void print_ids(const char *what, const int32_t *ids, size_t n) {
 typedef struct {
     char *text;
     size_t text_len;
-    int32_t *ids, *ids_ns;
-    size_t n_ids, n_ids_ns;
+    int32_t *ids, *ids_ns, *ids_as;
+    size_t n_ids, n_ids_ns, n_ids_as;
     char *decoded, *decoded_skip;
+    size_t decoded_len, decoded_skip_len;
 } ref_case;
 
 typedef struct {
@@ -142,10 +143,25 @@ static int32_t *json_ids(const cJSON *a, size_t *n) {
     return v;
 }
 
-static char *json_strdup(const cJSON *o, const char *k) {
+typedef void (*mutator)(cJSON *root);
+static const char *write_case_from(const char *from, const char *name, mutator m, const char *config);
+
+/* the bytes of a "hex" field (texts may hold NUL, which a cJSON string cannot) */
+static char *json_hex(const cJSON *o, const char *k, size_t *len) {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, k);
     assert_true(cJSON_IsString(s));
-    return strdup(s->valuestring);
+    size_t n = strlen(s->valuestring);
+    assert_int_equal(n % 2, 0);
+    char *b = malloc(n / 2 + 1);
+    assert_non_null(b);
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned v = 0;
+        assert_int_equal(sscanf(s->valuestring + 2 * i, "%2x", &v), 1);
+        b[i] = (char)v;
+    }
+    b[n / 2] = 0;
+    *len = n / 2;
+    return b;
 }
 
 static ref_set load_ref(const char *name) {
@@ -164,16 +180,16 @@ static ref_set load_ref(const char *name) {
             assert_non_null(r.c);
         }
         ref_case *c = &r.c[r.n++];
-        c->text = json_strdup(j, "text");
-        c->text_len = strlen(c->text);
+        c->text = json_hex(j, "hex", &c->text_len);
         c->ids = json_ids(cJSON_GetObjectItemCaseSensitive(j, "ids"), &c->n_ids);
         c->ids_ns = json_ids(cJSON_GetObjectItemCaseSensitive(j, "ids_nospecial"), &c->n_ids_ns);
-        c->decoded = json_strdup(j, "decoded");
-        c->decoded_skip = json_strdup(j, "decoded_skip");
+        c->ids_as = json_ids(cJSON_GetObjectItemCaseSensitive(j, "ids_add_special"), &c->n_ids_as);
+        c->decoded = json_hex(j, "decoded_hex", &c->decoded_len);
+        c->decoded_skip = json_hex(j, "decoded_skip_hex", &c->decoded_skip_len);
         cJSON_Delete(j);
     }
     free(buf);
-    assert_true(r.n >= 50);
+    assert_true(r.n >= 400);
     return r;
 }
 
@@ -182,6 +198,7 @@ static void free_ref(ref_set *r) {
         free(r->c[i].text);
         free(r->c[i].ids);
         free(r->c[i].ids_ns);
+        free(r->c[i].ids_as);
         free(r->c[i].decoded);
         free(r->c[i].decoded_skip);
     }
@@ -220,8 +237,21 @@ static char *dec_raw(const mdl_tokenizer *t, const int32_t *ids, size_t n, int s
     return s;
 }
 
-static int same_bytes(const char *a, size_t la, const char *b) {
-    return a && la == strlen(b) && memcmp(a, b, la) == 0;
+static int same_bytes(const char *a, size_t la, const char *b, size_t lb) {
+    return a && la == lb && memcmp(a, b, la) == 0;
+}
+
+/* ids with the post-processor's specials around them (add_special_tokens=True); malloc'ed */
+static int32_t *with_specials(const mdl_tokenizer *t, const int32_t *ids, size_t n, size_t *out_n) {
+    const int32_t *pre = NULL, *suf = NULL;
+    size_t np = mdl_tok_special_ids(t, 0, &pre), ns = mdl_tok_special_ids(t, 1, &suf);
+    int32_t *v = malloc((np + n + ns + 1) * sizeof *v);
+    if (!v) return NULL;
+    if (np) memcpy(v, pre, np * sizeof *v);
+    if (n) memcpy(v + np, ids, n * sizeof *v);
+    if (ns) memcpy(v + np + n, suf, ns * sizeof *v);
+    *out_n = np + n + ns;
+    return v;
 }
 
 /* Checks every corpus case; returns the number of mismatches (details on stderr when verbose).
@@ -248,22 +278,35 @@ static int check_ref(const mdl_tokenizer *t, const ref_set *r, int has_normalize
                     print_ids("want", want, nwant);
                 }
             }
+            if (ps == 1) { /* add_special_tokens=True: the post-processor's ids around them */
+                size_t na = 0;
+                int32_t *as = with_specials(t, ids, n, &na);
+                if (!as || !ids_equal(as, na, c->ids_as, c->n_ids_as)) {
+                    bad++;
+                    if (verbose) {
+                        fprintf(stderr, "ADD_SPECIAL MISMATCH case %zu: \"%s\"\n", i, c->text);
+                        if (as) print_ids("got ", as, na);
+                        print_ids("want", c->ids_as, c->n_ids_as);
+                    }
+                }
+                free(as);
+            }
             char *d = dec_raw(t, ids, n, 0, &dl);
             /* the reference decodes lossily to a string; ids from valid text decode to valid text */
-            if (ps == 1 && !same_bytes(d, dl, c->decoded)) {
+            if (ps == 1 && !same_bytes(d, dl, c->decoded, c->decoded_len)) {
                 bad++;
                 if (verbose) fprintf(stderr, "DECODE MISMATCH case %zu: \"%s\" vs \"%s\"\n", i, d ? d : "(null)", c->decoded);
             }
             /* exact round trip without a normalizer; with special parsing on, lstrip / rstrip
              * tokens legitimately swallow whitespace, so only the reference decode is compared */
-            if (!has_normalizer && ps == 0 && !same_bytes(d, dl, c->text)) {
+            if (!has_normalizer && ps == 0 && !same_bytes(d, dl, c->text, c->text_len)) {
                 bad++;
                 if (verbose) fprintf(stderr, "ROUNDTRIP MISMATCH case %zu: \"%s\"\n", i, c->text);
             }
             free(d);
             if (ps == 1) {
                 d = dec_raw(t, ids, n, 1, &dl);
-                if (!same_bytes(d, dl, c->decoded_skip)) {
+                if (!same_bytes(d, dl, c->decoded_skip, c->decoded_skip_len)) {
                     bad++;
                     if (verbose)
                         fprintf(stderr, "SKIP-SPECIAL MISMATCH case %zu: \"%s\" vs \"%s\"\n", i, d ? d : "(null)", c->decoded_skip);
@@ -303,6 +346,74 @@ static void test_reference_llama3(void **state) {
     run_reference("llama3", 0);
 }
 
+/* Qwen2/Qwen3-style: NFC, the Qwen2 split regex (single digits), ByteLevel post-processor */
+static void test_reference_qwen2(void **state) {
+    (void)state;
+    run_reference("qwen2", 1);
+}
+
+/* add_special_tokens as transformers.AutoTokenizer applies tokenizer_config.json (expected_add_special.jsonl,
+ * generated with transformers 5.24.0 by scripts/gen_tokenizer_expected.py): tokenizer.json's
+ * post_processor decides; add_bos_token / add_eos_token / bos_token do not change it. Before this,
+ * graphswap prepended tokenizer_config.json's bos_token (GPT-2 fixture: <|endoftext|> before every
+ * prompt, which HF never adds) and ignored the TemplateProcessing of a Llama-3 tokenizer.json. */
+static void test_add_special_reference(void **state) {
+    (void)state;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/expected_add_special.jsonl", g_data);
+    char *buf = slurp(path, NULL);
+    assert_non_null(buf);
+    int n = 0, k = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        const cJSON *fx = cJSON_GetObjectItemCaseSensitive(j, "fixture");
+        if (!fx) { /* the header: {"transformers": version} */
+            cJSON_Delete(j);
+            continue;
+        }
+        /* the fixture's tokenizer_config.json with the record's changes */
+        char cp[4200], name[64];
+        snprintf(cp, sizeof cp, "%s/%s/tokenizer_config.json", g_data, fx->valuestring);
+        char *ctext = slurp(cp, NULL);
+        assert_non_null(ctext);
+        cJSON *cfg = cJSON_Parse(ctext);
+        free(ctext);
+        assert_non_null(cfg);
+        const cJSON *ch;
+        cJSON_ArrayForEach(ch, cJSON_GetObjectItemCaseSensitive(j, "config")) {
+            cJSON_DeleteItemFromObjectCaseSensitive(cfg, ch->string);
+            cJSON_AddItemToObject(cfg, ch->string, cJSON_Duplicate(ch, 1));
+        }
+        char *cout = cJSON_PrintUnformatted(cfg);
+        cJSON_Delete(cfg);
+        snprintf(name, sizeof name, "addspecial_%d", k++);
+        const char *dir = write_case_from(fx->valuestring, name, NULL, cout);
+        free(cout);
+        char err[512] = "";
+        mdl_tokenizer *t = mdl_tok_load(dir, err, sizeof err);
+        if (!t) fail_msg("%s: %s", dir, err);
+        const char *text = cJSON_GetObjectItemCaseSensitive(j, "text")->valuestring;
+        size_t ni = 0, na = 0, nw = 0;
+        int32_t *ids = enc(t, text, strlen(text), 1, &ni);
+        int32_t *as = with_specials(t, ids, ni, &na);
+        int32_t *want = json_ids(cJSON_GetObjectItemCaseSensitive(j, "ids"), &nw);
+        if (!ids_equal(as, na, want, nw)) {
+            print_ids("got ", as, na);
+            print_ids("want", want, nw);
+            fail_msg("add_special_tokens mismatch: %s", line);
+        }
+        free(ids);
+        free(as);
+        free(want);
+        mdl_tok_free(t);
+        cJSON_Delete(j);
+        n++;
+    }
+    free(buf);
+    assert_true(n >= 50);
+}
+
 static void test_properties(void **state) {
     (void)state;
     mdl_tokenizer *t = load_data("default");
@@ -331,11 +442,23 @@ static void test_properties(void **state) {
     assert_int_equal(mdl_tok_eos(t), eot); /* {"content": ...} form */
     assert_true(mdl_tok_is_special(t, mdl_tok_token_id(t, "<mask>")));
     assert_false(mdl_tok_is_special(t, mdl_tok_token_id(t, "[tool]")));
+    const int32_t *sp = NULL;
+    assert_int_equal(mdl_tok_special_ids(t, 0, &sp), 0); /* bos_token is set, but GPT-2 adds nothing */
+    mdl_tok_free(t);
+
+    t = load_data("qwen2");
+    assert_int_equal(mdl_tok_chat_family(t), MDL_CHAT_QWEN3);
+    assert_int_equal(mdl_tok_bos(t), -1);
+    assert_int_equal(mdl_tok_eos(t), mdl_tok_token_id(t, "<|im_end|>"));
+    assert_int_equal(mdl_tok_special_ids(t, 0, &sp) + mdl_tok_special_ids(t, 1, &sp), 0);
     mdl_tok_free(t);
 
     t = load_data("llama3");
     assert_int_equal(mdl_tok_chat_family(t), MDL_CHAT_LLAMA3);
     assert_int_equal(mdl_tok_bos(t), mdl_tok_token_id(t, "<|begin_of_text|>"));
+    assert_int_equal(mdl_tok_special_ids(t, 0, &sp), 1); /* its TemplateProcessing */
+    assert_int_equal(sp[0], mdl_tok_bos(t));
+    assert_int_equal(mdl_tok_special_ids(t, 1, &sp), 0);
     assert_int_equal(mdl_tok_eos(t), mdl_tok_token_id(t, "<|eot_id|>"));
     assert_true(mdl_tok_bos(t) >= 0 && mdl_tok_eos(t) >= 0);
     mdl_tok_free(t);
@@ -681,6 +804,85 @@ static void test_malformed_tokenizer_json(void **state) {
         assert_null(t);
     }
     free(full);
+}
+
+/* post_processor forms (tokenizers/src/processors/: template.rs, sequence.rs, roberta.rs, bert.rs,
+ * byte_level.rs) */
+static const char *g_post; /* the JSON the mutator below installs */
+static void m_post(cJSON *r) {
+    cJSON_DeleteItemFromObjectCaseSensitive(r, "post_processor");
+    cJSON *pp = cJSON_Parse(g_post);
+    assert_non_null(pp);
+    cJSON_AddItemToObject(r, "post_processor", pp);
+}
+
+static mdl_tokenizer *load_post(const char *name, const char *json) {
+    g_post = json;
+    char err[512] = "";
+    mdl_tokenizer *t = mdl_tok_load(write_case(name, m_post, GOOD_CONFIG), err, sizeof err);
+    if (!t) fail_msg("%s: %s", name, err);
+    return t;
+}
+
+static void expect_post(const mdl_tokenizer *t, const int32_t *pre, size_t npre, const int32_t *suf, size_t nsuf) {
+    const int32_t *p = NULL, *q = NULL;
+    assert_int_equal(mdl_tok_special_ids(t, 0, &p), npre);
+    assert_int_equal(mdl_tok_special_ids(t, 1, &q), nsuf);
+    for (size_t i = 0; i < npre; i++) assert_int_equal(p[i], pre[i]);
+    for (size_t i = 0; i < nsuf; i++) assert_int_equal(q[i], suf[i]);
+}
+
+#define TP_SINGLE(before, after)                                                                      \
+    "{\"type\": \"TemplateProcessing\", \"single\": [" before "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}" \
+    after "], \"special_tokens\": {\"<|endoftext|>\": {\"id\": \"<|endoftext|>\", \"ids\": [1021], "       \
+    "\"tokens\": [\"<|endoftext|>\"]}, \"<|im_end|>\": {\"id\": \"<|im_end|>\", \"ids\": [1023, 1022], "   \
+    "\"tokens\": [\"<|im_end|>\", \"<|im_start|>\"]}}}"
+#define SP(name) "{\"SpecialToken\": {\"id\": \"" name "\", \"type_id\": 0}}"
+
+static void test_post_processor(void **state) {
+    (void)state;
+    const int32_t bos[] = {1021}, two[] = {1023, 1022}, rob_pre[] = {1021}, rob_suf[] = {1023};
+    mdl_tokenizer *t = load_post("pp_null", "null");
+    expect_post(t, NULL, 0, NULL, 0);
+    mdl_tok_free(t);
+    t = load_post("pp_bytelevel", "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true}");
+    expect_post(t, NULL, 0, NULL, 0);
+    mdl_tok_free(t);
+    t = load_post("pp_template", TP_SINGLE(SP("<|endoftext|>") ",", "," SP("<|im_end|>")));
+    expect_post(t, bos, 1, two, 2); /* a special token's "ids" may hold several */
+    mdl_tok_free(t);
+    /* Meta's Llama-3 form: Sequence[ByteLevel, TemplateProcessing] */
+    t = load_post("pp_seq", "{\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\"}, " TP_SINGLE(
+                                SP("<|endoftext|>") ",", "") "]}");
+    expect_post(t, bos, 1, NULL, 0);
+    mdl_tok_free(t);
+    t = load_post("pp_roberta", "{\"type\": \"RobertaProcessing\", \"sep\": [\"<|im_end|>\", 1023], "
+                                "\"cls\": [\"<|endoftext|>\", 1021], \"trim_offsets\": true, \"add_prefix_space\": false}");
+    expect_post(t, rob_pre, 1, rob_suf, 1);
+    /* encode itself never adds them (add_special_tokens is the caller's wrap) */
+    size_t n = 0;
+    int32_t *ids = enc(t, "", 0, 1, &n);
+    assert_int_equal(n, 0);
+    free(ids);
+    mdl_tok_free(t);
+
+    g_post = "{\"type\": \"BertProcessing\", \"sep\": [\"x\"], \"cls\": [\"y\", 1]}";
+    expect_load_error(write_case("pp_bert_bad", m_post, GOOD_CONFIG), "BertProcessing needs cls and sep");
+    g_post = "{\"type\": \"Fancy\"}";
+    expect_load_error(write_case("pp_unknown", m_post, GOOD_CONFIG), "unsupported post_processor \"Fancy\"");
+    g_post = "[1]";
+    expect_load_error(write_case("pp_notobj", m_post, GOOD_CONFIG), "malformed post_processor");
+    g_post = TP_SINGLE(SP("<|nope|>") ",", "");
+    expect_load_error(write_case("pp_undef", m_post, GOOD_CONFIG), "\"<|nope|>\" is not defined");
+    g_post = "{\"type\": \"TemplateProcessing\", \"single\": [" SP("<|endoftext|>") "], \"special_tokens\": "
+             "{\"<|endoftext|>\": {\"ids\": [1021]}}}";
+    expect_load_error(write_case("pp_noseq", m_post, GOOD_CONFIG), "no sequence A");
+    g_post = "{\"type\": \"TemplateProcessing\", \"single\": [" SP("<|endoftext|>") "], \"special_tokens\": "
+             "{\"<|endoftext|>\": {\"ids\": [5000]}}}";
+    expect_load_error(write_case("pp_range", m_post, GOOD_CONFIG), "5000 is not in the vocabulary");
+    g_post = "{\"type\": \"TemplateProcessing\", \"single\": [" SP("<|endoftext|>") "], \"special_tokens\": "
+             "{\"<|endoftext|>\": {\"ids\": [1021, 1021, 1021, 1021, 1021, 1021, 1021, 1021, 1021]}}}";
+    expect_load_error(write_case("pp_many", m_post, GOOD_CONFIG), "more than 8 tokens");
 }
 
 static void test_config_and_chat_template(void **state) {
@@ -1054,6 +1256,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_reference_default),
         cmocka_unit_test(test_reference_gpt2),
         cmocka_unit_test(test_reference_llama3),
+        cmocka_unit_test(test_reference_qwen2),
+        cmocka_unit_test(test_add_special_reference),
+        cmocka_unit_test(test_post_processor),
         cmocka_unit_test(test_properties),
         cmocka_unit_test(test_write_default_matches_committed),
         cmocka_unit_test(test_write_default_sizes),
