@@ -48,7 +48,17 @@ int srv_parse_mapped(const srv_state *s, cJSON *canon, const cJSON *src, const s
     }
     if (rc == 0) {
         rc = srv_parse_gen(s, canon, SRV_API_COMPLETIONS, g, e);
-        if (rc != 0) srv_err_rename(e, map, n_map);
+        if (rc != 0) { /* the field the client sent, when several map onto the one blamed */
+            int done = 0;
+            for (int i = 0; src && i < n_map && !done; i++) {
+                const cJSON *v = cJSON_GetObjectItemCaseSensitive(src, map[i].from);
+                if (v && !cJSON_IsNull(v) && strcmp(e->param, map[i].to) == 0) {
+                    srv_err_rename(e, &map[i], 1);
+                    done = 1;
+                }
+            }
+            if (!done) srv_err_rename(e, map, n_map);
+        }
     }
     cJSON_Delete(canon);
     return rc;

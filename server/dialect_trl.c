@@ -170,6 +170,9 @@ static int trl_parse(srv_state *s, const cJSON *body, int chat, srv_job *j, int 
     srv_field_map map[TRL_NMAP + 1];
     memcpy(map, TRL_MAP, sizeof TRL_MAP);
     map[TRL_NMAP] = (srv_field_map){pname, "prompt"};
+    /* the prompts are in canon already (the map entry only renames errors back) */
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "prompts");
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "messages");
     /* logprobs: an int (default 0) or null (no logprobs) */
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(m, "logprobs");
     *want_lp = !(lp && cJSON_IsNull(lp));
