@@ -398,6 +398,36 @@ def test_errors(C, srv):
     C.check(r.status == 200, "neutral penalties: %r" % r)
 
 
+def test_spec(C, binary, tmp):
+    # with a drafter: slime types.py SpecInfo reads spec_accept_token_num / spec_draft_token_num /
+    # spec_verify_ct (sglang _calculate_spec_decoding_metrics); they equal the native usage.spec counters
+    Tm = T.mkmodel(C, binary, os.path.join(tmp, "T"), vocab=1024, extra=["--layers", "3", "--seed", "21"])
+    D = os.path.join(tmp, "D")
+    p = T.subprocess.run([binary, "mkmodel", "--arch", "dspark", "--target", Tm, "--out", D, "--block-size", "5",
+                          "--markov-rank", "8", "--seed", "22"], capture_output=True)
+    if not C.check(p.returncode == 0, "mkmodel dspark: %s" % p.stderr):
+        return
+    srv = T.Server(C, binary, Tm, args=["--draft", D])
+    try:
+        for ids in ([5, 6, 7, 8], [42] * 20):
+            r = T.post(srv, "/generate", {"input_ids": ids, "return_logprob": True,
+                                          "sampling_params": {"max_new_tokens": 24, "temperature": 0,
+                                                              "ignore_eos": True}})
+            o = T.post(srv, "/v1/completions", {"prompt": ids, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                                "return_token_ids": True})
+            if not C.check(r.status == 200 and o.status == 200, "spec: %r %r" % (r, o)):
+                continue
+            m, us = r.json["meta_info"], o.json["usage"]["spec"]
+            C.check(r.json["output_ids"] == o.json["choices"][0]["token_ids"], "spec: /generate != completions")
+            C.check(m.get("spec_verify_ct") == us["drafts"] and m.get("spec_accept_token_num") == us["accepted_tokens"]
+                    and m.get("spec_draft_token_num") == us["draft_tokens"], "spec counters %r vs %r" % (m, us))
+            C.check(us["drafts"] > 0 and abs(m["spec_accept_length"] - 24.0 / us["drafts"]) < 1e-9 and
+                    abs(m["spec_accept_rate"] - us["accepted_tokens"] / us["draft_tokens"]) < 1e-9,
+                    "spec_accept_length / rate %r" % m)
+    finally:
+        T.stop_clean(C, srv)
+
+
 def main():
     C = T.Checker("dialect_sglang")
     binary = T.gs_bin(C)
@@ -415,6 +445,10 @@ def main():
         test_errors(C, srv)
     finally:
         T.stop_clean(C, srv)
+        T._kill_all()
+    try:
+        test_spec(C, binary, tmp)
+    finally:
         T._kill_all()
     return C.finish()
 
