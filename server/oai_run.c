@@ -1,5 +1,7 @@
 /* server/oai_run.c — POST /v1/completions and /v1/chat/completions: jobs, engine callbacks, response
- * building, SSE streaming, timeouts and client disconnects.
+ * building, SSE streaming, timeouts and client disconnects. The job interface (srv_job_* in srv.h:
+ * prepare, submit, wait, snapshots, SSE, the abort registry) is the one native request path that the
+ * other dialects (dialect_*.c) use too.
  *
  * One HTTP request is one job; every (prompt, sample) pair is one choice, i.e. one eng_request,
  * indexed prompt-major (choice = prompt * n + sample). See srv.h for the job life cycle and locks.
