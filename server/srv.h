@@ -40,7 +40,7 @@
 #define SRV_MAX_STOP 8          /* stop strings per request */
 #define SRV_MAX_STOP_BYTES 256  /* bytes per stop string */
 #define SRV_MAX_N 16            /* samples per prompt */
-#define SRV_MAX_ROUTES 64
+#define SRV_MAX_ROUTES 128 /* 53 registered with every dialect; room for the weight dialects */
 
 typedef struct srv_state srv_state;
 typedef struct srv_job srv_job;
