@@ -1,5 +1,7 @@
 /* server/oai_run.c — POST /v1/completions and /v1/chat/completions: jobs, engine callbacks, response
- * building, SSE streaming, timeouts and client disconnects.
+ * building, SSE streaming, timeouts and client disconnects. The job interface (srv_job_* in srv.h:
+ * prepare, submit, wait, snapshots, SSE, the abort registry) is the one native request path that the
+ * other dialects (dialect_*.c) use too.
  *
  * One HTTP request is one job; every (prompt, sample) pair is one choice, i.e. one eng_request,
  * indexed prompt-major (choice = prompt * n + sample). See srv.h for the job life cycle and locks.
@@ -36,46 +38,6 @@
 #include <time.h>
 
 #include "server/srv.h"
-
-typedef struct srv_choice {
-    eng_request r; /* first member: the engine hands &r to the callbacks */
-    srv_job *job;
-    int index, prompt_idx;
-    /* published by the engine thread under job->mu */
-    char *text;
-    size_t text_len, text_cap;
-    uint32_t *tok_end; /* [max_tokens]: text length after token i */
-    int n_pub;         /* tokens visible to the handler */
-    int stop_idx;      /* matched stop string, -1 */
-    size_t cut;        /* visible text length after a stop-string match */
-    int finished;
-    int oom;
-    /* engine thread only */
-    double t_last;
-    /* handler only: streaming cursors */
-    int sent_tokens, sent_final;
-    int first_sent; /* its first event (echo / role) went out */
-    size_t sent_bytes;
-} srv_choice;
-
-enum { JOB_QUEUED = 0, JOB_ACCEPTED, JOB_REJECTED };
-
-struct srv_job {
-    srv_state *s;
-    srv_gen g;
-    srv_choice *ch;
-    int n_ch;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int state;
-    int n_live;      /* submitted choices not finished yet */
-    uint64_t events; /* bumped on every publication */
-    srv_err rej;
-    double t_arrival;
-    double created;
-    char id[64];
-    srv_job *next;
-};
 
 /* ---- engine-thread side --------------------------------------------------------------------------- */
 
@@ -210,7 +172,7 @@ static void job_reject(srv_job *j, int status, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
     srv_errf(&j->rej, status, NULL, "%s", msg);
-    j->state = JOB_REJECTED;
+    j->state = SRV_JOB_REJECTED;
     j->events++;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
@@ -231,9 +193,9 @@ static void job_submit(srv_state *s, srv_job *j)
         /* busy 2: the weights are unusable (a failed update), not a full queue: no point retrying
          * until a trainer repairs them */
         if (busy == 2) j->rej.type = "service_unavailable";
-        j->state = JOB_REJECTED;
+        j->state = SRV_JOB_REJECTED;
     } else {
-        j->state = JOB_ACCEPTED;
+        j->state = SRV_JOB_ACCEPTED;
     }
     j->events++;
     pthread_cond_broadcast(&j->cv);
@@ -260,9 +222,23 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static void job_free(srv_job *j)
+static void job_unregister(srv_job *j)
+{
+    srv_state *s = j->s;
+    pthread_mutex_lock(&s->jobs_mu);
+    if (j->registered) {
+        if (j->reg_prev) j->reg_prev->reg_next = j->reg_next;
+        else s->jobs = j->reg_next;
+        if (j->reg_next) j->reg_next->reg_prev = j->reg_prev;
+        j->registered = 0;
+    }
+    pthread_mutex_unlock(&s->jobs_mu);
+}
+
+void srv_job_free(srv_job *j)
 {
     if (!j) return;
+    job_unregister(j);
     for (int i = 0; i < j->n_ch; i++) {
         srv_choice *ch = &j->ch[i];
         free(ch->r.out_tokens);
@@ -281,13 +257,14 @@ static void job_free(srv_job *j)
     free(j);
 }
 
-static srv_job *job_new(srv_state *s, double t_arrival)
+srv_job *srv_job_new(srv_state *s, double t_arrival)
 {
     srv_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->s = s;
     j->t_arrival = t_arrival;
     j->created = srv_wall();
+    atomic_init(&j->aborted, 0);
     pthread_mutex_init(&j->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -306,12 +283,12 @@ static int prompt_top_of(const srv_gen *g)
 }
 
 /* Allocates one choice per (prompt, sample) with its output buffers. */
-static int job_choices(srv_job *j, srv_err *e)
+static int job_choices(srv_job *j, const char *id_prefix, srv_err *e)
 {
     srv_state *s = j->s;
     const srv_gen *g = &j->g;
     uint64_t id = atomic_fetch_add(&s->next_id, 1) + 1;
-    snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", g->api == SRV_API_CHAT ? "chatcmpl" : "cmpl",
+    snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", id_prefix,
              (unsigned long long)splitmix64(s->seed_base ^ id), (unsigned long long)id);
     j->n_ch = g->n_prompts * g->n;
     j->ch = calloc((size_t)j->n_ch, sizeof *j->ch);
@@ -367,7 +344,7 @@ static void cancel_all(srv_job *j)
 }
 
 /* Caller holds j->mu. */
-static int settled(const srv_job *j) { return j->state != JOB_QUEUED && j->n_live == 0; }
+static int settled(const srv_job *j) { return j->state != SRV_JOB_QUEUED && j->n_live == 0; }
 
 static void abs_deadline(double t, struct timespec *ts)
 {
@@ -400,7 +377,7 @@ static int pred_settled(const srv_job *j, uint64_t unused)
 static int pred_not_queued(const srv_job *j, uint64_t unused)
 {
     (void)unused;
-    return j->state != JOB_QUEUED;
+    return j->state != SRV_JOB_QUEUED;
 }
 static int pred_event(const srv_job *j, uint64_t seen) { return j->events != seen; }
 
@@ -538,7 +515,7 @@ static cJSON *lp_legacy(const srv_job *j, const srv_choice *ch, int from, int to
 
 /* vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...]: at each
  * position the prompt token (its rank among all ids) and the g.prompt_logprobs best ids (ranks 1..). */
-static cJSON *lp_prompt_vllm(const srv_job *j, const srv_choice *ch)
+cJSON *srv_prompt_logprobs_vllm(const srv_job *j, const srv_choice *ch)
 {
     const eng_request *r = &ch->r;
     const int K = j->g.prompt_logprobs;
@@ -573,8 +550,8 @@ static cJSON *lp_prompt_vllm(const srv_job *j, const srv_choice *ch)
 static void add_prompt_logprobs(const srv_job *j, const srv_choice *ch, cJSON *o, cJSON *c)
 {
     if (j->g.prompt_logprobs < 0) return;
-    if (j->g.api != SRV_API_CHAT) cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt_vllm(j, ch));
-    else if (ch == &j->ch[0]) cJSON_AddItemToObject(o, "prompt_logprobs", lp_prompt_vllm(j, ch));
+    if (j->g.api != SRV_API_CHAT) cJSON_AddItemToObject(c, "prompt_logprobs", srv_prompt_logprobs_vllm(j, ch));
+    else if (ch == &j->ch[0]) cJSON_AddItemToObject(o, "prompt_logprobs", srv_prompt_logprobs_vllm(j, ch));
 }
 
 static cJSON *chat_lp_entry(const srv_job *j, int32_t id, float lp)
@@ -607,7 +584,7 @@ static cJSON *lp_chat(const srv_job *j, const srv_choice *ch, int from, int to)
     return o;
 }
 
-static cJSON *ids_json(const int32_t *ids, int n)
+cJSON *srv_ids_json(const int32_t *ids, int n)
 {
     cJSON *a = cJSON_CreateArray();
     for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
@@ -616,7 +593,7 @@ static cJSON *ids_json(const int32_t *ids, int n)
 
 /* "weight_version": the versions the tokens of choice `only` (or of every choice, -1) were generated
  * with — one string, or a list across a "keep" update. Read once the choices finished. */
-static cJSON *versions_json(const srv_job *j, int only)
+cJSON *srv_job_versions_json(const srv_job *j, int only)
 {
     uint64_t vs[8];
     int nv = 0;
@@ -710,21 +687,20 @@ static cJSON *full_response(const srv_job *j)
         cJSON_AddStringToObject(c, "finish_reason", finish_name(ch));
         add_stop_reason(c, j, ch);
         if (j->g.return_token_ids) {
-            cJSON_AddItemToObject(c, "token_ids", ids_json(ch->r.out_tokens, ch->n_pub));
-            if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", ids_json(pr->ids, pr->n));
+            cJSON_AddItemToObject(c, "token_ids", srv_ids_json(ch->r.out_tokens, ch->n_pub));
+            if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", srv_ids_json(pr->ids, pr->n));
         }
     }
     if (chat && j->g.return_token_ids)
-        cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(j->g.prompts[0].ids, j->g.prompts[0].n));
+        cJSON_AddItemToObject(o, "prompt_token_ids", srv_ids_json(j->g.prompts[0].ids, j->g.prompts[0].n));
     add_usage(o, j);
-    cJSON_AddItemToObject(o, "weight_version", versions_json(j, -1));
+    cJSON_AddItemToObject(o, "weight_version", srv_job_versions_json(j, -1));
     return o;
 }
 
 /* ---- streaming -------------------------------------------------------------------------------------------- */
 
-/* Appends "data: <json>\n\n" and frees o. */
-static void ob_event(srv_buf *b, cJSON *o)
+void srv_sse_event(srv_buf *b, cJSON *o)
 {
     char *t = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
@@ -738,14 +714,7 @@ static void ob_event(srv_buf *b, cJSON *o)
     free(t);
 }
 
-typedef struct {
-    struct mg_connection *c;
-    int chunked; /* HTTP/1.1: Transfer-Encoding: chunked; HTTP/1.0: raw until close */
-    int broken;  /* a write failed: the client is gone */
-} stream_out;
-
-/* Writes b as one HTTP chunk (one write). */
-static void so_flush(stream_out *so, srv_buf *b)
+void srv_sse_flush(srv_sse *so, srv_buf *b)
 {
     if (so->broken || b->n == 0) {
         b->n = 0;
@@ -768,6 +737,24 @@ static void so_flush(stream_out *so, srv_buf *b)
         so->broken = 1;
     }
     b->n = 0;
+}
+
+void srv_sse_begin(srv_sse *so, struct mg_connection *c)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    so->c = c;
+    so->chunked = strcmp(ri->http_version ? ri->http_version : "", "1.1") == 0;
+    so->broken = 0;
+    char head[256];
+    int hn = snprintf(head, sizeof head,
+                      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n%s\r\n",
+                      so->chunked ? "Transfer-Encoding: chunked\r\n" : "Connection: close\r\n");
+    if (mg_write(c, head, (size_t)hn) != hn) so->broken = 1;
+}
+
+void srv_sse_end(srv_sse *so)
+{
+    if (so->chunked && !so->broken) mg_write(so->c, "0\r\n\r\n", 5);
 }
 
 /* Whether a choice has a first event (the chat role; completions: the echoed prompt and/or
@@ -805,11 +792,11 @@ static void first_event(const srv_job *j, srv_choice *ch, srv_buf *b)
     cJSON_AddNullToObject(c, "finish_reason");
     if (j->g.return_token_ids) {
         cJSON_AddItemToObject(c, "token_ids", cJSON_CreateArray());
-        if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", ids_json(pr->ids, pr->n));
+        if (!chat) cJSON_AddItemToObject(c, "prompt_token_ids", srv_ids_json(pr->ids, pr->n));
     }
     if (chat && j->g.return_token_ids && ch == &j->ch[0])
-        cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(pr->ids, pr->n));
-    ob_event(b, o);
+        cJSON_AddItemToObject(o, "prompt_token_ids", srv_ids_json(pr->ids, pr->n));
+    srv_sse_event(b, o);
 }
 
 /* What a choice has new for the stream, copied under j->mu so that the events can be built without
@@ -864,24 +851,23 @@ static void emit_choice(srv_job *j, srv_choice *ch, choice_snap *sn, size_t echo
     if (sn->fin) {
         cJSON_AddStringToObject(c, "finish_reason", finish_name(ch));
         add_stop_reason(c, j, ch);
-        cJSON_AddItemToObject(o, "weight_version", versions_json(j, (int)(ch - j->ch)));
+        cJSON_AddItemToObject(o, "weight_version", srv_job_versions_json(j, (int)(ch - j->ch)));
     } else {
         cJSON_AddNullToObject(c, "finish_reason");
     }
     if (j->g.return_token_ids)
-        cJSON_AddItemToObject(c, "token_ids", ids_json(ch->r.out_tokens + ch->sent_tokens, sn->n_pub - ch->sent_tokens));
+        cJSON_AddItemToObject(c, "token_ids", srv_ids_json(ch->r.out_tokens + ch->sent_tokens, sn->n_pub - ch->sent_tokens));
     ch->sent_bytes = sn->end;
     ch->sent_tokens = sn->n_pub;
     ch->sent_final = sn->fin;
     free(sn->delta);
     sn->delta = NULL;
-    ob_event(b, o);
+    srv_sse_event(b, o);
 }
 
 static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double deadline)
 {
-    const struct mg_request_info *ri = mg_get_request_info(c);
-    stream_out so = {c, strcmp(ri->http_version ? ri->http_version : "", "1.1") == 0, 0};
+    srv_sse so;
     srv_buf b = {0};
     pthread_mutex_lock(&j->mu);
     /* errors before the first token are plain HTTP errors: wait for the engine to accept the job */
@@ -891,7 +877,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
         return srv_send_error(c, 504, NULL, "request timed out after %.0f s waiting to be scheduled (--request-timeout)",
                               s->request_timeout);
     }
-    if (j->state == JOB_REJECTED) {
+    if (j->state == SRV_JOB_REJECTED) {
         cancel_and_settle(j);
         srv_err e = j->rej;
         pthread_mutex_unlock(&j->mu);
@@ -899,11 +885,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
     }
     pthread_mutex_unlock(&j->mu);
 
-    char head[256];
-    int hn = snprintf(head, sizeof head,
-                      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n%s\r\n",
-                      so.chunked ? "Transfer-Encoding: chunked\r\n" : "Connection: close\r\n");
-    if (mg_write(c, head, (size_t)hn) != hn) so.broken = 1;
+    srv_sse_begin(&so, c);
 
     /* echo length per prompt (for text_offset) */
     size_t *echo_len = calloc((size_t)j->g.n_prompts, sizeof *echo_len);
@@ -932,7 +914,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
             if (has[i]) emit_choice(j, &j->ch[i], &snap[i], echo_len ? echo_len[j->ch[i].prompt_idx] : 0, &b);
             all_sent &= j->ch[i].sent_final;
         }
-        so_flush(&so, &b);
+        srv_sse_flush(&so, &b);
         pthread_mutex_lock(&j->mu);
         if (so.broken || all_sent) break;
         if (wait_until(j, pred_event, seen, deadline) != 0) {
@@ -947,25 +929,156 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
             srv_err e;
             srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
                      s->request_timeout);
-            ob_event(&b, srv_err_json(&e));
+            srv_sse_event(&b, srv_err_json(&e));
         } else if (j->g.include_usage) {
             cJSON *o = head_json(j, j->g.api == SRV_API_CHAT ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(o, "choices");
             add_usage(o, j);
-            cJSON_AddItemToObject(o, "weight_version", versions_json(j, -1));
-            ob_event(&b, o);
+            cJSON_AddItemToObject(o, "weight_version", srv_job_versions_json(j, -1));
+            srv_sse_event(&b, o);
         }
         srv_buf_add(&b, "data: [DONE]\n\n", 14);
     }
     pthread_mutex_unlock(&j->mu);
-    so_flush(&so, &b);
-    if (so.chunked && !so.broken) mg_write(c, "0\r\n\r\n", 5);
+    srv_sse_flush(&so, &b);
+    srv_sse_end(&so);
     free(snap);
     free(has);
     free(b.p);
     free(echo_len);
     return 200;
 }
+
+/* ---- the job interface every dialect uses (srv.h) ------------------------------------------------------------ */
+
+int srv_job_prepare(srv_job *j, const char *id_prefix, srv_err *e)
+{
+    if (j->g.n_stop && !j->s->tok)
+        return srv_errf(e, 400, "stop", "stop strings need a tokenizer, and this model has none");
+    return job_choices(j, id_prefix, e);
+}
+
+int srv_job_submit(srv_job *j, srv_err *e)
+{
+    srv_state *s = j->s;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        return srv_errf(e, 503, NULL, "the server is shutting down");
+    }
+    /* registered before the engine can see it, so that an abort that arrives right after this
+     * request was accepted finds it */
+    pthread_mutex_lock(&s->jobs_mu);
+    j->reg_prev = NULL;
+    j->reg_next = s->jobs;
+    if (s->jobs) s->jobs->reg_prev = j;
+    s->jobs = j;
+    j->registered = 1;
+    pthread_mutex_unlock(&s->jobs_mu);
+    if (s->inbox_tail) s->inbox_tail->next = j;
+    else s->inbox_head = j;
+    s->inbox_tail = j;
+    pthread_cond_signal(&s->inbox_cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int srv_job_wait(srv_job *j, double deadline, srv_err *e)
+{
+    pthread_mutex_lock(&j->mu);
+    int timed_out = wait_until(j, pred_settled, 0, deadline) != 0;
+    if (timed_out) cancel_and_settle(j);
+    int rc = 0;
+    if (j->state == SRV_JOB_REJECTED) {
+        *e = j->rej;
+        rc = -1;
+    } else if (timed_out) {
+        srv_errf(e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
+                 j->s->request_timeout);
+        rc = -1;
+    } else {
+        for (int i = 0; i < j->n_ch; i++)
+            if (j->ch[i].oom) rc = srv_errf(e, 500, NULL, "out of memory building the response");
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+int srv_job_wait_accepted(srv_job *j, double deadline, srv_err *e)
+{
+    int rc = 0;
+    pthread_mutex_lock(&j->mu);
+    if (wait_until(j, pred_not_queued, 0, deadline) != 0) {
+        cancel_and_settle(j);
+        rc = srv_errf(e, 504, NULL, "request timed out after %.0f s waiting to be scheduled (--request-timeout)",
+                      j->s->request_timeout);
+    } else if (j->state == SRV_JOB_REJECTED) {
+        cancel_and_settle(j);
+        *e = j->rej;
+        rc = -1;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+int srv_job_snapshot(srv_job *j, srv_choice_view *v, uint64_t *seen)
+{
+    int changed = 0;
+    pthread_mutex_lock(&j->mu);
+    *seen = j->events;
+    for (int i = 0; i < j->n_ch; i++) {
+        srv_choice *ch = &j->ch[i];
+        if (v[i].finished) continue;
+        ch->sent_bytes = v[i].text.n; /* visible_end never goes back before what the view holds */
+        size_t end = visible_end(j, ch);
+        if (end > v[i].text.n) {
+            srv_buf_add(&v[i].text, ch->text + v[i].text.n, end - v[i].text.n);
+            changed = 1;
+        }
+        if (ch->n_pub != v[i].n_pub || ch->finished) changed = 1;
+        v[i].n_pub = ch->n_pub;
+        v[i].finished = ch->finished;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return changed;
+}
+
+int srv_job_wait_event(srv_job *j, uint64_t seen, double deadline)
+{
+    pthread_mutex_lock(&j->mu);
+    int rc = wait_until(j, pred_event, seen, deadline);
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+void srv_job_cancel_settle(srv_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    if (!settled(j)) cancel_and_settle(j);
+    pthread_mutex_unlock(&j->mu);
+}
+
+int srv_job_abort(srv_state *s, const char *rid)
+{
+    int hit = 0;
+    const size_t n = rid ? strlen(rid) : 0;
+    pthread_mutex_lock(&s->jobs_mu);
+    for (srv_job *j = s->jobs; j; j = j->reg_next) {
+        if (rid && strncmp(j->rid, rid, n) != 0) continue;
+        atomic_store(&j->aborted, 1);
+        cancel_all(j);
+        hit++;
+    }
+    pthread_mutex_unlock(&s->jobs_mu);
+    if (hit) { /* an idle engine thread must wake up to retire them */
+        pthread_mutex_lock(&s->mu);
+        pthread_cond_signal(&s->inbox_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return hit;
+}
+
+size_t srv_choice_text_end(const srv_choice *ch) { return ch->stop_idx >= 0 ? ch->cut : ch->text_len; }
 
 /* ---- the routes --------------------------------------------------------------------------------------------- */
 
@@ -975,60 +1088,35 @@ static int route_gen(srv_state *s, struct mg_connection *c, srv_api api)
     srv_err e;
     cJSON *body = srv_read_json(s, c, &e);
     if (!body) return srv_send_err(c, &e);
-    srv_job *j = job_new(s, t0);
+    srv_job *j = srv_job_new(s, t0);
     if (!j) {
         cJSON_Delete(body);
         return srv_send_error(c, 500, NULL, "out of memory");
     }
     int rc = srv_parse_gen(s, body, api, &j->g, &e);
     cJSON_Delete(body);
-    if (rc == 0 && j->g.n_stop && !s->tok)
-        rc = srv_errf(&e, 400, "stop", "stop strings need a tokenizer, and this model has none");
-    if (rc == 0) rc = job_choices(j, &e);
+    if (rc == 0) rc = srv_job_prepare(j, api == SRV_API_CHAT ? "chatcmpl" : "cmpl", &e);
+    if (rc == 0) rc = srv_job_submit(j, &e);
     if (rc != 0) {
-        job_free(j);
+        srv_job_free(j);
         return srv_send_err(c, &e);
     }
 
-    pthread_mutex_lock(&s->mu);
-    if (s->stopping) {
-        pthread_mutex_unlock(&s->mu);
-        job_free(j);
-        return srv_send_error(c, 503, NULL, "the server is shutting down");
-    }
-    if (s->inbox_tail) s->inbox_tail->next = j;
-    else s->inbox_head = j;
-    s->inbox_tail = j;
-    pthread_cond_signal(&s->inbox_cv);
-    pthread_mutex_unlock(&s->mu);
-
     if (j->g.stream) {
         int st = stream_job(s, c, j, deadline);
-        job_free(j);
+        srv_job_free(j);
         return st;
     }
-    pthread_mutex_lock(&j->mu);
-    int timed_out = wait_until(j, pred_settled, 0, deadline) != 0;
-    if (timed_out) cancel_and_settle(j);
     int status;
-    if (j->state == JOB_REJECTED) {
-        srv_err r = j->rej;
-        pthread_mutex_unlock(&j->mu);
-        status = srv_send_err(c, &r);
-    } else if (timed_out) {
-        pthread_mutex_unlock(&j->mu);
-        status = srv_send_error(c, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was "
-                                              "cancelled", s->request_timeout);
+    if (srv_job_wait(j, deadline, &e) != 0) {
+        status = srv_send_err(c, &e);
     } else {
         /* settled: the engine no longer touches the job, so it is read without the lock */
-        pthread_mutex_unlock(&j->mu);
-        int oom = 0;
-        for (int i = 0; i < j->n_ch; i++) oom |= j->ch[i].oom;
-        cJSON *o = oom ? NULL : full_response(j);
+        cJSON *o = full_response(j);
         status = o ? srv_send_json(c, 200, o) : srv_send_error(c, 500, NULL, "out of memory building the response");
         cJSON_Delete(o);
     }
-    job_free(j);
+    srv_job_free(j);
     return status;
 }
 

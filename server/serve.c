@@ -441,6 +441,7 @@ int srv_cmd_serve(int argc, char **argv)
     s->t_start = srv_wall();
     s->seed_base = (uint64_t)(srv_wall() * 1e9) ^ ((uint64_t)getpid() << 32);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->jobs_mu, NULL);
     /* monotonic: the engine thread's timed wait (the throughput line) must not jump with the clock */
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -471,6 +472,9 @@ int srv_cmd_serve(int argc, char **argv)
     srv_route_add(s, "POST", "/tokenize", srv_route_tokenize, 1);
     srv_route_add(s, "POST", "/detokenize", srv_route_detokenize, 1);
     srv_weights_routes(s);
+    srv_dialect_sglang_routes(s);
+    srv_dialect_vllm_routes(s);
+    srv_dialect_trl_routes(s);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -40,7 +40,7 @@
 #define SRV_MAX_STOP 8          /* stop strings per request */
 #define SRV_MAX_STOP_BYTES 256  /* bytes per stop string */
 #define SRV_MAX_N 16            /* samples per prompt */
-#define SRV_MAX_ROUTES 64
+#define SRV_MAX_ROUTES 128 /* 53 registered with every dialect; room for the weight dialects */
 
 typedef struct srv_state srv_state;
 typedef struct srv_job srv_job;
@@ -137,6 +137,10 @@ struct srv_state {
     pthread_cond_t inbox_cv;
     srv_job *inbox_head, *inbox_tail;
     int stopping;
+    /* every submitted generation job of every dialect, for aborts by request id (SGLang's
+     * /abort_request); a job is in it from srv_job_submit to srv_job_free */
+    pthread_mutex_t jobs_mu;
+    srv_job *jobs;
 
     _Atomic uint64_t next_id;
     atomic_int active;       /* handlers inside srv_dispatch (shutdown lets them finish writing) */
@@ -235,7 +239,89 @@ char *srv_chat_render(const srv_state *s, const cJSON *messages, const srv_chat_
 int srv_chat_encode(const srv_state *s, const cJSON *messages, const srv_chat_opts *o, srv_prompt *out,
                     srv_err *e);
 
-/* ---- generation (oai_run.c) ---------------------------------------------------------------------- */
+/* ---- generation jobs (oai_run.c): the one native request path every dialect goes through ----------
+ *
+ * A dialect (server/dialect_*.c) parses its own request shape into a srv_gen (via srv_parse_gen on a
+ * canonical body: see srv_parse_mapped below), then: srv_job_new -> fill j->g -> srv_job_prepare ->
+ * srv_job_submit -> srv_job_wait (whole answer) or the srv_job_snapshot / srv_job_wait_event loop
+ * (streaming) -> read the choices -> srv_job_free. The fields below that the engine thread publishes
+ * are read under j->mu until the job settled (srv_job_wait returned 0), and freely afterwards. */
+
+typedef struct srv_choice {
+    eng_request r; /* first member: the engine hands &r to the callbacks */
+    srv_job *job;
+    int index, prompt_idx;
+    /* published by the engine thread under job->mu */
+    char *text;
+    size_t text_len, text_cap;
+    uint32_t *tok_end; /* [max_tokens]: text length after token i */
+    int n_pub;         /* tokens visible to the handler */
+    int stop_idx;      /* matched stop string, -1 */
+    size_t cut;        /* visible text length after a stop-string match */
+    int finished;
+    int oom;
+    /* engine thread only */
+    double t_last;
+    /* handler only: streaming cursors */
+    int sent_tokens, sent_final;
+    int first_sent; /* its first event (echo / role) went out */
+    size_t sent_bytes;
+} srv_choice;
+
+enum { SRV_JOB_QUEUED = 0, SRV_JOB_ACCEPTED, SRV_JOB_REJECTED };
+
+struct srv_job {
+    srv_state *s;
+    srv_gen g;
+    srv_choice *ch;
+    int n_ch;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;
+    int n_live;      /* submitted choices not finished yet */
+    uint64_t events; /* bumped on every publication */
+    srv_err rej;
+    double t_arrival;
+    double created;
+    char id[64];
+    srv_job *next;
+    /* the abort registry (s->jobs_mu) */
+    char rid[128];            /* the client's request id ("" none): SGLang rid, vLLM request_id */
+    srv_job *reg_prev, *reg_next;
+    int registered;
+    atomic_int aborted;       /* cancelled by an abort route (not by a timeout or disconnect) */
+};
+
+/* A job for a request that arrived at t_arrival (srv_now()); j->g is zeroed. NULL: out of memory. */
+srv_job *srv_job_new(srv_state *s, double t_arrival);
+/* Unregisters and frees a job that is settled (or was never submitted). */
+void srv_job_free(srv_job *j);
+/* After j->g is filled: the checks every dialect shares (stop strings need a tokenizer) and one choice
+ * per (prompt, sample) with its output buffers; j->id is id_prefix-<unique>. 0, or -1 with e. */
+int srv_job_prepare(srv_job *j, const char *id_prefix, srv_err *e);
+/* Registers the job (for aborts) and hands it to the engine thread. 0, or -1 with e (503 while
+ * shutting down; the job was not submitted and the caller frees it). */
+int srv_job_submit(srv_job *j, srv_err *e);
+/* Waits until the job settled. 0: its choices are final. -1 with e: rejected by the engine (its
+ * error), or the deadline passed (504; generation cancelled, the job settled). */
+int srv_job_wait(srv_job *j, double deadline, srv_err *e);
+/* Streaming, before the response head: waits until the engine accepted or rejected the job. 0, or -1
+ * with e (the job is settled then). */
+int srv_job_wait_accepted(srv_job *j, double deadline, srv_err *e);
+/* Cancels every choice (a lost client, a timeout) and waits until the job settled. */
+void srv_job_cancel_settle(srv_job *j);
+/* Cancels every registered job whose rid starts with `rid` (SGLang matches by prefix), or every job
+ * when rid is NULL; they end with finish "abort". Returns how many jobs were hit. */
+int srv_job_abort(srv_state *s, const char *rid);
+/* "weight_version" of choice `only` (-1: of every choice); the job is settled or the choice finished. */
+cJSON *srv_job_versions_json(const srv_job *j, int only);
+/* The visible text end of a choice (stop string cut, or everything). Settled jobs. */
+size_t srv_choice_text_end(const srv_choice *ch);
+/* A JSON array of ids. */
+cJSON *srv_ids_json(const int32_t *ids, int n);
+/* vLLM's prompt_logprobs of a choice whose prompt was scored (g.prompt_logprobs >= 0): [null,
+ * {"<id>": {"logprob", "rank", "decoded_token"}}, ...]. Read once the choice has a token or finished. */
+cJSON *srv_prompt_logprobs_vllm(const srv_job *j, const srv_choice *ch);
 
 int srv_route_completions(srv_state *s, struct mg_connection *c);
 int srv_route_chat(srv_state *s, struct mg_connection *c);
@@ -288,6 +374,34 @@ char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len);
  * NULL on OOM. */
 cJSON *srv_json_bytes(const char *s, size_t n);
 
+/* Server-sent events, shared by the streaming dialects. */
+typedef struct {
+    struct mg_connection *c;
+    int chunked; /* HTTP/1.1: Transfer-Encoding: chunked; HTTP/1.0: raw until close */
+    int broken;  /* a write failed: the client is gone */
+} srv_sse;
+/* Writes the 200 text/event-stream head. */
+void srv_sse_begin(srv_sse *so, struct mg_connection *c);
+/* Appends "data: <json>\n\n" and frees o. */
+void srv_sse_event(srv_buf *b, cJSON *o);
+/* Writes b as one HTTP chunk (one write) and empties it. */
+void srv_sse_flush(srv_sse *so, srv_buf *b);
+/* Ends the chunked body. */
+void srv_sse_end(srv_sse *so);
+
+/* Streaming: what one choice shows so far, kept by the handler between snapshots. */
+typedef struct {
+    srv_buf text; /* the visible text (stop-string prefixes and incomplete UTF-8 held back, as the
+                     OpenAI stream does; everything once finished) */
+    int n_pub;    /* tokens published: r.out_tokens / out_logprobs / out_top / tok_end below it are final */
+    int finished; /* r.finish, r.stop_token, stop_idx, r.versions are final */
+} srv_choice_view;
+/* Brings every view (j->n_ch of them) up to date under j->mu; *seen = the job's event count. Returns 1
+ * when any view changed. */
+int srv_job_snapshot(srv_job *j, srv_choice_view *v, uint64_t *seen);
+/* Waits until the job has an event after `seen`. 0, or ETIMEDOUT at the deadline. */
+int srv_job_wait_event(srv_job *j, uint64_t seen, double deadline);
+
 /* Decodes ids to bytes (malloc'd, NUL-terminated; *len bytes). NULL on failure. */
 char *srv_decode(const srv_state *s, const int32_t *ids, int n, int skip_special, size_t *len);
 
@@ -301,6 +415,23 @@ int srv_route_model_one(srv_state *s, struct mg_connection *c); /* GET /v1/model
 int srv_route_metrics(srv_state *s, struct mg_connection *c);
 int srv_route_tokenize(srv_state *s, struct mg_connection *c);
 int srv_route_detokenize(srv_state *s, struct mg_connection *c);
+
+/* ---- dialects (dialect_*.c): framework-native routes over the same jobs --------------------------- */
+void srv_dialect_sglang_routes(srv_state *s); /* SGLang: /generate, /abort_request, server and model info */
+void srv_dialect_vllm_routes(srv_state *s);   /* vLLM tokens in / tokens out: /inference/v1/generate */
+void srv_dialect_trl_routes(srv_state *s);    /* TRL `trl vllm-serve`: /health/, /generate/, /chat/, ... */
+
+/* The shared translation of a dialect's sampling fields onto srv_gen: each {dialect name, canonical
+ * name} pair copies src[dialect name] into canon[canonical name] (canonical = the /v1/completions
+ * field srv_parse_gen reads), then srv_parse_gen validates and fills g. On an error, e names the
+ * dialect's field again. canon is consumed. */
+typedef struct {
+    const char *from, *to;
+} srv_field_map;
+int srv_parse_mapped(const srv_state *s, cJSON *canon, const cJSON *src, const srv_field_map *map, int n_map,
+                     srv_gen *g, srv_err *e);
+/* Renames the canonical field `to` back to the dialect's `from` in e (param and message). */
+void srv_err_rename(srv_err *e, const srv_field_map *map, int n_map);
 
 /* ---- weights (weights_api.c) ---------------------------------------------------------------------- */
 void srv_weights_init(srv_state *s);
