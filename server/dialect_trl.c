@@ -138,11 +138,12 @@ static int trl_parse(srv_state *s, const cJSON *body, int chat, srv_job *j, int 
             cJSON_Delete(canon);
             return srv_errf(e, 400, "messages", "messages must be a non-empty list of conversations (lists of messages)");
         }
-        const cJSON *ctk = fld(body, "chat_template_kwargs");
-        if (ctk && !(cJSON_IsObject(ctk) && !ctk->child)) {
+        /* chat_template_kwargs (vllm_serve.py passes them to llm.chat): the built-in templates' own
+         * variables, parsed as /v1/chat/completions parses them */
+        srv_chat_opts co;
+        if (srv_chat_opts_parse(body, &co, e) != 0) {
             cJSON_Delete(canon);
-            return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs are not supported (the model's "
-                                                            "built-in template is used as is)");
+            return -1;
         }
         const cJSON *tools = fld(body, "tools");
         if (tools && !(cJSON_IsArray(tools) && !tools->child)) {
@@ -153,7 +154,7 @@ static int trl_parse(srv_state *s, const cJSON *body, int chat, srv_job *j, int 
         int k = 0;
         for (const cJSON *conv = ms->child; conv; conv = conv->next, k++) {
             srv_prompt pr = {0};
-            if (!cJSON_IsArray(conv) || srv_chat_encode(s, conv, 1, &pr, e) != 0) {
+            if (!cJSON_IsArray(conv) || srv_chat_encode(s, conv, &co, &pr, e) != 0) {
                 if (!cJSON_IsArray(conv)) srv_errf(e, 400, "messages", "messages[%d] must be a list of messages", k);
                 cJSON_Delete(canon);
                 return -1;

@@ -155,8 +155,12 @@ def test_routes_errors(C, srv):
     bad("/generate/", {"prompts": [[1]], "images": [["aGVsbG8="]]}, "images")
     bad("/generate/", {"prompts": [[1]], "max_tokens": 0}, "max_tokens")
     bad("/generate/", {"prompts": [[1]], "generation_kwargs": {"temperature": -1}}, "temperature")
-    bad("/chat/", {"messages": [[{"role": "user", "content": "x"}]], "chat_template_kwargs": {"enable_thinking": False}},
+    bad("/chat/", {"messages": [[{"role": "user", "content": "x"}]], "chat_template_kwargs": {"enable_thinking": 1}},
         "chat_template_kwargs")
+    # chat_template_kwargs as /v1/chat/completions reads them (enable_thinking is a template variable)
+    r = T.post(srv, "/chat/", {"messages": [[{"role": "user", "content": "x"}]], "max_tokens": 1,
+                               "chat_template_kwargs": {"enable_thinking": False}})
+    C.check(r.status == 200, "/chat/ with chat_template_kwargs.enable_thinking: %r" % r)
     bad("/chat/", {"messages": [{"role": "user", "content": "x"}]}, "messages")
     # repetition_penalty: the same one rule as /v1/completions
     r, _ = client_generate(srv, [[5, 6]], repetition_penalty=1.2, max_tokens=2)
