@@ -10,8 +10,7 @@
 #define MAX_BUCKETS 16
 /* min_tokens bans of one token: the model's eos ids and the request's stop ids (at most 64) */
 #define ENG_MAX_BANS (MDL_MAX_EOS + 64)
-/* logit_bias entries of one request */
-#define ENG_MAX_LOGIT_BIAS 1024
+
 
 typedef struct {
     eng_request *req; /* NULL: free slot */

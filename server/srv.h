@@ -214,6 +214,10 @@ typedef struct {
 /* Parses and validates a request body into g (zeroed first). Returns 0, or -1 with e filled. */
 int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g, srv_err *e);
 void srv_gen_free(srv_gen *g);
+/* logit_bias (NULL / JSON null / {}: none): keys token ids as decimal strings in [0, vocab), values
+ * numbers clamped to [-100, 100] (vLLM), at most ENG_MAX_LOGIT_BIAS; *out (malloc, ids ascending and
+ * unique, the last of a repeated id kept) or NULL. Errors name "logit_bias". */
+int srv_parse_logit_bias(const cJSON *v, int vocab, eng_logit_bias **out, int *n_out, srv_err *e);
 /* Token ids of a /tokenize-style prompt: a string (encoded; add_special: prepend bos when the
  * tokenizer has one) or a list of ids. */
 int srv_parse_prompt_text(const srv_state *s, const char *text, size_t len, int add_special,
