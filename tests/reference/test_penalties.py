@@ -5,8 +5,9 @@
     together, on two prompts, 16 tokens with --ignore-eos: graphswap's tokens equal the reference's
     penalized greedy continuation (a reference top-2 gap under 1e-4 on the path is reported as a test
     setup problem). All cases run as one --batch-file next to unpenalized requests (the state is per
-    sequence slot), with plans and --eager, and with a DFlash drafter (verify rows see the earlier
-    drafts of their block as outputs). Reported logprobs stay those of the raw model (vLLM's default
+    sequence slot), with plans and --eager, and with a DFlash drafter; and on a 10-id vocabulary,
+    where a random drafter's drafts are accepted now and then, with the drafter (a verify row after
+    an accepted draft sees it as an output: a wrong count changes that row's token). Reported logprobs stay those of the raw model (vLLM's default
     raw_logprobs): within 1e-3 of the reference's log_softmax of the unpenalized logits.
   * sampled: 3000 seeded requests of 2 tokens at temperature 0.9 with every penalty and a logit_bias:
     the first token's counts against softmax(penalized / T), the second's within each frequent first
@@ -98,6 +99,48 @@ def greedy_checks(binary, d, dd, ref, prompts, tmp):
               (", %d drafts accepted" % accepted) if dd and rname == "DFlash drafter" else ""), flush=True)
 
 
+def drafter_checks(binary, tmp):
+    """A 10-id vocabulary, so that a random DFlash drafter's drafts are accepted now and then: the rows
+    after an accepted draft are verified with that draft counted as an output. Greedy with the drafter
+    equals the reference (and so the drafter-free run) on every sequence whose path has no near tie."""
+    g = dict(GEOM, vocab=10)
+    d = os.path.join(tmp, "model10")
+    dd = os.path.join(tmp, "draft10")
+    res = H.mkmodel(binary, d, "qwen3", seed=5, **g)
+    if not C.check(res.rc == 0, "mkmodel vocab 10: %s" % res.stderr.strip()):
+        return
+    res = H.run([binary, "mkmodel", "--arch", "dflash", "--target", d, "--out", dd, "--layers", "1", "--seed", "3"])
+    if not C.check(res.rc == 0, "mkmodel dflash (vocab 10): %s" % res.stderr.strip()):
+        return
+    ref = rm.RefModel(d)
+    rng = np.random.default_rng(77)
+    pens = [dict(frequency=0.4), dict(presence=0.8), dict(repetition=1.3),
+            dict(frequency=0.3, presence=0.3, repetition=1.2, logit_bias={"4": 0.5})]
+    reqs, expect = [], []
+    for k in range(10):
+        prompt = [int(x) for x in rng.integers(0, 10, size=int(rng.integers(2, 7)))]
+        for pen in pens:
+            toks, rows = rp.greedy(ref, prompt, 40, **pen)
+            if min(rm.top2_gap(r) for r in rows) < GAP:
+                continue  # a near tie: f32 vs float64 may pick either
+            reqs.append(request_of(prompt, pen, max_tokens=40))
+            expect.append((prompt, pen, toks))
+    C.check(len(expect) >= 20, "TEST SETUP PROBLEM: only %d tie-free sequences" % len(expect))
+    outs = H.generate_batch(C, "vocab 10 with a drafter", binary, d, reqs, os.path.join(tmp, "draft10.jsonl"),
+                            extra=["--draft", dd])
+    if outs is None:
+        return
+    ok = accepted = 0
+    for (prompt, pen, toks), o in zip(expect, outs):
+        got = o.get("token_ids")
+        ok += C.check(got == toks, "vocab 10, drafter, %s prompt %s: graphswap %s, reference %s" % (pen, prompt, got, toks))
+        accepted += (o.get("spec") or {}).get("accepted_tokens", 0)
+    C.check(accepted >= 40, "TEST SETUP PROBLEM: only %d drafts accepted: verify rows after an accepted draft are "
+            "barely exercised" % accepted)
+    print("  greedy vocab 10 + DFlash drafter  %d/%d sequences equal the reference, %d drafts accepted"
+          % (ok, len(expect), accepted), flush=True)
+
+
 def sampled_checks(binary, d, ref, prompt, tmp):
     T, N = 0.9, 3000
     pen = dict(repetition=1.5, frequency=1.5, presence=0.5, logit_bias={str(prompt[0]): 2.0, "11": -3.0})
@@ -148,6 +191,7 @@ def main():
         dd = None
     prompts = [[5, 17, 33, 5, 80, 2], [60, 61, 62, 3, 3, 9, 44, 12, 70]]
     greedy_checks(binary, d, dd, ref, prompts, tmp)
+    drafter_checks(binary, tmp)
     sampled_checks(binary, d, ref, prompts[0], tmp)
     return C.finish()
 
