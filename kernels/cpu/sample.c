@@ -70,7 +70,7 @@ static float lg(const row_ctx *c, int32_t i)
     if (!c->adj) return c->l[i];
     int has = 0;
     float b = 0;
-    if (c->nbias > 0) {
+    if (c->nbias > 0 && i >= c->bias[0].id && i <= c->bias[c->nbias - 1].id) {
         int lo = 0, hi = c->nbias;
         while (lo < hi) {
             int mid = (lo + hi) / 2;
@@ -86,6 +86,9 @@ static float lg(const row_ctx *c, int32_t i)
     if (c->pen) {
         cnt = c->cnt[i];
         for (int k = 0; k < c->nextra; k++) ex += c->extra[k] == i;
+        /* an id never seen keeps a nonzero logit exactly (x - freq * 0 - pres * 0 == x); a zero may
+         * change sign, so it takes the full path */
+        if (!has && cnt == 0 && ex == 0 && c->l[i] != 0) return c->l[i];
     }
     return kern_penalized_logit(c->l[i], has, b, c->pen, cnt, ex, c->rep, c->freq, c->pres);
 }

@@ -131,7 +131,7 @@ __device__ __forceinline__ float ks_lg(const ks_row &r, int32_t i, float x)
     if (!r.adj) return x;
     int has = 0;
     float b = 0.0f;
-    if (r.nbias > 0) {
+    if (r.nbias > 0 && i >= r.bias[0].id && i <= r.bias[r.nbias - 1].id) {
         int lo = 0, hi = r.nbias;
         while (lo < hi) {
             const int mid = (lo + hi) >> 1;
@@ -147,6 +147,7 @@ __device__ __forceinline__ float ks_lg(const ks_row &r, int32_t i, float x)
     if (r.pen) {
         cnt = r.cnt[i];
         for (int k = 0; k < r.nextra; k++) ex += r.extra[k] == i;
+        if (!has && cnt == 0 && ex == 0 && x != 0.0f) return x; /* unseen: x - freq * 0 - pres * 0 == x */
     }
     return kern_penalized_logit(x, has, b, r.pen, cnt, ex, r.rep, r.freq, r.pres);
 }
