@@ -309,8 +309,8 @@ static void pen_fold(eng_engine *e)
     for (int s = 0; s < e->cfg.max_seqs; s++) {
         eng_seq *q = &e->seqs[s];
         if (!q->req || !q->pen) continue;
-        for (; q->pen_folded < q->req->n_out; q->pen_folded++) {
-            assert(n < e->io.max_upd);
+        /* at most one token per logits row of the last launch (<= max_upd); never past the list */
+        for (; q->pen_folded < q->req->n_out && n < e->io.max_upd; q->pen_folded++) {
             e->h_upd[1 + 2 * n] = s;
             e->h_upd[2 + 2 * n] = q->req->out_tokens[q->pen_folded];
             n++;
