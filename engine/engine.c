@@ -4,6 +4,7 @@
 #include "engine/kvpool.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,9 +114,18 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
         !(e->io.block_tables = eng_xalloc(be, (size_t)S * (size_t)e->io.max_blocks * i32, "step.block_tables", err, errlen)) ||
         !(e->io.samp = eng_xalloc(be, (size_t)LR * sizeof(kern_sample_params), "step.samp", err, errlen)) ||
         !(e->io.samp_out = eng_xalloc(be, (size_t)LR * sizeof(kern_sample_out), "step.samp_out", err, errlen)) ||
-        !(e->io.bans = eng_xalloc(be, (size_t)LR * ENG_MAX_BANS * i32, "step.bans", err, errlen)))
+        !(e->io.bans = eng_xalloc(be, (size_t)LR * (ENG_MAX_BANS + (size_t)e->spec_W) * i32, "step.bans", err, errlen)))
         goto fail;
-    e->io.n_bans = LR * ENG_MAX_BANS;
+    e->io.n_bans = LR * (ENG_MAX_BANS + e->spec_W); /* bans, and a verify row's earlier drafts (penalties) */
+    /* penalties and logit_bias: per-slot state the sample op reads in place, and the updates of a
+     * launch (a step appends at most one token per logits row of the step before) */
+    e->io.max_bias = ENG_MAX_LOGIT_BIAS;
+    e->io.max_upd = LR;
+    if (!(e->io.pen_state = eng_xalloc(be, (size_t)S * (size_t)mc->vocab * i32, "step.pen_state", err, errlen)) ||
+        !(e->io.bias = eng_xalloc(be, (size_t)S * ENG_MAX_LOGIT_BIAS * sizeof(kern_logit_bias), "step.bias", err,
+                                  errlen)) ||
+        !(e->io.upd = eng_xalloc(be, (1 + 2 * (size_t)LR) * i32, "step.upd", err, errlen)))
+        goto fail;
     e->io.kcache = calloc((size_t)mc->layers, sizeof(float *));
     e->io.vcache = calloc((size_t)mc->layers, sizeof(float *));
     if (!e->io.kcache || !e->io.vcache) goto oom;
@@ -143,15 +153,19 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
     e->h_samp = calloc((size_t)LR, sizeof *e->h_samp);
     e->h_samp_out = calloc((size_t)LR, sizeof *e->h_samp_out);
     e->h_bans = calloc((size_t)e->io.n_bans, i32);
+    e->h_upd = calloc(1 + 2 * (size_t)LR, i32);
+    e->h_pen_row = calloc((size_t)mc->vocab, i32);
     e->seqs = calloc((size_t)S, sizeof *e->seqs);
     e->token_store = malloc((size_t)S * (size_t)c->max_model_len * i32);
     e->queue = calloc((size_t)c->queue_cap, sizeof *e->queue);
     if (!e->h_tok || !e->h_pos || !e->h_slot || !e->h_kv_len || !e->h_logit_idx || !e->logit_seq || !e->logit_score ||
-        !e->h_bt || !e->h_samp || !e->h_samp_out || !e->h_bans || !e->seqs || !e->token_store || !e->queue ||
+        !e->h_bt || !e->h_samp || !e->h_samp_out || !e->h_bans || !e->h_upd || !e->h_pen_row || !e->seqs || !e->token_store || !e->queue ||
         eng_kvpool_init(&e->kv, (int)nb, c->block_size) != 0)
         goto oom;
     for (int s = 0; s < S; s++) e->seqs[s].tokens = e->token_store + (size_t)s * (size_t)c->max_model_len;
     e->bt_dirty = 1;
+    /* the op reads the update count every launch: zero until the first penalized output */
+    be->ops->upload(be, e->io.upd, e->h_upd, i32);
 
     if (eng_tape_init(&e->tape, mdl_forward_ops(m)) != 0) goto oom;
     /* buckets: 1, 2, 4, ... up to max_step_tokens (the last one exactly max_step_tokens) */
@@ -210,6 +224,8 @@ void eng_destroy(eng_engine *e)
     free(e->h_samp);
     free(e->h_samp_out);
     free(e->h_bans);
+    free(e->h_upd);
+    free(e->h_pen_row);
     free(e->seqs);
     free(e->token_store);
     eng_kvpool_free(&e->kv);
@@ -218,6 +234,93 @@ void eng_destroy(eng_engine *e)
 }
 
 static int blocks_for(const eng_engine *e, const eng_request *r);
+
+/* vLLM's ranges (SamplingParams._verify_args): presence and frequency in [-2, 2], repetition > 0;
+ * logit_bias ids in [0, V), ascending and unique, finite values. */
+static int eng_check_penalties(const eng_engine *e, const eng_sampling *sp, char *err, size_t errlen)
+{
+    const int V = e->m->cfg.vocab;
+    if (!(sp->presence_penalty >= -2 && sp->presence_penalty <= 2)) {
+        snprintf(err, errlen, "presence_penalty must be in [-2, 2], got %g", (double)sp->presence_penalty);
+        return -1;
+    }
+    if (!(sp->frequency_penalty >= -2 && sp->frequency_penalty <= 2)) {
+        snprintf(err, errlen, "frequency_penalty must be in [-2, 2], got %g", (double)sp->frequency_penalty);
+        return -1;
+    }
+    if (!(sp->repetition_penalty >= 0 && isfinite(sp->repetition_penalty))) {
+        snprintf(err, errlen, "repetition_penalty must be greater than zero, got %g", (double)sp->repetition_penalty);
+        return -1;
+    }
+    if (sp->n_logit_bias < 0 || sp->n_logit_bias > ENG_MAX_LOGIT_BIAS || (sp->n_logit_bias > 0 && !sp->logit_bias)) {
+        snprintf(err, errlen, "logit_bias may hold at most %d entries", ENG_MAX_LOGIT_BIAS);
+        return -1;
+    }
+    for (int k = 0; k < sp->n_logit_bias; k++) {
+        const eng_logit_bias *b = &sp->logit_bias[k];
+        if (b->id < 0 || b->id >= V) {
+            snprintf(err, errlen, "logit_bias key %d is not a token id in [0, %d)", b->id, V);
+            return -1;
+        }
+        if (k > 0 && b->id <= sp->logit_bias[k - 1].id) {
+            snprintf(err, errlen, "logit_bias ids must be ascending and unique (%d after %d)", b->id,
+                     sp->logit_bias[k - 1].id);
+            return -1;
+        }
+        if (!isfinite(b->bias)) {
+            snprintf(err, errlen, "logit_bias value for token %d must be finite", b->id);
+            return -1;
+        }
+    }
+    if (e->draft && eng_sampling_has_penalties(sp) && e->spec_W > KERN_SAMPLE_MAX_EXTRA) {
+        snprintf(err, errlen, "penalties with a drafter of %d drafts per step are not supported (at most %d)",
+                 e->spec_W, KERN_SAMPLE_MAX_EXTRA);
+        return -1;
+    }
+    return 0;
+}
+
+/* A newly admitted request's penalty state: its slot's pen_state row (prompt ids, no outputs) and
+ * logit_bias list, written in place before the step's launch (no allocation: h_pen_row is the
+ * engine's, zero between uses). */
+static void pen_admit(eng_engine *e, int slot, const eng_request *r)
+{
+    eng_seq *s = &e->seqs[slot];
+    eng_backend *be = e->be;
+    const int V = e->m->cfg.vocab;
+    s->pen = eng_sampling_has_penalties(&r->sp);
+    s->pen_folded = 0;
+    if (s->pen) {
+        for (int i = 0; i < r->n_prompt; i++) e->h_pen_row[r->prompt[i]] = 1;
+        be->ops->upload(be, e->io.pen_state + (size_t)slot * (size_t)V, e->h_pen_row, (size_t)V * sizeof(int32_t));
+        for (int i = 0; i < r->n_prompt; i++) e->h_pen_row[r->prompt[i]] = 0;
+    }
+    if (r->sp.n_logit_bias > 0) {
+        _Static_assert(sizeof(eng_logit_bias) == sizeof(kern_logit_bias), "the same record");
+        be->ops->upload(be, e->io.bias + (size_t)slot * ENG_MAX_LOGIT_BIAS, r->sp.logit_bias,
+                        (size_t)r->sp.n_logit_bias * sizeof(kern_logit_bias));
+    }
+}
+
+/* The outputs of penalized sequences not yet counted in pen_state, as the next launch's updates. */
+static void pen_fold(eng_engine *e)
+{
+    int n = 0;
+    for (int s = 0; s < e->cfg.max_seqs; s++) {
+        eng_seq *q = &e->seqs[s];
+        if (!q->req || !q->pen) continue;
+        /* at most one token per logits row of the last launch (<= max_upd); never past the list */
+        for (; q->pen_folded < q->req->n_out && n < e->io.max_upd; q->pen_folded++) {
+            e->h_upd[1 + 2 * n] = s;
+            e->h_upd[2 + 2 * n] = q->req->out_tokens[q->pen_folded];
+            n++;
+        }
+    }
+    if (n == 0 && !e->upd_dirty) return;
+    e->h_upd[0] = n;
+    e->be->ops->upload(e->be, e->io.upd, e->h_upd, (1 + 2 * (size_t)n) * sizeof(int32_t));
+    e->upd_dirty = n > 0;
+}
 
 int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errlen)
 {
@@ -266,6 +369,7 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
             snprintf(err, errlen, "stop_token_ids[%d] = %d is not a token id in [0, %d)", i, r->stop_ids[i], V);
             return -1;
         }
+    if (eng_check_penalties(e, &r->sp, err, errlen) != 0) return -1;
     if (e->winfo.state == ENG_W_INCONSISTENT || e->winfo.state == ENG_W_UNDEFINED) {
         snprintf(err, errlen, "weights are %s: %s", eng_wstate_name(e->winfo.state), e->winfo.reason);
         if (busy) *busy = 2;
@@ -359,6 +463,7 @@ static void admit(eng_engine *e)
         s->chain = chain;
         s->n_blocks = matched + need;
         e->bt_dirty = 1;
+        pen_admit(e, slot, r);
         if (e->cfg.prefix_caching) {
             e->stats.prefix_cache_queries += (uint64_t)r->n_prompt;
             e->stats.prefix_cache_hits += (uint64_t)(matched * bs);
@@ -443,7 +548,8 @@ void eng_retire_and_admit(eng_engine *e)
     admit(e);
 }
 
-void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter, int32_t draft)
+void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter, int32_t draft, const int32_t *extra,
+                        int n_extra)
 {
     kern_sample_params *p = &e->h_samp[j];
     const int nb = eng_banned_ids(e, r, counter);
@@ -461,6 +567,22 @@ void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter,
     p->score = 0;
     memcpy(e->h_bans + e->n_bans_used, e->banned, (size_t)nb * sizeof(int32_t));
     e->n_bans_used += nb;
+    /* penalties (the slot's pen_state, plus the block's earlier drafts) and logit_bias */
+    p->pen = e->seqs[r->slot].pen;
+    p->slot = r->slot;
+    p->rep = eng_sampling_rep(&r->sp);
+    p->freq = r->sp.frequency_penalty;
+    p->pres = r->sp.presence_penalty;
+    p->n_bias = r->sp.n_logit_bias;
+    p->extra_off = 0;
+    p->n_extra = 0;
+    if (p->pen && n_extra > 0) {
+        assert(n_extra <= KERN_SAMPLE_MAX_EXTRA && e->n_bans_used + n_extra <= e->io.n_bans);
+        p->extra_off = e->n_bans_used;
+        p->n_extra = n_extra;
+        memcpy(e->h_bans + e->n_bans_used, extra, (size_t)n_extra * sizeof(int32_t));
+        e->n_bans_used += n_extra;
+    }
 }
 
 void eng_run_target(eng_engine *e, int rows, int nl)
@@ -477,6 +599,7 @@ void eng_run_target(eng_engine *e, int rows, int nl)
     be->ops->upload(be, e->io.logit_idx, e->h_logit_idx, (size_t)nl * i32);
     be->ops->upload(be, e->io.n_logits, &n_logits, i32);
     be->ops->upload(be, e->io.samp, e->h_samp, (size_t)nl * sizeof(kern_sample_params));
+    pen_fold(e);
     if (e->n_bans_used > 0) be->ops->upload(be, e->io.bans, e->h_bans, (size_t)e->n_bans_used * i32);
     e->n_bans_used = 0;
     if (e->bt_dirty) {
@@ -581,7 +704,7 @@ void eng_set_prefill_rows(eng_engine *e, int from, int nl)
         const eng_request *r = e->seqs[e->logit_seq[j]].req;
         const int at = e->logit_score[j];
         if (!at) {
-            eng_set_sample_row(e, j, r, r->n_out, -1);
+            eng_set_sample_row(e, j, r, r->n_out, -1, NULL, 0);
             continue;
         }
         kern_sample_params *p = &e->h_samp[j];

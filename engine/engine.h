@@ -44,6 +44,9 @@ void eng_config_defaults(eng_config *c);
 typedef enum { ENG_FINISH_NONE = 0, ENG_FINISH_LENGTH, ENG_FINISH_STOP, ENG_FINISH_ABORT } eng_finish;
 const char *eng_finish_name(eng_finish f);
 
+/* logit_bias entries of one request (eng_sampling.n_logit_bias) */
+#define ENG_MAX_LOGIT_BIAS 1024
+
 typedef struct eng_request eng_request;
 struct eng_request {
     /* input (owned by the caller, valid until on_finish) */

@@ -11,6 +11,7 @@
 /* min_tokens bans of one token: the model's eos ids and the request's stop ids (at most 64) */
 #define ENG_MAX_BANS (MDL_MAX_EOS + 64)
 
+
 typedef struct {
     eng_request *req; /* NULL: free slot */
     int32_t *tokens;  /* [max_model_len]: prompt then generated */
@@ -18,6 +19,8 @@ typedef struct {
     int n_hashed;   /* leading blocks registered in (or taken from) the prefix cache */
     uint64_t chain; /* chain hash after those blocks */
     int no_register; /* its KV spans a weight update ("keep"): never register its blocks */
+    int pen;         /* the request has penalties: its outputs are counted in io.pen_state */
+    int pen_folded;  /* outputs [0, pen_folded) are in io.pen_state or in the next launch's updates */
 } eng_seq;
 
 /* Decode-ready: the whole prompt is computed and the last known token, one the engine sampled, is
@@ -46,6 +49,9 @@ struct eng_engine {
     kern_sample_out *h_samp_out; /* [LR] what the step chose for each logits row */
     int32_t *h_bans;             /* [io.n_bans] */
     int n_bans_used;             /* filled this step */
+    int32_t *h_upd;              /* [1 + 2 * io.max_upd] the next launch's pen_state updates */
+    int upd_dirty;               /* the device's update count is nonzero (reset it before a launch) */
+    int32_t *h_pen_row;          /* [V] a slot's pen_state row being written (all zero between uses) */
     /* plans */
     int n_buckets;
     int bucket_rows[MAX_BUCKETS];
@@ -109,8 +115,11 @@ eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok);
 void eng_finish_seq(eng_engine *e, int slot, eng_finish why);
 int eng_bucket_index(const eng_engine *e, int rows);
 /* Sampling parameters of logits row j (h_samp[j], bans appended to h_bans): the token becomes
- * output index `counter` of r; draft >= 0 makes it a speculative verify row. */
-void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter, int32_t draft);
+ * output index `counter` of r; draft >= 0 makes it a speculative verify row. With penalties,
+ * extra[0..n_extra) (appended to h_bans) count as outputs too: a verify row's earlier drafts of its
+ * block, which are outputs r->n_out .. counter - 1 if they are accepted. */
+void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter, int32_t draft, const int32_t *extra,
+                        int n_extra);
 /* Uploads the target step parameters for `rows` rows and `nl` logits rows (h_samp filled by the
  * caller), runs the target (plan or eager; the tape ends with KOP_SAMPLE) and downloads the
  * chosen tokens into h_samp_out: no logits cross back to the host. */

@@ -245,3 +245,35 @@ int32_t eng_sample(const float *logits, const eng_sampling *sp, uint64_t counter
     eng_logprobs(logits, s->V, tok, sp->logprobs, logprob, top);
     return tok;
 }
+
+int eng_sampling_has_penalties(const eng_sampling *sp)
+{
+    return sp->presence_penalty != 0 || sp->frequency_penalty != 0 || eng_sampling_rep(sp) != 1;
+}
+
+float eng_sampling_rep(const eng_sampling *sp) { return sp->repetition_penalty == 0 ? 1.0f : sp->repetition_penalty; }
+
+/* Written out from vLLM's definition, not through the kernel's helper: occurrence counts by a
+ * direct scan of the token lists (reference speed is not a concern). */
+void eng_penalize(float *out, const float *logits, int V, const eng_sampling *sp, const int32_t *prompt,
+                  int n_prompt, const int32_t *output, int n_output)
+{
+    memcpy(out, logits, (size_t)V * sizeof *out);
+    for (int k = 0; k < sp->n_logit_bias; k++) {
+        out[sp->logit_bias[k].id] = out[sp->logit_bias[k].id] + sp->logit_bias[k].bias;
+    }
+    if (!eng_sampling_has_penalties(sp)) return;
+    const float rep = eng_sampling_rep(sp), freq = sp->frequency_penalty, pres = sp->presence_penalty;
+    for (int i = 0; i < V; i++) {
+        int count = 0, seen = 0;
+        for (int k = 0; k < n_output; k++) count += output[k] == i;
+        for (int k = 0; k < n_prompt && !seen; k++) seen = prompt[k] == i;
+        float x = out[i];
+        if (seen || count > 0) x = x > 0 ? x / rep : x * rep;
+        const float fc = freq * (float)count; /* rounded: -ffp-contract=off */
+        x = x - fc;
+        const float pc = pres * (count > 0 ? 1.0f : 0.0f);
+        x = x - pc;
+        out[i] = x;
+    }
+}

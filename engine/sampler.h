@@ -16,13 +16,33 @@
 #define ENG_MAX_LOGPROBS 20
 
 typedef struct {
+    int32_t id;
+    float bias; /* added to the logit of id (the server clamps it to [-100, 100]) */
+} eng_logit_bias;
+
+typedef struct {
     float temperature; /* <= 1e-5: greedy (argmax, lowest id on ties) */
     int top_k;         /* <= 0: off */
     float top_p;       /* >= 1: off */
     float min_p;       /* <= 0: off */
     uint64_t seed;
     int logprobs;      /* number of top alternatives to report (0..ENG_MAX_LOGPROBS) */
+    /* vLLM's penalties and logit_bias, applied to the raw logits before temperature and the filters
+     * (logprobs stay raw): logit_bias first, then the repetition penalty over prompt and output
+     * tokens, then frequency and presence penalties over output tokens (eng_penalize). */
+    float presence_penalty;   /* 0: off */
+    float frequency_penalty;  /* 0: off */
+    float repetition_penalty; /* 0 (a zeroed struct) or 1: off; else > 0 */
+    const eng_logit_bias *logit_bias; /* n_logit_bias entries, unique ids (any order), owned by the
+                                         caller until the request finishes */
+    int n_logit_bias;
 } eng_sampling;
+
+/* 1 when sp has a repetition, frequency or presence penalty (the engine then keeps the sequence's
+ * token counts); logit_bias alone does not count. */
+int eng_sampling_has_penalties(const eng_sampling *sp);
+/* The repetition penalty in effect: 1 for 0 (off). */
+float eng_sampling_rep(const eng_sampling *sp);
 
 typedef struct {
     int32_t id;
@@ -62,6 +82,14 @@ int32_t eng_choose_excluding(const float *logits, const eng_sampling *sp, uint64
  * min-p, bans); greedy: 1 for the argmax, else 0. Speculative verification accepts a draft with it. */
 double eng_prob(const float *logits, const eng_sampling *sp, int32_t tok, const int32_t *banned, int n_banned,
                 eng_sampler_scratch *s);
+/* The logits the choice uses under sp's penalties and logit_bias (vLLM's order), written to
+ * out[V] (out != logits): logit_bias added, then for every id seen in prompt[0..n_prompt) or
+ * output[0..n_output) x = x > 0 ? x / rep : x * rep, then for every id x -= freq * count and
+ * x -= pres * (count > 0) with count its occurrences in the output. Each step an f32 operation. The
+ * sampling functions above take these logits; logprobs are computed from the raw ones. */
+void eng_penalize(float *out, const float *logits, int V, const eng_sampling *sp, const int32_t *prompt,
+                  int n_prompt, const int32_t *output, int n_output);
+
 /* Raw logprob of tok and the k best raw logprobs (descending, ties by id). */
 void eng_logprobs(const float *logits, int V, int32_t tok, int k, float *logprob, eng_toplp *top);
 

@@ -11,7 +11,11 @@
  *   kcache[l], vcache[l]     f32 [num_blocks * block_size * n_kv_heads * head_dim] per layer
  *   samp, samp_out           [S] per logits row: KOP_SAMPLE parameters in, chosen token out
  *                            (the step's only read-back; NULL samp: the tape ends at the logits)
- *   bans                     int32 [n_bans] the rows' min_tokens bans (ranges named in samp)
+ *   bans                     int32 [n_bans] the rows' min_tokens bans and extra ids (ranges named in samp)
+ *   pen_state                int32 [S*V]  per slot: bit 0 an id is in the prompt, bits 1..: its output
+ *                                          count (penalties; written at admission, updated by the op)
+ *   bias                     [S*max_bias] per slot: the request's logit_bias, ids ascending
+ *   upd                      int32 [1 + 2*max_upd] the launch's pen_state updates (count, then pairs)
  */
 #ifndef GS_ENG_STEPIO_H
 #define GS_ENG_STEPIO_H
@@ -30,6 +34,10 @@ typedef struct {
     kern_sample_out *samp_out;
     int32_t *bans;
     int n_bans;
+    int32_t *pen_state; /* NULL: the sample op has no penalty buffers */
+    kern_logit_bias *bias;
+    int32_t *upd;
+    int max_bias, max_upd;
 } eng_step_io;
 
 #endif

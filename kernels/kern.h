@@ -129,9 +129,30 @@ typedef enum {
      *            tok = draft when C3 holds nothing else.
      * Weight sums may be added in any order: backends agree except when u * zz or top_p * z lands
      * within rounding of a boundary.
-     * buf: 0 logits f32[max_rows, V], 1 params kern_sample_params[max_rows], 2 bans i32[n_bans],
-     *      3 out kern_sample_out[max_rows], 4 n i32[1]
-     * p: 0 V, 1 max_rows, 2 n_bans (capacity of buf 2, >= 0)                                    */
+     * Penalties and logit_bias (vLLM's sampler order: logit_bias, then repetition, frequency and
+     * presence penalties, all before temperature / top-k / top-p / min-p): the choice above (best,
+     * greedy, weights, top-k/p, min-p, the draw, verification) uses l'[i] = kern_penalized_logit(...)
+     * in place of l[i]; the raw outputs (logprob, top, rank) always use the raw l (vLLM's default
+     * raw_logprobs). Per row:
+     *   bias   when n_bias > 0: the slot's list bias[slot * max_bias .. + n_bias), ids ascending and
+     *          unique, in [0, V): l'[id] = l[id] + b (ids not listed keep l);
+     *   pen    when pen = 1: with the slot's state cnt = pen_state[slot * V + i] (bit 0: id i is in the
+     *          prompt; bits 1..: its count in the output so far) plus c_extra(i) = the occurrences of
+     *          i in bans[extra_off .. extra_off + n_extra) (a verify row's earlier drafts of its block):
+     *          c = (cnt >> 1) + c_extra(i); seen = (cnt & 1) || c > 0;
+     *          repetition: when seen, x = x > 0 ? x / rep : x * rep;
+     *          frequency / presence (every id): x = x - freq * (float)c; x = x - pres * (c > 0 ? 1 : 0).
+     *   Every step is one f32 operation, rounded (no fused multiply-add).
+     * State update, once per launch before any row (whatever n is): with buf 7, for each of the
+     * upd[0] (<= p[5]) pairs (s, t) = (upd[1 + 2q], upd[2 + 2q]): pen_state[s * V + t] += 2 (one more
+     * output occurrence of t in slot s). The host writes whole slot rows of pen_state and bias
+     * directly (admission); the plan only ever adds.
+     * buf: 0 logits f32[max_rows, V], 1 params kern_sample_params[max_rows], 2 bans i32[n_bans]
+     *      (ban lists and extra-token lists), 3 out kern_sample_out[max_rows], 4 n i32[1],
+     *      5 pen_state i32[max_slots * V] or NULL, 6 bias kern_logit_bias[max_slots * max_bias] or NULL,
+     *      7 upd i32[1 + 2 * max_upd] or NULL
+     * p: 0 V, 1 max_rows, 2 n_bans (capacity of buf 2, >= 0), 3 max_slots (rows of buf 5 / 6; 0
+     *    without them), 4 max_bias (entries per slot of buf 6), 5 max_upd (pairs of buf 7)          */
     KOP_SAMPLE,
     KOP_COUNT
 } kern_op_kind;
@@ -152,7 +173,20 @@ typedef struct {
     int32_t n_logprobs; /* 0 .. KERN_SAMPLE_MAX_TOP */
     int32_t ban_off, n_ban;
     int32_t score;     /* 1: score the given token `draft` (prompt logprobs), no choice */
-} kern_sample_params; /* 56 bytes (padded) */
+    /* penalties and logit_bias (0 / 0: off): the slot's rows of buf 5 / buf 6 */
+    int32_t pen;       /* 1: repetition / frequency / presence penalties from buf 5 */
+    int32_t slot;      /* row of buf 5 and buf 6 */
+    float rep, freq, pres; /* repetition (1: off), frequency, presence penalties */
+    int32_t n_bias;    /* entries of the slot's logit_bias list (buf 6) */
+    int32_t extra_off, n_extra; /* ids in buf 2 counted as output tokens too (verify rows' drafts) */
+} kern_sample_params; /* 88 bytes (padded) */
+
+#define KERN_SAMPLE_MAX_EXTRA 64 /* n_extra bound */
+
+typedef struct {
+    int32_t id;
+    float bias;
+} kern_logit_bias;
 
 typedef struct {
     int32_t id;
@@ -212,6 +246,35 @@ static inline KERN_HD uint64_t kern_sample_key(float l, int32_t id)
     union { float f; uint32_t u; } v = { .f = l };
     uint32_t o = (v.u & 0x80000000u) ? ~v.u : (v.u | 0x80000000u);
     return ((uint64_t)o << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
+}
+
+/* f32 steps, each rounded: never contracted into a fused multiply-add (nvcc would otherwise) */
+#if defined(__CUDA_ARCH__)
+#define KERN_FADD(a, b) __fadd_rn((a), (b))
+#define KERN_FSUB(a, b) __fsub_rn((a), (b))
+#define KERN_FMUL(a, b) __fmul_rn((a), (b))
+#define KERN_FDIV(a, b) __fdiv_rn((a), (b))
+#else
+#define KERN_FADD(a, b) ((a) + (b))
+#define KERN_FSUB(a, b) ((a) - (b))
+#define KERN_FMUL(a, b) ((a) * (b))
+#define KERN_FDIV(a, b) ((a) / (b))
+#endif
+
+/* KOP_SAMPLE's penalized logit of one id (contract above): x the raw logit; has_bias / bias its
+ * logit_bias entry; pen the row's flag; cnt its pen_state word, extra its count among the row's extra
+ * tokens. */
+static inline KERN_HD float kern_penalized_logit(float x, int has_bias, float bias, int pen, int32_t cnt,
+                                                 int32_t extra, float rep, float freq, float pres)
+{
+    if (has_bias) x = KERN_FADD(x, bias);
+    if (pen) {
+        const int32_t c = (cnt >> 1) + extra;
+        if ((cnt & 1) || c > 0) x = x > 0.0f ? KERN_FDIV(x, rep) : KERN_FMUL(x, rep);
+        x = KERN_FSUB(x, KERN_FMUL(freq, (float)c));
+        x = KERN_FSUB(x, KERN_FMUL(pres, c > 0 ? 1.0f : 0.0f));
+    }
+    return x;
 }
 
 #define KERN_MAX_BUFS 8

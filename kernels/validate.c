@@ -245,7 +245,14 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         if (p[2] > 0) need_buf(v, 2, bytes3(v, p[2], 1, 4), 4);
         need_buf(v, 3, bytes3(v, p[1], (int64_t)sizeof(kern_sample_out), 1), 4);
         need_buf(v, 4, 4, 4);
-        unused_from(v, 5);
+        if (!REQ(p[3] >= 0 && p[4] >= 0 && p[5] >= 0)) break;
+        /* penalty state, logit_bias lists and the state update: each present exactly when sized */
+        if (p[3] > 0) need_buf(v, 5, bytes3(v, p[3], p[0], 4), 4);
+        else unused_from(v, 5);
+        if (p[3] > 0 && p[4] > 0) need_buf(v, 6, bytes3(v, p[3], p[4], (int64_t)sizeof(kern_logit_bias)), 4);
+        else if (v->op->buf[6].ptr || v->op->buf[6].bytes) buf_fail(v, 6, "is set but p[3] or p[4] is 0", __LINE__);
+        if (p[3] > 0 && p[5] > 0) need_buf(v, 7, bytes3(v, 1 + 2 * (int64_t)p[5], 1, 4), 4);
+        else if (v->op->buf[7].ptr || v->op->buf[7].bytes) buf_fail(v, 7, "is set but p[3] or p[5] is 0", __LINE__);
         break;
     }
     default:

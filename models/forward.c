@@ -308,6 +308,14 @@ void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_ste
         op.p[0] = c->vocab;
         op.p[1] = logit_rows;
         op.p[2] = io->n_bans;
+        if (io->pen_state) { /* penalties and logit_bias: per-slot state, written in place */
+            op.buf[5] = B(io->pen_state, (size_t)io->max_seqs * (size_t)c->vocab * sizeof(int32_t));
+            op.buf[6] = B(io->bias, (size_t)io->max_seqs * (size_t)io->max_bias * sizeof(kern_logit_bias));
+            op.buf[7] = B(io->upd, (1 + 2 * (size_t)io->max_upd) * sizeof(int32_t));
+            op.p[3] = io->max_seqs;
+            op.p[4] = io->max_bias;
+            op.p[5] = io->max_upd;
+        }
         eng_tape_push(t, &op);
     }
 }

@@ -28,12 +28,15 @@ static const char help[] =
     "  --prompt-ids LIST      comma-separated token ids\n"
     "  --batch-file FILE      JSONL: {\"prompt_ids\":[..],\"max_tokens\":N,\"temperature\":T,\"top_k\":K,\n"
     "                         \"top_p\":P,\"min_p\":P,\"seed\":S,\"logprobs\":K,\"ignore_eos\":B,\"min_tokens\":N,\n"
-    "                         \"stop_token_ids\":[..],\"prompt_logprobs\":K}\n"
+    "                         \"stop_token_ids\":[..],\"prompt_logprobs\":K,\"presence_penalty\":X,\n"
+    "                         \"frequency_penalty\":X,\"repetition_penalty\":X,\"logit_bias\":{\"id\":B}}\n"
     "  --max-tokens N         tokens to generate (default 16)\n"
     "  --min-tokens N         no eos / stop ids before N tokens\n"
     "  --temperature T        0 = greedy (default 0)\n"
     "  --top-k K  --top-p P  --min-p P  --seed S\n"
     "  --logprobs K           report the K best logprobs per token (0..20)\n"
+    "  --presence-penalty X  --frequency-penalty X   vLLM's, over the output tokens (in [-2, 2])\n"
+    "  --repetition-penalty X vLLM's, over prompt and output tokens (> 0; 1 = off)\n"
     "  --prompt-logprobs K    also score the prompt: \"prompt_logprobs\" (null, then the raw logprob\n"
     "                         of each prompt token after the ones before it), \"prompt_ranks\" and,\n"
     "                         for K > 0, \"prompt_top_logprobs\" (the K best [id,logprob] there)\n"
@@ -117,6 +120,7 @@ static int alloc_outputs(gen_item *it)
 static void free_item(gen_item *it)
 {
     free(it->prompt);
+    free((void *)it->r.sp.logit_bias);
     free(it->r.out_tokens);
     free(it->r.out_logprobs);
     free(it->r.out_top);
@@ -292,7 +296,21 @@ static int parse_line(const char *line, const gen_item *dflt, gen_item *it, char
     NUM("seed", 0, 9007199254740991.0, it->r.sp.seed);
     NUM("logprobs", 0, ENG_MAX_LOGPROBS, it->r.sp.logprobs);
     NUM("prompt_logprobs", 0, ENG_MAX_LOGPROBS, it->prompt_lp);
+    NUM("presence_penalty", -2, 2, it->r.sp.presence_penalty);
+    NUM("frequency_penalty", -2, 2, it->r.sp.frequency_penalty);
+    NUM("repetition_penalty", 1e-30, 1e30, it->r.sp.repetition_penalty);
 #undef NUM
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "logit_bias")) != NULL) {
+        srv_err se = {0};
+        eng_logit_bias *lb;
+        int nb;
+        if (srv_parse_logit_bias(v, INT32_MAX, &lb, &nb, &se) != 0) { /* ids checked by the engine */
+            snprintf(err, errlen, "%s", se.msg);
+            goto out;
+        }
+        it->r.sp.logit_bias = lb;
+        it->r.sp.n_logit_bias = nb;
+    }
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos")) != NULL) it->r.ignore_eos = cJSON_IsTrue(v);
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids")) != NULL) {
         int ns = cJSON_GetArraySize(v);
@@ -345,6 +363,9 @@ int srv_cmd_generate(int argc, char **argv)
             srv_arg_float(argc, argv, &i, "--top-p", 0, 1, &dflt.r.sp.top_p) ||
             srv_arg_float(argc, argv, &i, "--min-p", 0, 1, &dflt.r.sp.min_p) ||
             srv_arg_int(argc, argv, &i, "--logprobs", 0, ENG_MAX_LOGPROBS, &dflt.r.sp.logprobs) ||
+            srv_arg_float(argc, argv, &i, "--presence-penalty", -2, 2, &dflt.r.sp.presence_penalty) ||
+            srv_arg_float(argc, argv, &i, "--frequency-penalty", -2, 2, &dflt.r.sp.frequency_penalty) ||
+            srv_arg_float(argc, argv, &i, "--repetition-penalty", 1e-30, 1e30, &dflt.r.sp.repetition_penalty) ||
             srv_arg_int(argc, argv, &i, "--prompt-logprobs", 0, ENG_MAX_LOGPROBS, &dflt.prompt_lp) ||
             srv_arg_flag(argc, argv, &i, "--ignore-eos", &dflt.r.ignore_eos))
             continue;

@@ -5,8 +5,10 @@
  * Semantics follow vLLM where the two differ from OpenAI: unknown fields are ignored; null means
  * "not given"; top_k -1 or 0 disables it; chat max_tokens defaults to the remaining context (clamped
  * to what the KV cache can hold); seeded n > 1 uses seed + i for sample i. Fields that would change
- * the output and that graphswap does not implement (penalties, logit_bias, best_of, beam search,
- * suffix, tools) are refused instead of silently ignored.
+ * the output and that graphswap does not implement (length_penalty, best_of, beam search, suffix,
+ * tools) are refused instead of silently ignored. presence / frequency / repetition penalties and
+ * logit_bias are vLLM's (ranges of SamplingParams, logit_bias keys token ids as strings, values
+ * clamped to [-100, 100]); they act in the engine's sample op.
  */
 #include <math.h>
 #include <stdio.h>
@@ -883,8 +885,73 @@ int srv_chat_encode(const srv_state *s, const cJSON *messages, const srv_chat_op
 
 /* ---- the request -------------------------------------------------------------------------------------- */
 
+static int cmp_bias_id(const void *a, const void *b)
+{
+    const eng_logit_bias *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int srv_parse_logit_bias(const cJSON *v, int vocab, eng_logit_bias **out, int *n_out, srv_err *e)
+{
+    *out = NULL;
+    *n_out = 0;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v))
+        return srv_errf(e, 400, "logit_bias", "logit_bias must be an object mapping token ids (strings) to biases");
+    const int n = cJSON_GetArraySize(v);
+    if (n == 0) return 0;
+    if (n > ENG_MAX_LOGIT_BIAS)
+        return srv_errf(e, 400, "logit_bias", "logit_bias may hold at most %d entries, got %d", ENG_MAX_LOGIT_BIAS, n);
+    eng_logit_bias *b = malloc((size_t)n * sizeof *b);
+    if (!b) return srv_errf(e, 500, NULL, "out of memory");
+    int k = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, v)
+    {
+        const char *key = x->string;
+        long long id = 0;
+        int digits = 0;
+        for (const char *c = key; c && *c; c++, digits++) {
+            if (*c < '0' || *c > '9' || digits >= 12) {
+                digits = -1;
+                break;
+            }
+            id = id * 10 + (*c - '0');
+        }
+        if (digits <= 0) {
+            free(b);
+            return srv_errf(e, 400, "logit_bias", "logit_bias keys must be token ids as decimal strings, got \"%.40s\"",
+                            key ? key : "");
+        }
+        if (id >= vocab) {
+            free(b);
+            return srv_errf(e, 400, "logit_bias", "logit_bias key %lld is not a token id in [0, %d)", id, vocab);
+        }
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) {
+            free(b);
+            return srv_errf(e, 400, "logit_bias", "logit_bias value for token %lld must be a number", id);
+        }
+        const double bias = x->valuedouble < -100 ? -100 : x->valuedouble > 100 ? 100 : x->valuedouble; /* vLLM */
+        b[k].id = (int32_t)id;
+        b[k].bias = (float)bias;
+        k++;
+    }
+    /* a repeated id ("5", "05") keeps its last value, as a Python dict does; then ascending ids */
+    int m = 0;
+    for (int i = 0; i < k; i++) {
+        int later = 0;
+        for (int j = i + 1; j < k && !later; j++) later = b[j].id == b[i].id;
+        if (!later) b[m++] = b[i];
+    }
+    qsort(b, (size_t)m, sizeof *b, cmp_bias_id);
+    *out = b;
+    *n_out = m;
+    return 0;
+}
+
 void srv_gen_free(srv_gen *g)
 {
+    free((void *)g->sp.logit_bias);
     for (int i = 0; i < g->n_prompts; i++) free(g->prompts[i].ids);
     free(g->prompts);
     for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
@@ -944,15 +1011,13 @@ static int refuse_unsupported(const cJSON *body, const srv_gen *g, srv_err *e)
     static const struct {
         const char *key;
         double neutral;
-    } nums[] = {{"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1}, {"length_penalty", 1}};
+    } nums[] = {{"length_penalty", 1}};
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         const cJSON *v = field(body, nums[i].key);
         if (v && !(cJSON_IsNumber(v) && v->valuedouble == nums[i].neutral))
             return srv_errf(e, 400, nums[i].key, "%s is not supported (only %g)", nums[i].key, nums[i].neutral);
     }
-    const cJSON *v = field(body, "logit_bias");
-    if (v && !(cJSON_IsObject(v) && !v->child)) return srv_errf(e, 400, "logit_bias", "logit_bias is not supported");
-    v = field(body, "best_of");
+    const cJSON *v = field(body, "best_of");
     if (v && !(cJSON_IsNumber(v) && (v->valuedouble == 1 || v->valuedouble == g->n)))
         return srv_errf(e, 400, "best_of", "best_of is not supported (only best_of == n)");
     v = field(body, "use_beam_search");
@@ -1089,6 +1154,16 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     g->sp.top_k = set ? (v > 0 ? (int)v : 0) : (gd->set & MDL_GEN_TOP_K ? gd->top_k : 0);
     set = 0;
     if (get_num(body, "min_p", 0, 1, 0, &g->sp.min_p, e)) return -1;
+    /* vLLM's penalties (SamplingParams._verify_args ranges) and logit_bias */
+    if (get_num(body, "presence_penalty", -2, 2, 0, &g->sp.presence_penalty, e)) return -1;
+    if (get_num(body, "frequency_penalty", -2, 2, 0, &g->sp.frequency_penalty, e)) return -1;
+    g->sp.repetition_penalty = 1.0f;
+    if (get_num(body, "repetition_penalty", 0, 1e30, 1, &g->sp.repetition_penalty, e)) return -1;
+    {
+        eng_logit_bias *lb;
+        if (srv_parse_logit_bias(field(body, "logit_bias"), s->vocab, &lb, &g->sp.n_logit_bias, e)) return -1;
+        g->sp.logit_bias = lb;
+    }
     if (get_int(body, "seed", -9223372036854775808.0, 18446744073709551615.0, &v, &g->seed_set, e)) return -1;
     if (g->seed_set) g->sp.seed = v < 0 ? (uint64_t)(int64_t)v : (v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v);
 

@@ -220,6 +220,10 @@ typedef struct {
 /* Parses and validates a request body into g (zeroed first). Returns 0, or -1 with e filled. */
 int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g, srv_err *e);
 void srv_gen_free(srv_gen *g);
+/* logit_bias (NULL / JSON null / {}: none): keys token ids as decimal strings in [0, vocab), values
+ * numbers clamped to [-100, 100] (vLLM), at most ENG_MAX_LOGIT_BIAS; *out (malloc, ids ascending and
+ * unique, the last of a repeated id kept) or NULL. Errors name "logit_bias". */
+int srv_parse_logit_bias(const cJSON *v, int vocab, eng_logit_bias **out, int *n_out, srv_err *e);
 /* Token ids of a prompt string: encoded, and with add_special the ids the tokenizer's post-processor
  * adds (mdl_tok_special_ids: Llama-3 <|begin_of_text|>, Qwen nothing). An empty text (or one that
  * encodes to nothing) is an error unless allow_empty (/tokenize: HF gives [] or just the specials). */

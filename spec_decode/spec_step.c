@@ -275,7 +275,8 @@ int spec_step(eng_engine *e)
             e->h_kv_len[rows] = start + i + 1;
             e->h_logit_idx[nl] = rows;
             /* slot i verifies draft i (the token at output index n_out + i); slot nd: the bonus */
-            eng_set_sample_row(e, nl, q->req, q->req->n_out + i, i < nd ? e->h_drafts[j * W + i] : -1);
+            eng_set_sample_row(e, nl, q->req, q->req->n_out + i, i < nd ? e->h_drafts[j * W + i] : -1,
+                               e->h_drafts + (size_t)j * W, i); /* penalties: the drafts before draft i are outputs too */
             e->logit_seq[nl++] = s;
         }
     }

@@ -7,6 +7,11 @@
  * with a block per row, so both backends compute the same sets by the same rule; only weight sums
  * (double) are added in a different order.
  *
+ * Penalties and logit_bias: every read of a logit by the choice goes through lg() (the contract's
+ * l' = kern_penalized_logit of the raw logit, the slot's pen_state word, the row's extra tokens and
+ * the slot's bias list, searched by bisection); the raw outputs read l. The pen_state update of the
+ * launch runs first, on the calling thread.
+ *
  * Rows are independent; each is handled by one pool thread, so results never depend on the split.
  */
 #include <math.h>
@@ -27,6 +32,14 @@ typedef struct {
     uint64_t lo;  /* candidates have key >= lo */
     double lmax;  /* best logit among candidates (weights) */
     double inv_t; /* 1 / temperature */
+    /* penalties and logit_bias (the contract's l'): adj = 0 when the row has none */
+    int adj, pen;
+    const int32_t *cnt;           /* the slot's pen_state row (pen) */
+    const kern_logit_bias *bias;  /* the slot's bias list, ids ascending */
+    int nbias;
+    const int32_t *extra;
+    int nextra;
+    float rep, freq, pres;
 } row_ctx;
 
 static int cmp_i32(const void *a, const void *b)
@@ -51,7 +64,36 @@ static int is_banned(const row_ctx *c, int32_t id)
     return 0;
 }
 
-static float weight(const row_ctx *c, int32_t i) { return (float)exp(((double)c->l[i] - c->lmax) * c->inv_t); }
+/* The logit the choice uses: l'[i] (penalties and logit_bias), else the raw l[i]. */
+static float lg(const row_ctx *c, int32_t i)
+{
+    if (!c->adj) return c->l[i];
+    int has = 0;
+    float b = 0;
+    if (c->nbias > 0 && i >= c->bias[0].id && i <= c->bias[c->nbias - 1].id) {
+        int lo = 0, hi = c->nbias;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (c->bias[mid].id < i) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < c->nbias && c->bias[lo].id == i) {
+            has = 1;
+            b = c->bias[lo].bias;
+        }
+    }
+    int32_t cnt = 0, ex = 0;
+    if (c->pen) {
+        cnt = c->cnt[i];
+        for (int k = 0; k < c->nextra; k++) ex += c->extra[k] == i;
+        /* an id never seen keeps a nonzero logit exactly (x - freq * 0 - pres * 0 == x); a zero may
+         * change sign, so it takes the full path */
+        if (!has && cnt == 0 && ex == 0 && c->l[i] != 0) return c->l[i];
+    }
+    return kern_penalized_logit(c->l[i], has, b, c->pen, cnt, ex, c->rep, c->freq, c->pres);
+}
+
+static float weight(const row_ctx *c, int32_t i) { return (float)exp(((double)lg(c, i) - c->lmax) * c->inv_t); }
 
 /* The key T of the candidate (not banned, key >= c->lo) at which the best-first running total of
  * counts (weighted = 0) or weights (weighted = 1) first reaches `target`: the candidates with
@@ -66,7 +108,7 @@ static uint64_t select_key(const row_ctx *c, int weighted, double target)
         memset(hist, 0, sizeof hist);
         const uint64_t hi_mask = shift == 56 ? 0 : ~0ull << (shift + 8);
         for (int32_t i = 0; i < c->V; i++) {
-            uint64_t k = kern_sample_key(c->l[i], i);
+            uint64_t k = kern_sample_key(lg(c, i), i);
             if (k < c->lo || (k & hi_mask) != prefix || is_banned(c, i)) continue;
             hist[(k >> shift) & 255] += weighted ? (double)weight(c, i) : 1.0;
         }
@@ -93,7 +135,7 @@ static uint64_t select_key(const row_ctx *c, int weighted, double target)
 /* C3 membership given the cut key T and min_p (weights relative to lmax) */
 static int in_c3(const row_ctx *c, int32_t i, uint64_t T, float min_p, float *w)
 {
-    if (kern_sample_key(c->l[i], i) < T || is_banned(c, i)) return 0;
+    if (kern_sample_key(lg(c, i), i) < T || is_banned(c, i)) return 0;
     *w = weight(c, i);
     return !(min_p > 0) || *w >= min_p;
 }
@@ -163,6 +205,33 @@ static void sample_row(const kern_op *op, int32_t j)
     KERN_CHECK(op, !(sp->min_p > 1));
 
     row_ctx c = { .l = l, .V = V, .ban = NULL, .nb = sp->n_ban, .lo = 0 };
+    /* penalties and logit_bias: the slot's state (checked: a bad row is a bug of the caller) */
+    KERN_CHECK(op, (sp->pen == 0 || sp->pen == 1) && sp->n_bias >= 0);
+    if (sp->pen || sp->n_bias > 0) {
+        KERN_CHECK(op, sp->slot >= 0 && sp->slot < op->p[3]);
+        c.adj = 1;
+        c.pen = sp->pen;
+        c.rep = sp->rep;
+        c.freq = sp->freq;
+        c.pres = sp->pres;
+    }
+    if (sp->pen) {
+        c.cnt = (const int32_t *)op->buf[5].ptr + (size_t)sp->slot * (size_t)V;
+        KERN_CHECK(op, sp->n_extra >= 0 && sp->n_extra <= KERN_SAMPLE_MAX_EXTRA && sp->extra_off >= 0 &&
+                           (int64_t)sp->extra_off + sp->n_extra <= op->p[2]);
+        if (sp->n_extra > 0) {
+            c.extra = (const int32_t *)op->buf[2].ptr + sp->extra_off;
+            c.nextra = sp->n_extra;
+            for (int k = 0; k < c.nextra; k++) KERN_CHECK(op, c.extra[k] >= 0 && c.extra[k] < V);
+        }
+    }
+    if (sp->n_bias > 0) {
+        KERN_CHECK(op, sp->n_bias <= op->p[4]);
+        c.bias = (const kern_logit_bias *)op->buf[6].ptr + (size_t)sp->slot * (size_t)op->p[4];
+        c.nbias = sp->n_bias;
+        for (int k = 0; k < c.nbias; k++)
+            KERN_CHECK(op, c.bias[k].id >= 0 && c.bias[k].id < V && (k == 0 || c.bias[k - 1].id < c.bias[k].id));
+    }
     int32_t sorted[BAN_SORTED_MAX];
     if (sp->n_ban > 0) {
         const int32_t *ban = (const int32_t *)op->buf[2].ptr + sp->ban_off;
@@ -182,7 +251,7 @@ static void sample_row(const kern_op *op, int32_t j)
     for (int32_t i = 0; i < V; i++) {
         if (is_banned(&c, i)) continue;
         n_c0++;
-        uint64_t k = kern_sample_key(l[i], i);
+        uint64_t k = kern_sample_key(lg(&c, i), i);
         if (best < 0 || k > best_key) {
             best = i;
             best_key = k;
@@ -196,13 +265,13 @@ static void sample_row(const kern_op *op, int32_t j)
         o->tok = best;
         o->accepted = sp->draft >= 0 && best == sp->draft;
     } else {
-        c.lmax = (double)l[best];
+        c.lmax = (double)lg(&c, best);
         c.inv_t = 1.0 / (double)sp->temperature;
         if (sp->top_k > 0 && sp->top_k < n_c0) c.lo = select_key(&c, 0, (double)sp->top_k);
         if (sp->top_p > 0 && sp->top_p < 1) {
             double z1 = 0;
             for (int32_t i = 0; i < V; i++)
-                if (kern_sample_key(l[i], i) >= c.lo && !is_banned(&c, i)) z1 += weight(&c, i);
+                if (kern_sample_key(lg(&c, i), i) >= c.lo && !is_banned(&c, i)) z1 += weight(&c, i);
             c.lo = select_key(&c, 1, (double)sp->top_p * z1);
         }
         double zz = 0, wd = 0;
@@ -227,6 +296,21 @@ static void sample_row(const kern_op *op, int32_t j)
     raw_logprobs(l, V, sp, o);
 }
 
+/* The state update that precedes the rows (one thread, in list order: additions commute anyway). */
+static void apply_updates(const kern_op *op)
+{
+    if (op->p[3] <= 0 || op->p[5] <= 0) return;
+    const int V = op->p[0];
+    const int32_t *u = op->buf[7].ptr;
+    int32_t *st = op->buf[5].ptr;
+    KERN_CHECK(op, u[0] >= 0 && u[0] <= op->p[5]);
+    for (int32_t q = 0; q < u[0]; q++) {
+        const int32_t s = u[1 + 2 * q], t = u[2 + 2 * q];
+        KERN_CHECK(op, s >= 0 && s < op->p[3] && t >= 0 && t < V);
+        st[(size_t)s * (size_t)V + (size_t)t] += 2;
+    }
+}
+
 typedef struct {
     const kern_op *op;
     int32_t n;
@@ -240,6 +324,7 @@ static void sample_fn(void *vctx, int tid, int nt)
 
 void kern_cpu_sample(kern_pool *pool, const kern_op *op)
 {
+    apply_updates(op);
     sample_task t = { .op = op, .n = kern_cpu_count(op, 4, op->p[1]) };
     kern_cpu_parallel(pool, sample_fn, &t, (size_t)t.n * (size_t)op->p[0] * 8);
 }

@@ -66,6 +66,7 @@ enum {
     KC_ERR_BANS,     /* sample: a row's ban list (ban_off, n_ban) outside the bans buffer */
     KC_ERR_LOGPROBS, /* sample: n_logprobs outside [0, KERN_SAMPLE_MAX_TOP] */
     KC_ERR_NO_TOKEN, /* sample: a row's bans leave no token */
+    KC_ERR_PEN,      /* sample: penalty state (slot, extra ids, logit_bias list, update pair) out of range */
     KC_ERR_COUNT
 };
 

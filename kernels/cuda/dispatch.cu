@@ -113,6 +113,7 @@ static const char *err_text(unsigned code)
     case KC_ERR_BANS: return "ban list outside the bans buffer";
     case KC_ERR_LOGPROBS: return "n_logprobs outside [0, KERN_SAMPLE_MAX_TOP]";
     case KC_ERR_NO_TOKEN: return "every token banned";
+    case KC_ERR_PEN: return "penalty state or logit_bias out of range";
     default: return "unknown check";
     }
 }

@@ -35,6 +35,11 @@
  * can differ only when top_p * z1 or u * zz lies within rounding of a running-sum boundary (the
  * contract allows it).
  *
+ * Penalties and logit_bias: every logit the choice reads goes through ks_lg (kern_penalized_logit with
+ * the slot's pen_state word, the row's extra ids staged in shared memory, and the slot's sorted
+ * logit_bias list searched by bisection in global memory); the raw passes (max, lse, top-n, rank,
+ * the logprobs) read l. The launch's pen_state update is a one-block kernel before the rows.
+ *
  * Data-dependent checks (the CPU aborts on them): row count, the ban list range inside buf 2, ban ids
  * and the draft inside [0, V) (draft -1: sample; a score row needs a draft), n_logprobs in [0, KERN_SAMPLE_MAX_TOP], and a row
  * whose bans leave no id. A failing row is skipped (nothing written) and the first failure recorded.
@@ -61,6 +66,7 @@ struct ks_smem {
     double tot[256];             /* the pass's merged histogram (counts or weight sums) */
     unsigned int chist[256];     /* candidates per bin (both selections) */
     int32_t ban[KS_BAN_SMEM];    /* the row's bans, sorted ascending */
+    int32_t extra[KERN_SAMPLE_MAX_EXTRA]; /* the row's extra output ids (penalties) */
     union {
         double d[KS_WARPS];
         unsigned long long u[KS_WARPS];
@@ -84,8 +90,17 @@ struct ks_row {
     int nb;
     int sorted;
     unsigned long long lo; /* candidates have key >= lo */
-    double lmax;           /* l[best of C0] */
+    double lmax;           /* l'[best of C0] */
     double inv_t;          /* 1 / temperature */
+    /* penalties and logit_bias (the contract's l'); adj false: l' = l */
+    bool adj;
+    int pen;
+    const int32_t *cnt;          /* the slot's pen_state row */
+    const kern_logit_bias *bias; /* the slot's list, ids ascending (global memory, bisection) */
+    int nbias;
+    const int32_t *extra;        /* shared memory */
+    int nextra;
+    float rep, freq, pres;
 };
 
 __device__ __forceinline__ unsigned long long ks_key(float x, int32_t i)
@@ -109,6 +124,36 @@ __device__ __forceinline__ bool ks_banned(const ks_row &r, int32_t id)
         if (r.ban[k] == id) return true;
     return false;
 }
+
+/* The logit the choice uses for id i with raw logit x: l'[i] (kern_penalized_logit), else x. */
+__device__ __forceinline__ float ks_lg(const ks_row &r, int32_t i, float x)
+{
+    if (!r.adj) return x;
+    int has = 0;
+    float b = 0.0f;
+    if (r.nbias > 0 && i >= r.bias[0].id && i <= r.bias[r.nbias - 1].id) {
+        int lo = 0, hi = r.nbias;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (r.bias[mid].id < i) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < r.nbias && r.bias[lo].id == i) {
+            has = 1;
+            b = r.bias[lo].bias;
+        }
+    }
+    int32_t cnt = 0, ex = 0;
+    if (r.pen) {
+        cnt = r.cnt[i];
+        for (int k = 0; k < r.nextra; k++) ex += r.extra[k] == i;
+        if (!has && cnt == 0 && ex == 0 && x != 0.0f) return x; /* unseen: x - freq * 0 - pres * 0 == x */
+    }
+    return kern_penalized_logit(x, has, b, r.pen, cnt, ex, r.rep, r.freq, r.pres);
+}
+
+/* l'[i] read from the row */
+__device__ __forceinline__ float ks_choice(const ks_row &r, int32_t i) { return ks_lg(r, i, r.l[i]); }
 
 /* The contract's weight, exactly: (float)exp(((double)l - lmax) * (1.0 / T)). */
 __device__ __forceinline__ float ks_weight(const ks_row &r, float x)
@@ -280,7 +325,7 @@ __device__ unsigned long long ks_select(ks_smem &sm, const ks_row &r, bool raw, 
             unsigned d = 256u; /* not a candidate */
             double w = 0.0;
             if (i < r.V) {
-                const float x = r.l[i];
+                const float x = raw ? r.l[i] : ks_choice(r, i);
                 const unsigned long long k = ks_key(x, i);
                 if ((k & hi_mask) == prefix && (raw || (k >= r.lo && !ks_banned(r, i)))) {
                     d = (unsigned)(k >> shift) & 255u;
@@ -352,7 +397,7 @@ __device__ int32_t ks_draw(ks_smem &sm, const ks_row &r, float min_p, int32_t ex
         for (int j = 0; j < KS_DRAW_PER; j++) {
             const int i = i0 + j;
             float wj = 0.0f;
-            const bool m = i < r.V && i != exclude && ks_in_c3(r, i, r.l[i], min_p, &wj);
+            const bool m = i < r.V && i != exclude && ks_in_c3(r, i, ks_choice(r, i), min_p, &wj);
             w[j] = m ? wj : 0.0f;
             if (m) {
                 member |= 1u << j;
@@ -383,7 +428,8 @@ __device__ int32_t ks_draw(ks_smem &sm, const ks_row &r, float min_p, int32_t ex
 __global__ void __launch_bounds__(KS_THREADS, 2)
     k_sample(const float *__restrict__ logits, const kern_sample_params *__restrict__ params,
              const int32_t *__restrict__ bans, kern_sample_out *__restrict__ out, const int32_t *n_rows, int V,
-             int max_rows, int n_bans, kc_err *err)
+             int max_rows, int n_bans, const int32_t *__restrict__ pen_state, const kern_logit_bias *__restrict__ bias,
+             int max_slots, int max_bias, kc_err *err)
 {
     __shared__ ks_smem sm;
     const int n = kc_rows(n_rows, max_rows, err, KOP_SAMPLE);
@@ -415,6 +461,37 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
     r.lo = 0;
     r.lmax = 0.0;
     r.inv_t = 0.0;
+    r.adj = false;
+    r.pen = 0;
+    r.cnt = nullptr;
+    r.bias = nullptr;
+    r.nbias = 0;
+    r.extra = sm.extra;
+    r.nextra = 0;
+    r.rep = r.freq = r.pres = 0.0f;
+    /* penalties and logit_bias: the slot's state (uniform checks; the lists are checked below) */
+    if ((sp.pen != 0 && sp.pen != 1) || sp.n_bias < 0 || ((sp.pen || sp.n_bias > 0) && (sp.slot < 0 || sp.slot >= max_slots)) ||
+        (sp.n_bias > max_bias) ||
+        (sp.pen && (sp.n_extra < 0 || sp.n_extra > KERN_SAMPLE_MAX_EXTRA || sp.extra_off < 0 ||
+                    (long long)sp.extra_off + (long long)sp.n_extra > (long long)n_bans))) {
+        if (tid == 0) kc_fail(err, KC_ERR_PEN, KOP_SAMPLE, sp.slot, max_slots);
+        return;
+    }
+    if (sp.pen || sp.n_bias > 0) {
+        r.adj = true;
+        r.pen = sp.pen;
+        r.rep = sp.rep;
+        r.freq = sp.freq;
+        r.pres = sp.pres;
+    }
+    if (sp.pen) {
+        r.cnt = pen_state + (size_t)sp.slot * (size_t)V;
+        r.nextra = sp.n_extra;
+    }
+    if (sp.n_bias > 0) {
+        r.bias = bias + (size_t)sp.slot * (size_t)max_bias;
+        r.nbias = sp.n_bias;
+    }
     const int32_t *gban = sp.n_ban > 0 ? bans + sp.ban_off : bans;
     r.ban = r.sorted ? sm.ban : gban;
     if (tid == 0) sm.flag = 0;
@@ -426,6 +503,21 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
             kc_fail(err, KC_ERR_TOKEN, KOP_SAMPLE, b, V);
         }
         if (r.sorted) sm.ban[k] = b;
+    }
+    for (int k = tid; k < r.nextra; k += KS_THREADS) { /* extra ids: checked, staged */
+        const int32_t x = bans[sp.extra_off + k];
+        if (x < 0 || x >= V) {
+            sm.flag = 1;
+            kc_fail(err, KC_ERR_PEN, KOP_SAMPLE, x, V);
+        }
+        sm.extra[k] = x;
+    }
+    for (int k = tid; k < r.nbias; k += KS_THREADS) { /* logit_bias ids in [0, V), ascending */
+        const int32_t id = r.bias[k].id;
+        if (id < 0 || id >= V || (k > 0 && r.bias[k - 1].id >= id)) {
+            sm.flag = 1;
+            kc_fail(err, KC_ERR_PEN, KOP_SAMPLE, id, V);
+        }
     }
     __syncthreads();
     if (sm.flag) return;
@@ -453,7 +545,7 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
         mx = x > mx ? x : mx;
         if (!ks_banned(r, i)) {
             cnt++;
-            const unsigned long long k = ks_key(x, i);
+            const unsigned long long k = ks_key(ks_lg(r, i, x), i);
             bk = k > bk ? k : bk;
         }
     }
@@ -498,13 +590,13 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
         tok = best;
         accepted = sp.draft >= 0 && best == sp.draft;
     } else {
-        r.lmax = (double)r.l[best];
+        r.lmax = (double)ks_choice(r, best);
         r.inv_t = 1.0 / (double)sp.temperature;
         if (sp.top_k > 0 && sp.top_k < cnt) r.lo = ks_select(sm, r, false, false, (double)sp.top_k);
         if (sp.top_p > 0.0f && sp.top_p < 1.0f) {
             double z1 = 0.0;
             for (int i = tid; i < V; i += KS_THREADS) {
-                const float x = r.l[i];
+                const float x = ks_choice(r, i);
                 if (ks_key(x, i) >= r.lo && !ks_banned(r, i)) z1 += (double)ks_weight(r, x);
             }
             z1 = ks_reduce(z1, sm.red.d, ks_op_sum_d());
@@ -513,13 +605,13 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
         double zz = 0.0;
         for (int i = tid; i < V; i += KS_THREADS) {
             float w;
-            if (ks_in_c3(r, i, r.l[i], sp.min_p, &w)) zz += (double)w;
+            if (ks_in_c3(r, i, ks_choice(r, i), sp.min_p, &w)) zz += (double)w;
         }
         zz = ks_reduce(zz, sm.red.d, ks_op_sum_d());
         double wd = 0.0; /* w[draft] when the draft is in C3 */
         if (sp.draft >= 0) {
             float w;
-            if (ks_in_c3(r, sp.draft, r.l[sp.draft], sp.min_p, &w)) wd = (double)w;
+            if (ks_in_c3(r, sp.draft, ks_choice(r, sp.draft), sp.min_p, &w)) wd = (double)w;
         }
         const double u = kern_uniform(sp.seed, sp.counter);
         if (sp.draft < 0) {
@@ -570,16 +662,44 @@ __global__ void __launch_bounds__(KS_THREADS, 2)
     }
 }
 
+/* The launch's pen_state update (before the rows read it): upd[0] pairs (slot, token), each adding one
+ * output occurrence (2: bit 0 is the prompt flag). Integer atomics: the order does not matter. An
+ * out-of-range pair is skipped and recorded. */
+#define KS_UPD_THREADS 256
+__global__ void __launch_bounds__(KS_UPD_THREADS)
+    k_pen_update(int32_t *__restrict__ pen_state, const int32_t *__restrict__ upd, int V, int max_slots, int max_upd,
+                 kc_err *err)
+{
+    const int n = upd[0];
+    if (n < 0 || n > max_upd) {
+        if (threadIdx.x == 0) kc_fail(err, KC_ERR_PEN, KOP_SAMPLE, n, max_upd);
+        return;
+    }
+    for (int q = (int)threadIdx.x; q < n; q += KS_UPD_THREADS) {
+        const int32_t s = upd[1 + 2 * q], t = upd[2 + 2 * q];
+        if (s < 0 || s >= max_slots || t < 0 || t >= V) {
+            kc_fail(err, KC_ERR_PEN, KOP_SAMPLE, s < 0 || s >= max_slots ? s : t, s < 0 || s >= max_slots ? max_slots : V);
+            continue;
+        }
+        atomicAdd(&pen_state[(size_t)s * (size_t)V + (size_t)t], 2);
+    }
+}
+
 /* The launch of an op: launch(kernel, grid, block, dynamic smem, arguments...). kc_sample enqueues it;
- * tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
+ * tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). With an update list (p[3], p[5]
+ * > 0) the update kernel runs first, on the same stream. */
 template <typename Launch>
 __host__ void ks_launch(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
-    const int V = p[0], max_rows = p[1], n_bans = p[2];
+    const int V = p[0], max_rows = p[1], n_bans = p[2], max_slots = p[3], max_bias = p[4], max_upd = p[5];
+    if (max_slots > 0 && max_upd > 0)
+        launch(k_pen_update, dim3(1u), dim3(KS_UPD_THREADS), (size_t)0, (int32_t *)op->buf[5].ptr,
+               (const int32_t *)op->buf[7].ptr, V, max_slots, max_upd, err);
     launch(k_sample, dim3((unsigned)max_rows), dim3(KS_THREADS), (size_t)0, (const float *)op->buf[0].ptr,
            (const kern_sample_params *)op->buf[1].ptr, (const int32_t *)op->buf[2].ptr,
-           (kern_sample_out *)op->buf[3].ptr, (const int32_t *)op->buf[4].ptr, V, max_rows, n_bans, err);
+           (kern_sample_out *)op->buf[3].ptr, (const int32_t *)op->buf[4].ptr, V, max_rows, n_bans,
+           (const int32_t *)op->buf[5].ptr, (const kern_logit_bias *)op->buf[6].ptr, max_slots, max_bias, err);
 }
 
 #ifndef GS_CUDA_EMU

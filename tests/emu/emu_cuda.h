@@ -320,6 +320,7 @@ inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162fl
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 /* float -> unsigned, round to nearest even, saturating (NaN -> 0) */
 inline unsigned int __float2uint_rn(float x)
 {

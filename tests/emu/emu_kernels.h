@@ -77,6 +77,7 @@ static inline int emu_kc_report(const kc_err &e, char *msg, size_t msglen)
         EMU_KC_ERR(KC_ERR_NONE) EMU_KC_ERR(KC_ERR_ROWS) EMU_KC_ERR(KC_ERR_TOKEN) EMU_KC_ERR(KC_ERR_SLOT)
         EMU_KC_ERR(KC_ERR_POS) EMU_KC_ERR(KC_ERR_BLOCK) EMU_KC_ERR(KC_ERR_KVLEN) EMU_KC_ERR(KC_ERR_INDEX)
         EMU_KC_ERR(KC_ERR_PREV) EMU_KC_ERR(KC_ERR_BANS) EMU_KC_ERR(KC_ERR_LOGPROBS) EMU_KC_ERR(KC_ERR_NO_TOKEN)
+        EMU_KC_ERR(KC_ERR_PEN)
 #undef EMU_KC_ERR
     default: break;
     }

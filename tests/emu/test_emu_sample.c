@@ -138,12 +138,87 @@ static void test_sample_checks(void **state)
     }
 }
 
+/* The penalty state checks (KC_ERR_PEN): a row whose slot is outside the table, whose extra ids or
+ * logit_bias list are out of range (or not ascending) is skipped, the others run as on the CPU; an
+ * update pair out of range is skipped and recorded, the other pairs still applied. */
+static void test_sample_pen_checks(void **state)
+{
+    (void)state;
+    gpu_rng r = {23};
+    const int V = 300, max_rows = 3, NB = 64, slots = 2, MB = 4, MU = 4;
+    for (int ci = 0; ci < 5; ci++) {
+        float *logits = oc_poison((size_t)max_rows * V);
+        kern_sample_params *prm = calloc((size_t)max_rows, sizeof *prm);
+        int32_t *bans = oc_i32(NB, 0), *pen = oc_i32((size_t)slots * V, 0), *upd = oc_i32(1 + 2 * MU, 0);
+        kern_logit_bias *bias = calloc((size_t)slots * MB, sizeof *bias);
+        assert_non_null(prm);
+        assert_non_null(bias);
+        oc_sample_rows(&r, logits, prm, bans, NB, V, max_rows, 0);
+        for (int s = 0; s < slots; s++)
+            for (int k = 0; k < MB; k++) bias[s * MB + k] = (kern_logit_bias){10 * k + s, 2.0f};
+        for (int j = 0; j < max_rows; j++) {
+            prm[j].pen = 1;
+            prm[j].slot = j % slots;
+            prm[j].rep = 1.3f;
+            prm[j].freq = 0.5f;
+            prm[j].n_bias = MB;
+            prm[j].n_extra = 0;
+        }
+        pen[5] = 3;
+        upd[0] = 2;
+        upd[1] = 0, upd[2] = 7;
+        upd[3] = 1, upd[4] = 8;
+        kern_sample_params *p = &prm[1]; /* the bad row */
+        if (ci == 0) p->slot = slots;
+        else if (ci == 1) { /* an extra id out of range (the last ban entry, unused) */
+            p->extra_off = NB - 1;
+            p->n_extra = 1;
+            bans[NB - 1] = V;
+        } else if (ci == 2) { /* a bias list not ascending: slot 1's, read by row 1 only */
+            bias[1 * MB + 2].id = bias[1 * MB + 1].id;
+        } else if (ci == 3) {
+            p->n_extra = KERN_SAMPLE_MAX_EXTRA + 1;
+        } else { /* an update pair with a token outside the vocabulary */
+            upd[4] = V;
+        }
+        kern_sample_out *out = out_poison(max_rows), *init = out_poison(max_rows);
+        int32_t nn = max_rows;
+        kern_op op = sample_op(logits, prm, bans, NB, V, max_rows, out, &nn);
+        op.p[3] = slots;
+        op.p[4] = MB;
+        op.p[5] = MU;
+        op.buf[5] = (kern_buf){pen, (size_t)slots * V * 4};
+        op.buf[6] = (kern_buf){bias, (size_t)slots * MB * sizeof *bias};
+        op.buf[7] = (kern_buf){upd, (1 + 2 * (size_t)MU) * 4};
+        char msg[160] = "";
+        assert_int_equal(emu_kc_sample(&op, SEEDS[ci & 1], msg, sizeof msg), 1);
+        if (!strstr(msg, "KC_ERR_PEN")) fail_msg("case %d: recorded '%s', expected KC_ERR_PEN", ci, msg);
+        assert_int_equal(pen[7], 2); /* the good pair */
+        if (ci == 4) {
+            assert_int_equal(pen[V + 8], 0);
+        } else {
+            assert_int_equal(pen[V + 8], 2);
+            assert_memory_equal(&out[1], &init[1], sizeof *out);
+            assert_int_not_equal(out[0].n_top, init[0].n_top);
+        }
+        free(out);
+        free(init);
+        free(logits);
+        free(prm);
+        free(bans);
+        free(pen);
+        free(upd);
+        free(bias);
+    }
+}
+
 int main(void)
 {
     g_pool = kern_pool_create(2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_sample_checks),
+        cmocka_unit_test(test_sample_pen_checks),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kern_pool_destroy(g_pool);

@@ -658,6 +658,7 @@ void opcase_confidence(oc_harness *h)
  * of a running-sum boundary: with these seeds, never. Larger shapes only on a GPU (!h->emu). */
 typedef struct {
     int n_rows, n_acc, n_rej, n_drawn_not_best, n_verify_greedy, n_long_bans, n_scored;
+    int n_pen, n_extra, n_bias, n_pen_changed; /* penalized rows, with extra ids, with logit_bias; tok moved */
 } oc_sample_stats;
 
 int32_t oc_sample_best(const float *l, int V, const int32_t *ban, int nb)
@@ -742,6 +743,60 @@ void oc_sample_rows(gpu_rng *r, float *logits, kern_sample_params *prm, int32_t 
     }
 }
 
+/* Penalties and logit_bias on the rows [0, n): each row on with probability 1/2 (slot j % slots), the
+ * slots' pen_state words (prompt bits, output counts) over a small id range so that they matter, a
+ * launch's update pairs, extra ids (after the bans the rows use) and per-slot sorted bias lists. */
+void oc_sample_penalties(gpu_rng *r, kern_sample_params *prm, int n, int V, int32_t *bans, int NB, int32_t *pen_state,
+                         int slots, kern_logit_bias *bias, int max_bias, int32_t *upd, int max_upd)
+{
+    int used = 0;
+    for (int j = 0; j < n; j++)
+        if (prm[j].ban_off + prm[j].n_ban > used) used = prm[j].ban_off + prm[j].n_ban;
+    const int span = V < 300 ? V : 300;
+    int bl[16];
+    assert_true(slots <= 16);
+    for (int s = 0; s < slots; s++) {
+        int32_t *st = pen_state + (size_t)s * V;
+        for (int k = 0; k < 40; k++) st[gpu_int(r, 0, span - 1)] |= 1;
+        for (int k = 0; k < 60; k++) st[gpu_int(r, 0, span - 1)] += 2 * gpu_int(r, 1, 3);
+        int32_t id = gpu_int(r, 0, V < 30 ? V - 1 : 30);
+        bl[s] = 0;
+        for (; bl[s] < max_bias && id < V; bl[s]++) { /* ascending ids */
+            bias[(size_t)s * max_bias + bl[s]].id = id;
+            bias[(size_t)s * max_bias + bl[s]].bias = gpu_int(r, 0, 4) == 0 ? (gpu_int(r, 0, 1) ? 100.0f : -100.0f)
+                                                                            : 12.0f * gpu_unif(r);
+            id += gpu_int(r, 1, V < 100 ? 2 : 40);
+        }
+    }
+    if (upd) {
+        upd[0] = gpu_int(r, 0, max_upd);
+        for (int q = 0; q < upd[0]; q++) {
+            upd[1 + 2 * q] = gpu_int(r, 0, slots - 1);
+            upd[2 + 2 * q] = gpu_int(r, 0, span - 1);
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        kern_sample_params *p = &prm[j];
+        p->slot = j % slots;
+        if (gpu_int(r, 0, 1)) {
+            p->pen = 1;
+            const int what = gpu_int(r, 0, 3);
+            p->rep = what == 1 ? 1.0f : 1.0f + 0.9f * gpu_unif(r);
+            p->freq = what == 2 ? 0.0f : 2.0f * gpu_unif(r);
+            p->pres = what == 3 ? 0.0f : 2.0f * gpu_unif(r);
+            const int ne = gpu_int(r, 0, 6);
+            if (used + ne <= NB) {
+                p->extra_off = used;
+                p->n_extra = ne;
+                for (int k = 0; k < ne; k++) bans[used++] = gpu_int(r, 0, span - 1);
+            }
+        } else {
+            p->rep = 1.0f;
+        }
+        if (bl[p->slot] > 0 && gpu_int(r, 0, 2) == 0) p->n_bias = gpu_int(r, 1, bl[p->slot]);
+    }
+}
+
 static int sample_lp_ok(float c, float g)
 {
     return !isnan(c) && !isnan(g) && (c == g || fabs((double)c - (double)g) <= 1e-5);
@@ -792,6 +847,12 @@ static int sample_cmp(const oc_case *t, int slot, const void *cpu_out, const voi
         /* what the rows exercised (from the CPU's results, so the same on either harness) */
         st->n_rows++;
         if (p->n_ban > 512) st->n_long_bans++; /* past the bans sample.cu stages in shared memory */
+        st->n_pen += p->pen;
+        st->n_extra += p->pen && p->n_extra > 0;
+        st->n_bias += p->n_bias > 0;
+        if ((p->pen || p->n_bias) && !p->score &&
+            c->tok != oc_sample_best(logits + (size_t)j * V, V, p->n_ban ? bans + p->ban_off : NULL, p->n_ban))
+            st->n_pen_changed++;
         if (p->score) st->n_scored += c->tok == p->draft;
         else if (p->draft >= 0 && p->temperature <= 1e-5f) st->n_verify_greedy++;
         else if (p->draft >= 0) {
@@ -838,6 +899,16 @@ void opcase_sample(oc_harness *h)
         memset(prm, 0, (size_t)max_rows * sizeof *prm);
         int32_t dummy = 0, *bans = NB > 0 ? oc_i32((size_t)NB, 0) : &dummy;
         oc_sample_rows(&r, logits, prm, bans, NB, V, n, cases[ci].long_bans);
+        /* penalties and logit_bias on every case but "no bans buffer" (buffers 5..7 NULL there) */
+        const int pen = NB > 0, slots = 5, max_bias = 24, max_upd = 48;
+        int32_t *pen_state = NULL, *upd = NULL;
+        kern_logit_bias *bias = NULL;
+        if (pen) {
+            pen_state = oc_i32((size_t)slots * V, 0);
+            bias = oc_alloc((size_t)slots * max_bias * sizeof *bias);
+            upd = oc_i32(1 + 2 * (size_t)max_upd, 0);
+            oc_sample_penalties(&r, prm, n, V, bans, NB, pen_state, slots, bias, max_bias, upd, max_upd);
+        }
         for (int j = n; j < max_rows; j++) { /* never read: out-of-range values */
             memset(&prm[j], 0xff, sizeof prm[j]);
             prm[j].n_logprobs = 999;
@@ -855,6 +926,14 @@ void opcase_sample(oc_harness *h)
         t.op.p[0] = V;
         t.op.p[1] = max_rows;
         t.op.p[2] = NB;
+        if (pen) { /* pen_state is updated in place by the launch's pairs: compared exactly */
+            oc_buf(&t, 5, pen_state, (size_t)slots * V * 4, OC_OUT_I32);
+            oc_buf(&t, 6, bias, (size_t)slots * max_bias * sizeof *bias, OC_IN);
+            oc_buf(&t, 7, upd, (1 + 2 * (size_t)max_upd) * 4, OC_IN);
+            t.op.p[3] = slots;
+            t.op.p[4] = max_bias;
+            t.op.p[5] = max_upd;
+        }
         t.cmp = sample_cmp;
         t.cmp_ctx = &st;
         t.twice = 1;
@@ -863,9 +942,12 @@ void opcase_sample(oc_harness *h)
         oc_check(h, &t, name);
     }
     printf("sample: %d rows: %d verify accepted, %d rejected, %d greedy verify, %d draws not the best, %d long ban "
-           "lists, %d scored\n",
-           st.n_rows, st.n_acc, st.n_rej, st.n_verify_greedy, st.n_drawn_not_best, st.n_long_bans, st.n_scored);
+           "lists, %d scored; %d penalized (%d with extra ids), %d with logit_bias, %d penalized choices not the raw "
+           "best\n",
+           st.n_rows, st.n_acc, st.n_rej, st.n_verify_greedy, st.n_drawn_not_best, st.n_long_bans, st.n_scored,
+           st.n_pen, st.n_extra, st.n_bias, st.n_pen_changed);
     const int least = h->emu ? 3 : 10; /* the GPU's larger shapes exercise more */
     assert_true(st.n_acc >= least && st.n_rej >= least && st.n_verify_greedy >= least && st.n_scored >= least &&
                 st.n_drawn_not_best >= (h->emu ? 10 : 30) && st.n_long_bans >= 2);
+    assert_true(st.n_pen >= least * 5 && st.n_extra >= least * 3 && st.n_bias >= least * 3 && st.n_pen_changed >= least * 3);
 }

@@ -109,5 +109,8 @@ int32_t oc_sample_best(const float *l, int V, const int32_t *bans, int nb);
  * long_bans: some rows' ban lists run past the kernel's shared-memory staging */
 void oc_sample_rows(gpu_rng *r, float *logits, kern_sample_params *prm, int32_t *bans, int NB, int V, int n,
                     int long_bans);
+/* penalties and logit_bias on those rows: buffers 5..7 of the op (tests/opcases/opcases.c) */
+void oc_sample_penalties(gpu_rng *r, kern_sample_params *prm, int n, int V, int32_t *bans, int NB, int32_t *pen_state,
+                         int slots, kern_logit_bias *bias, int max_bias, int32_t *upd, int max_upd);
 
 #endif

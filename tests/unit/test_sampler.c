@@ -136,7 +136,18 @@ static float rndf(void) { return (float)rnd() / 4294967296.0f; }
 static void test_sample_op_matches_reference(void **state)
 {
     (void)state;
-    enum { V = 3001, ROWS = 64, ROUNDS = 16, NB = 256 };
+    enum { V = 3001, ROWS = 64, ROUNDS = 16, NB = 256 + ROWS * KERN_SAMPLE_MAX_EXTRA, MAXB = 40, NTOK = 200 };
+    /* penalties and logit_bias: slot j's state for row j (pen_state, bias list), the token lists the
+     * reference sees, and the update pairs of the launch */
+    int32_t *pen_state = calloc((size_t)ROWS * V, sizeof(int32_t));
+    kern_logit_bias *bias_tab = calloc((size_t)ROWS * MAXB, sizeof *bias_tab);
+    int32_t *upd = calloc(1 + 2 * (size_t)ROWS * NTOK, sizeof(int32_t));
+    int32_t *ptoks = malloc(sizeof(int32_t) * ROWS * NTOK), *otoks = malloc(sizeof(int32_t) * ROWS * NTOK);
+    int *n_pt = calloc(ROWS, sizeof(int)), *n_ot = calloc(ROWS, sizeof(int));
+    eng_logit_bias *ebias = calloc((size_t)ROWS * MAXB, sizeof *ebias);
+    float *adj = malloc(sizeof(float) * V);
+    assert_true(pen_state && bias_tab && upd && ptoks && otoks && n_pt && n_ot && ebias && adj);
+    int n_pen_rows = 0, n_bias_rows = 0, n_extra_rows = 0, n_pen_changed = 0;
     float *logits = malloc(sizeof(float) * V * ROWS);
     kern_sample_params *prm = calloc(ROWS, sizeof *prm);
     kern_sample_out *out = calloc(ROWS, sizeof *out);
@@ -151,6 +162,8 @@ static void test_sample_op_matches_reference(void **state)
     int n_acc = 0, n_rej = 0, n_sampled_not_best = 0, n_scored = 0;
     for (int round = 0; round < ROUNDS; round++) {
         int ban_used = 0;
+        memset(pen_state, 0, sizeof(int32_t) * ROWS * V);
+        upd[0] = 0;
         for (int j = 0; j < ROWS; j++) {
             float *l = logits + (size_t)j * V;
             const float scale = 1.0f + 6.0f * rndf();
@@ -188,6 +201,76 @@ static void test_sample_op_matches_reference(void **state)
                 p->draft = (int32_t)(rnd() % V);
                 p->score = 1;
             }
+            /* penalties (half the rows) and logit_bias (a third): prompt and output lists drawn from a
+             * small id range so that repeats are common; the output reaches the kernel three ways:
+             * counts already in pen_state, update pairs of this launch, extra ids (verify drafts) */
+            p->slot = j;
+            n_pt[j] = n_ot[j] = 0;
+            p->rep = 1.0f;
+            if (rnd() % 2) {
+                p->pen = 1;
+                const int what = (int)(rnd() % 4);
+                p->rep = what == 1 ? 1.0f : (rnd() % 2 ? 0.5f + 1.5f * rndf() : 1.0f + rndf());
+                p->freq = what == 2 ? 0.0f : 4 * rndf() - 2;
+                p->pres = what == 3 ? 0.0f : 4 * rndf() - 2;
+                const int span = 20 + (int)(rnd() % 200);
+                n_pt[j] = 1 + (int)(rnd() % 60);
+                n_ot[j] = (int)(rnd() % 80);
+                for (int k = 0; k < n_pt[j]; k++) ptoks[j * NTOK + k] = (int32_t)(rnd() % span);
+                for (int k = 0; k < n_ot[j]; k++) otoks[j * NTOK + k] = (int32_t)(rnd() % span);
+                for (int k = 0; k < n_pt[j]; k++) pen_state[(size_t)j * V + ptoks[j * NTOK + k]] |= 1;
+                const int ne = n_ot[j] > 0 ? (int)(rnd() % (n_ot[j] < 8 ? n_ot[j] + 1 : 9)) : 0;
+                const int nu = (int)(rnd() % (n_ot[j] - ne + 1));
+                for (int k = 0; k < n_ot[j] - ne; k++) {
+                    const int32_t t = otoks[j * NTOK + k];
+                    if (k < nu) {
+                        upd[1 + 2 * upd[0]] = j;
+                        upd[2 + 2 * upd[0]] = t;
+                        upd[0]++;
+                    } else {
+                        pen_state[(size_t)j * V + t] += 2;
+                    }
+                }
+                p->extra_off = ban_used;
+                p->n_extra = ne;
+                for (int k = 0; k < ne; k++) bans[ban_used++] = otoks[j * NTOK + n_ot[j] - ne + k];
+                n_pen_rows++;
+                n_extra_rows += ne > 0;
+            }
+            p->n_bias = 0;
+            if (rnd() % 3 == 0) {
+                p->n_bias = 1 + (int)(rnd() % MAXB);
+                int32_t id = (int32_t)(rnd() % 50);
+                for (int k = 0; k < p->n_bias; k++) {
+                    bias_tab[j * MAXB + k].id = id;
+                    bias_tab[j * MAXB + k].bias = (float)(rnd() % 3 == 0 ? (rnd() % 2 ? 100 : -100) : 20 * rndf() - 10);
+                    ebias[j * MAXB + k].id = id;
+                    ebias[j * MAXB + k].bias = bias_tab[j * MAXB + k].bias;
+                    id += 1 + (int32_t)(rnd() % 70);
+                    if (id >= V) {
+                        p->n_bias = k + 1;
+                        break;
+                    }
+                }
+                /* the reference takes them in any order */
+                for (int k = p->n_bias - 1; k > 0; k--) {
+                    const int o = (int)(rnd() % (unsigned)(k + 1));
+                    eng_logit_bias tmp = ebias[j * MAXB + k];
+                    ebias[j * MAXB + k] = ebias[j * MAXB + o];
+                    ebias[j * MAXB + o] = tmp;
+                }
+                n_bias_rows++;
+            }
+            if (kind == 1 && (p->pen || p->n_bias)) { /* the draft: the argmax of the penalized logits */
+                eng_sampling ps = {.presence_penalty = p->pen ? p->pres : 0, .frequency_penalty = p->pen ? p->freq : 0,
+                                   .repetition_penalty = p->pen ? p->rep : 1, .logit_bias = ebias + j * MAXB,
+                                   .n_logit_bias = p->n_bias};
+                eng_penalize(adj, l, V, &ps, ptoks + j * NTOK, n_pt[j], otoks + j * NTOK, n_ot[j]);
+                int32_t best = 0;
+                for (int i = 1; i < V; i++)
+                    if (adj[i] > adj[best]) best = i;
+                p->draft = best;
+            }
         }
         int32_t n = ROWS;
         kern_op op = {.kind = KOP_SAMPLE};
@@ -199,13 +282,26 @@ static void test_sample_op_matches_reference(void **state)
         op.p[0] = V;
         op.p[1] = ROWS;
         op.p[2] = NB;
+        op.buf[5] = (kern_buf){pen_state, sizeof(int32_t) * ROWS * V};
+        op.buf[6] = (kern_buf){bias_tab, sizeof *bias_tab * ROWS * MAXB};
+        op.buf[7] = (kern_buf){upd, sizeof(int32_t) * (1 + 2 * (size_t)ROWS * NTOK)};
+        op.p[3] = ROWS;
+        op.p[4] = MAXB;
+        op.p[5] = ROWS * NTOK;
         memset(out, 0xA5, sizeof *out * ROWS); /* poisoned: every field must be written */
         kern_cpu_exec(pool, &op);
         for (int j = 0; j < ROWS; j++) {
-            const float *l = logits + (size_t)j * V;
+            const float *raw = logits + (size_t)j * V;
             const kern_sample_params *p = &prm[j];
             eng_sampling sp = {.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
-                               .min_p = p->min_p, .seed = p->seed, .logprobs = p->n_logprobs};
+                               .min_p = p->min_p, .seed = p->seed, .logprobs = p->n_logprobs,
+                               .presence_penalty = p->pen ? p->pres : 0, .frequency_penalty = p->pen ? p->freq : 0,
+                               .repetition_penalty = p->pen ? p->rep : 1, .logit_bias = ebias + j * MAXB,
+                               .n_logit_bias = p->n_bias};
+            /* the choice sees the penalized logits, the logprobs the raw ones */
+            eng_penalize(adj, raw, V, &sp, ptoks + j * NTOK, n_pt[j], otoks + j * NTOK, n_ot[j]);
+            if (memcmp(adj, raw, sizeof(float) * V) != 0) n_pen_changed++;
+            const float *l = adj;
             const int32_t *ban = bans + p->ban_off;
             float lp;
             eng_toplp top[ENG_MAX_LOGPROBS];
@@ -213,15 +309,16 @@ static void test_sample_op_matches_reference(void **state)
             int acc = 0;
             if (p->score) { /* the given token, whatever the sampling parameters say */
                 tok = p->draft;
-                eng_logprobs(l, V, tok, p->n_logprobs, &lp, top);
+                eng_logprobs(raw, V, tok, p->n_logprobs, &lp, top);
                 n_scored++;
             } else if (p->draft >= 0) {
                 tok = spec_verify_slot(l, &sp, p->draft, p->counter, ban, p->n_ban, &ss, &acc);
-                eng_logprobs(l, V, tok, p->n_logprobs, &lp, top);
+                eng_logprobs(raw, V, tok, p->n_logprobs, &lp, top);
                 if (acc) n_acc++;
                 else n_rej++;
             } else {
-                tok = eng_sample(l, &sp, p->counter, ban, p->n_ban, &ss, &lp, top);
+                tok = eng_choose(l, &sp, p->counter, ban, p->n_ban, &ss);
+                eng_logprobs(raw, V, tok, p->n_logprobs, &lp, top);
                 if (tok != eng_choose(l, &(eng_sampling){.temperature = 0}, 0, ban, p->n_ban, &ss)) n_sampled_not_best++;
             }
             if (out[j].tok != tok || out[j].accepted != acc)
@@ -230,6 +327,7 @@ static void test_sample_op_matches_reference(void **state)
                          p->top_k, p->top_p, p->min_p, p->draft, p->n_ban);
             assert_true(out[j].logprob == lp);
             int32_t rank = 0; /* score rows only: larger logits first; at equal ones +0 before -0, then lower ids */
+            l = raw;
             if (p->score) {
                 rank = 1;
                 for (int i = 0; i < V; i++)
@@ -247,6 +345,18 @@ static void test_sample_op_matches_reference(void **state)
     /* the rows exercised both branches of verification and real (non-greedy) draws */
     print_message("%d accepted, %d rejected, %d drawn not the best, %d scored\n", n_acc, n_rej, n_sampled_not_best, n_scored);
     assert_true(n_acc > 20 && n_rej > 20 && n_sampled_not_best > 50 && n_scored > 50);
+    print_message("%d penalized rows (%d with extra ids), %d with logit_bias, %d whose logits changed\n", n_pen_rows,
+                  n_extra_rows, n_bias_rows, n_pen_changed);
+    assert_true(n_pen_rows > 300 && n_extra_rows > 100 && n_bias_rows > 200 && n_pen_changed > 400);
+    free(pen_state);
+    free(bias_tab);
+    free(upd);
+    free(ptoks);
+    free(otoks);
+    free(n_pt);
+    free(n_ot);
+    free(ebias);
+    free(adj);
     kern_pool_destroy(pool);
     eng_sampler_scratch_free(&ss);
     free(logits);
