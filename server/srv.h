@@ -142,7 +142,7 @@ struct srv_state {
     atomic_int active;       /* handlers inside srv_dispatch (shutdown lets them finish writing) */
     srv_metrics met;
 
-    /* weight updates and admin commands (weights_api.c). Commands are closures run by the engine
+    /* weight updates and admin commands (weights_*.c). Commands are closures run by the engine
      * thread in arrival order; the list is guarded by `mu`. */
     srv_cmd *cmd_head, *cmd_tail;
     const char *admin_key;      /* --admin-key (Bearer) for the weight routes; NULL: none */
@@ -165,7 +165,7 @@ struct srv_state {
                                    messages number a session's buckets from 1 */
     uint64_t rx_session;
     int paused;                 /* engine thread: generation paused by /pause (vLLM) */
-    /* GPU weight transports (engine thread only; weights_api.c, engine/transport_cuda.h) */
+    /* GPU weight transports (engine thread only; weights_gpu.c, engine/transport_cuda.h) */
     void *nccl;                 /* gs_nccl communicator; NULL: none */
     int nccl_rank, nccl_world;
     char nccl_group[128];
@@ -290,7 +290,7 @@ int srv_route_metrics(srv_state *s, struct mg_connection *c);
 int srv_route_tokenize(srv_state *s, struct mg_connection *c);
 int srv_route_detokenize(srv_state *s, struct mg_connection *c);
 
-/* ---- weights (weights_api.c) ---------------------------------------------------------------------- */
+/* ---- weights (weights_api.c; the dialects' routes: weights_vllm.c, weights_sglang.c, weights_gpu.c) - */
 void srv_weights_init(srv_state *s);
 void srv_weights_destroy(srv_state *s);
 void srv_weights_routes(srv_state *s);
