@@ -663,7 +663,8 @@ static int confine_ckpt(srv_state *s, const char *dir, srv_err *e, const char *p
     return rc;
 }
 
-int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key, int sglang)
+int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key,
+                     srv_load_style style)
 {
     srv_err e;
     srv_cmd *c = srv_cmd_new(SRV_CMD_LOAD);
@@ -672,10 +673,13 @@ int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, c
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(b, "draft_path");
     int st;
     if (srv_parse_begin(b, c, ENG_WMODEL_TARGET, &e) != 0) goto err;
-    if (sglang) { /* SGLang: abort_all_requests picks the pause mode; flush_cache is implied (I6) */
+    if (style == SRV_LOAD_SGLANG) { /* SGLang: abort_all_requests picks the pause mode; flush_cache is implied (I6) */
         const cJSON *ab = cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests");
         c->pause = cJSON_IsTrue(ab) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
     }
+    /* prime-rl pauses with mode=keep before it updates: the requests it froze stay frozen through the
+     * load and go on with the new weights (a "wait" load would first run them to the end) */
+    if (style == SRV_LOAD_PRIMERL && !cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_KEEP;
     if (!cJSON_IsString(p)) {
         srv_errf(&e, 400, path_key, "%s must be a checkpoint folder path", path_key);
         goto err;
@@ -692,13 +696,20 @@ int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, c
             goto err;
     }
     srv_cmd_submit(s, c);
-    if (sglang) {
+    if (style == SRV_LOAD_SGLANG) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "success", c->status == 200);
         cJSON_AddStringToObject(o, "message", c->status == 200 ? "Succeeded to update model weights." : c->err);
         cJSON_AddNumberToObject(o, "num_paused_requests", c->paused_requests + c->aborted_requests);
         st = srv_send_json(conn, c->status == 200 ? 200 : c->status, o);
         cJSON_Delete(o);
+    } else if (style == SRV_LOAD_PRIMERL) {
+        cJSON *o = NULL;
+        if (c->status == 200) {
+            o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "status", "ok");
+        }
+        st = srv_cmd_send_result(conn, c, o);
     } else {
         st = srv_cmd_send_result(conn, c, c->status == 200 ? srv_weights_info_json(s) : NULL);
     }
@@ -714,7 +725,7 @@ static int route_load(srv_state *s, struct mg_connection *conn)
     srv_err e;
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    int st = srv_weights_load(s, conn, b, "path", 0);
+    int st = srv_weights_load(s, conn, b, "path", SRV_LOAD_NATIVE);
     cJSON_Delete(b);
     return st;
 }
@@ -948,5 +959,6 @@ void srv_weights_routes(srv_state *s)
     srv_route_add(s, "GET", "/v1/weights/checksums", route_checksums, 2);
     srv_weights_vllm_routes(s);
     srv_weights_sglang_routes(s);
+    srv_weights_trl_routes(s);
     srv_weights_gpu_routes(s); /* CUDA IPC (native) */
 }

@@ -1,12 +1,13 @@
 /* server/weights_internal.h — what the weight-route files share (weights_api.c, weights_vllm.c,
- * weights_sglang.c, weights_gpu.c): the admin command (srv_cmd) the handler threads hand to the
- * engine thread, and the helpers every dialect builds its routes from.
+ * weights_sglang.c, weights_trl.c, weights_gpu.c): the admin command (srv_cmd) the handler threads
+ * hand to the engine thread, and the helpers every dialect builds its routes from.
  *
  *   weights_api.c     the engine-thread command runner, publishing, the session timeout, the native
  *                     /v1/weights/... routes, disk confinement, and the helpers below (commands, bodies,
  *                     versions, begin, load, checksums, pause)
  *   weights_vllm.c    vLLM's routes (/pause, /start_weight_update, /update_weights, ...)
  *   weights_sglang.c  SGLang's routes (/update_weights_from_disk, /pause_generation, ...)
+ *   weights_trl.c     TRL vllm-serve's weight routes (/init_communicator/, /update_named_param/, ...)
  *   weights_gpu.c     the GPU transports: NCCL / CUDA-IPC body parsing, their engine-side commands,
  *                     the IPC routes
  *
@@ -117,9 +118,15 @@ cJSON *srv_weights_info_json(srv_state *s);
 
 /* ---- shared operations (weights_api.c) ---------------------------------------------------------- */
 
-/* A disk load of the folder b[path_key] (confined to --weights-root) as one session; sglang: SGLang's
- * pause rule (abort_all_requests) and answer ({success, message, num_paused_requests}). */
-int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key, int sglang);
+/* How a disk load reads its pause mode and answers. */
+typedef enum {
+    SRV_LOAD_NATIVE,  /* "pause" (default wait); answers GET /v1/weights */
+    SRV_LOAD_SGLANG,  /* abort_all_requests -> abort, else wait; {success, message, num_paused_requests} */
+    SRV_LOAD_PRIMERL, /* "pause" (default keep: prime-rl has paused with mode=keep); {"status": "ok"} */
+} srv_load_style;
+/* A disk load of the folder b[path_key] (confined to --weights-root) as one session. */
+int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key,
+                     srv_load_style style);
 /* Runs a checksums command (*out: the command, to free; *tensors: its name -> hex object). On OOM
  * answers 500 itself and leaves *out NULL. Returns the command's status. */
 int srv_weights_checksums(srv_state *s, struct mg_connection *conn, int draft, int ckpt_names, cJSON **tensors,
@@ -168,6 +175,7 @@ int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required,
 
 void srv_weights_vllm_routes(srv_state *s);
 void srv_weights_sglang_routes(srv_state *s);
+void srv_weights_trl_routes(srv_state *s);
 void srv_weights_gpu_routes(srv_state *s);
 
 #endif

@@ -2,7 +2,14 @@
  * cache, weight versions, checksums, the NCCL weights update group). Each is a thin producer over the
  * commands of weights_api.c (weights_internal.h); the NCCL commands run in weights_gpu.c. SGLang
  * answers most of them with {success, message} and the HTTP status of the outcome.
+ *
+ * TODO(memory release, lead): SGLang's POST /release_memory_occupation {"tags": [...]} and POST
+ * /resume_memory_occupation {"tags": [...]} (tags: "weights", "kv_cache"; absent = all) go here once
+ * engine/engine.h has eng_sleep(e, level) / eng_wake(e): validate the tags on the handler thread, map
+ * them to a level (kv_cache only -> 1, weights -> 2), run SRV_CMD_SLEEP / SRV_CMD_WAKE on the engine
+ * thread and answer {success, message} as SGLang does. Not registered until then.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +21,7 @@ static int route_sglang_load(srv_state *s, struct mg_connection *conn)
     srv_err e;
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    int st = srv_weights_load(s, conn, b, "model_path", 1);
+    int st = srv_weights_load(s, conn, b, "model_path", SRV_LOAD_SGLANG);
     cJSON_Delete(b);
     return st;
 }
@@ -124,12 +131,50 @@ static int route_nccl_update(srv_state *s, struct mg_connection *conn)
     return st;
 }
 
+/* GET or POST /flush_cache[?timeout=S]: SGLang answers 200 with a text body (clients match its first
+ * words; sgl-project/sglang@9c0549b python/sglang/srt/entrypoints/http_server.py flush_cache). SGLang
+ * skips the flush while requests run or wait (and retries for `timeout` seconds); graphswap's reset
+ * is a command between steps that always happens, so the timeout is only validated. */
+static int route_flush_cache(srv_state *s, struct mg_connection *conn)
+{
+    const struct mg_request_info *ri = mg_get_request_info(conn);
+    if (ri->query_string) {
+        char v[64];
+        if (mg_get_var(ri->query_string, strlen(ri->query_string), "timeout", v, sizeof v) >= 0) {
+            char *end = NULL;
+            errno = 0;
+            const double t = strtod(v, &end);
+            if (!v[0] || *end || errno || !(t >= 0) || t > 1e9)
+                return srv_send_error(conn, 400, "timeout", "timeout must be a number of seconds >= 0");
+        }
+    }
+    if (strcmp(ri->request_method, "POST") == 0) {
+        srv_err e;
+        cJSON *b = srv_read_json_opt(s, conn, &e); /* (none, or a JSON object: SGLang ignores it) */
+        if (!b) return srv_send_err(conn, &e);
+        cJSON_Delete(b);
+    }
+    srv_cmd *c = srv_cmd_new(SRV_CMD_RESET_PREFIX);
+    if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
+    int st;
+    if (srv_cmd_submit(s, c) == 200) {
+        static const char msg[] = "Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                  "running or waiting requests, the operation will not be performed.)\n";
+        st = srv_send(conn, 200, "text/plain; charset=utf-8", NULL, msg, sizeof msg - 1);
+    } else {
+        st = srv_cmd_send_result(conn, c, NULL);
+    }
+    free(c);
+    return st;
+}
+
 void srv_weights_sglang_routes(srv_state *s)
 {
     srv_route_add(s, "POST", "/update_weights_from_disk", route_sglang_load, 2);
     srv_route_add(s, "POST", "/pause_generation", srv_wroute_pause, 2);
     srv_route_add(s, "POST", "/continue_generation", srv_wroute_resume, 2);
-    srv_route_add(s, "POST", "/flush_cache", srv_wroute_reset_prefix, 2);
+    srv_route_add(s, "POST", "/flush_cache", route_flush_cache, 2);
+    srv_route_add(s, "GET", "/flush_cache", route_flush_cache, 2);
     srv_route_add(s, "GET", "/get_weight_version", srv_wroute_weight_version, 2);
     srv_route_add(s, "POST", "/update_weight_version", route_update_version, 2);
     srv_route_add(s, "POST", "/weights_checker", srv_wroute_checker, 2);

@@ -1,7 +1,14 @@
 /* server/weights_vllm.c — vLLM's weight-side routes (vllm serve with its RL extensions: pause /
  * resume, the weight-update session, checksums, the prefix cache, the NCCL weight transfer engine).
  * Each is a thin producer over the commands of weights_api.c (weights_internal.h); the NCCL commands
- * run in weights_gpu.c.
+ * run in weights_gpu.c. prime-rl's server is vLLM with a few routes of its own: its filesystem
+ * /update_weights form is served here too.
+ *
+ * TODO(memory release, lead): vLLM's POST /sleep?level=1|2, POST /wake_up and GET /is_sleeping go
+ * here once engine/engine.h has eng_sleep(e, level) / eng_wake(e): parse and validate the level on
+ * the handler thread (1 or 2; vLLM's default 1), run a new SRV_CMD_SLEEP / SRV_CMD_WAKE on the engine
+ * thread (run_cmd in weights_api.c) and publish the sleeping state for /is_sleeping
+ * ({"is_sleeping": bool}); admin routes (auth 2) like the rest. Not registered until then.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,18 +59,17 @@ static int route_nccl_init_vllm(srv_state *s, struct mg_connection *conn)
 }
 
 /* vLLM POST /update_weights {"update_info":{names, dtype_names, shapes}}: one bucket of an open
- * session, its bytes one NCCL broadcast (packing above). */
-static int route_nccl_bucket(srv_state *s, struct mg_connection *conn)
+ * session, its bytes one NCCL broadcast (packing in weights_gpu.c). */
+static int nccl_bucket(srv_state *s, struct mg_connection *conn, cJSON *b)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
     const cJSON *ui = cJSON_GetObjectItemCaseSensitive(b, "update_info");
     SRV_NEW_CMD(c, SRV_CMD_NCCL_BUCKET);
     int rc = -1;
-    if (!cJSON_IsObject(ui)) srv_errf(&e, 400, "update_info", "update_info must be an object");
+    if (!cJSON_IsObject(ui))
+        srv_errf(&e, 400, "update_info", "update_info must be an object (vLLM's NCCL bucket), or give weight_dir "
+                 "(prime-rl: a checkpoint folder to load from disk)");
     else rc = srv_gpu_meta_parse(ui, "update_info.", "names", "dtype_names", NULL, &c->meta, &e);
-    cJSON_Delete(b);
     if (rc != 0) {
         free(c);
         return srv_send_err(conn, &e);
@@ -82,6 +88,27 @@ static int route_nccl_bucket(srv_state *s, struct mg_connection *conn)
     return st;
 }
 
+/* POST /update_weights, two forms told apart by the body's fields:
+ *   {"update_info": {...}}    vLLM's NCCL bucket (above)
+ *   {"weight_dir": "DIR"}     prime-rl's filesystem update: a disk load of DIR (confined to
+ *                             --weights-root, as /v1/weights/load), answered {"status": "ok"}; a
+ *                             "pause" field may override the default "keep" (srv_weights_load)
+ * Giving both is refused: the server would have to guess which transport the trainer drives. */
+static int route_update_weights(srv_state *s, struct mg_connection *conn)
+{
+    srv_err e;
+    cJSON *b = srv_read_json(s, conn, &e);
+    if (!b) return srv_send_err(conn, &e);
+    const cJSON *wd = cJSON_GetObjectItemCaseSensitive(b, "weight_dir");
+    int st;
+    if (wd && cJSON_GetObjectItemCaseSensitive(b, "update_info"))
+        st = srv_send_error(conn, 400, "weight_dir", "give either update_info (an NCCL bucket) or weight_dir (a disk "
+                            "load), not both");
+    else if (wd) st = srv_weights_load(s, conn, b, "weight_dir", SRV_LOAD_PRIMERL);
+    else st = nccl_bucket(s, conn, b);
+    cJSON_Delete(b);
+    return st;
+}
 
 void srv_weights_vllm_routes(srv_state *s)
 {
@@ -94,6 +121,6 @@ void srv_weights_vllm_routes(srv_state *s)
     srv_route_add(s, "GET", "/weight_info", srv_wroute_weight_version, 2);
     srv_route_add(s, "POST", "/weight_checker", srv_wroute_checker, 2);
     srv_route_add(s, "POST", "/reset_prefix_cache", srv_wroute_reset_prefix, 2);
-    srv_route_add(s, "POST", "/update_weights", route_nccl_bucket, 2);
+    srv_route_add(s, "POST", "/update_weights", route_update_weights, 2);
     srv_route_add(s, "POST", "/init_weight_transfer_engine", route_nccl_init_vllm, 2);
 }
