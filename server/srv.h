@@ -97,9 +97,25 @@ typedef struct {
                            non-empty part) */
     srv_route_fn fn;
     int auth;           /* 1: needs the API key when one is configured; 2: an admin (weights) route:
-                           needs the admin key when one is configured, and is disabled on a
-                           non-loopback listener without one */
+                           open to clients inside --admin-allow, else needs the admin key when one is
+                           configured, and is disabled on a non-loopback listener without one */
 } srv_route;
+
+/* An address block of --admin-allow: family 4 or 6, the network's bytes (host bits zero), prefix. */
+typedef struct {
+    int family;
+    uint8_t addr[16];
+    int prefix;
+} srv_cidr;
+#define SRV_MAX_ADMIN_ALLOW 32
+
+/* Parses a comma-separated list of CIDRs ("10.0.0.0/8,fd00::/8"; a bare address is one host) into
+ * out[0..*n). Strict: dotted-quad IPv4 without leading zeros, inet_pton IPv6, a decimal prefix in
+ * range, no host bits set, no empty entries. Returns 0, or -1 with why filled. */
+int srv_cidr_parse_list(const char *list, srv_cidr *out, int cap, int *n, char *why, size_t whylen);
+/* 1 when the textual address addr (a client's remote_addr) lies in one of the blocks (an
+ * IPv4-mapped IPv6 address also matches IPv4 blocks). */
+int srv_cidr_match(const srv_cidr *list, int n, const char *addr);
 
 /* Adds a route (at most SRV_MAX_ROUTES; later native routes, e.g. weight updates, plug in here). */
 void srv_route_add(srv_state *s, const char *method, const char *path, srv_route_fn fn, int auth);
@@ -147,6 +163,9 @@ struct srv_state {
     srv_cmd *cmd_head, *cmd_tail;
     const char *admin_key;      /* --admin-key (Bearer) for the weight routes; NULL: none */
     int admin_disabled;         /* non-loopback listener without an admin key */
+    srv_cidr admin_allow[SRV_MAX_ADMIN_ALLOW]; /* --admin-allow: clients admitted without a key */
+    int n_admin_allow;          /* 0: none given (keyless admin access: a loopback listener only) */
+    const char *admin_allow_spec; /* the --admin-allow text (start-up log); NULL: none */
     char *weights_root;         /* realpath of --weights-root; NULL: disk loads refused */
     size_t max_bucket;          /* --max-bucket-bytes */
     size_t update_bucket;       /* --update-bucket-bytes (disk loads) */
