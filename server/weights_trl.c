@@ -82,7 +82,6 @@ static int route_init_communicator(srv_state *s, struct mg_connection *conn)
     srv_err e;
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    SRV_NEW_CMD(c, SRV_CMD_NCCL_INIT);
     const char *host = NULL, *uuid = NULL;
     long long port = 0, world = 0;
     int rc = req_string(b, "host", 255, &host, &e) || srv_json_int(b, "", "port", 1, 1, 65535, 0, &port, &e) ||
@@ -94,14 +93,8 @@ static int route_init_communicator(srv_state *s, struct mg_connection *conn)
         rc = srv_errf(&e, 400, "world_size", "world_size must be 2 (got %lld): this server is one rank (rank 0) and "
                       "the trainer the other (rank 1)", world);
     cJSON_Delete(b);
-    if (rc != 0) {
-        free(c);
-        return srv_send_err(conn, &e);
-    }
-    c->rank = 0;
-    c->world = (int)world;
-    snprintf(c->group, sizeof c->group, "trl");
-    free(c); /* (see trl_needs) */
+    if (rc != 0) return srv_send_err(conn, &e);
+    /* (here: an SRV_CMD_NCCL_INIT with rank 0 of world 2, group "trl"; see trl_needs) */
     return trl_needs(conn, s);
 }
 
@@ -113,7 +106,8 @@ static int route_update_named_param(srv_state *s, struct mg_connection *conn)
     srv_err e;
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    SRV_NEW_CMD(c, SRV_CMD_NCCL_UPDATE);
+    srv_gpu_meta meta;
+    memset(&meta, 0, sizeof meta);
     const char *name = NULL, *dtype = NULL;
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(b, "shape");
     int rc = req_string(b, "name", 512, &name, &e) || req_string(b, "dtype", 64, &dtype, &e) ? -1 : 0;
@@ -125,18 +119,14 @@ static int route_update_named_param(srv_state *s, struct mg_connection *conn)
         cJSON_AddItemToArray(n, cJSON_CreateString(name));
         cJSON_AddItemToArray(d, cJSON_CreateString(dtype));
         cJSON_AddItemToArray(sh, cJSON_Duplicate(shape, 1));
-        rc = sh && cJSON_GetArraySize(sh) == 1 ? srv_gpu_meta_parse(m, "", "name", "dtype", NULL, &c->meta, &e)
+        rc = sh && cJSON_GetArraySize(sh) == 1 ? srv_gpu_meta_parse(m, "", "name", "dtype", NULL, &meta, &e)
                                                : srv_errf(&e, 500, NULL, "out of memory");
         cJSON_Delete(m);
     }
     cJSON_Delete(b);
-    if (rc != 0) {
-        free(c);
-        return srv_send_err(conn, &e);
-    }
-    c->pause = ENG_PAUSE_WAIT;
-    srv_gpu_meta_free(&c->meta);
-    free(c); /* (see trl_needs) */
+    if (rc != 0) return srv_send_err(conn, &e);
+    /* (here: an SRV_CMD_NCCL_UPDATE of this metadata, pause "wait", submitted detached; see trl_needs) */
+    srv_gpu_meta_free(&meta);
     return trl_needs(conn, s);
 }
 
