@@ -6,7 +6,6 @@
  *                                top_k, min_p, max_tokens, logprobs, structured_outputs_regex |
  *                                guided_decoding_regex, generation_kwargs}
  *   POST /chat/                 {messages: [[{role, content}]], ... the same, chat_template_kwargs, tools}
- *   POST /reset_prefix_cache/   the native POST /reset_prefix_cache (an admin route)
  * The trailing slashes are part of TRL's routes (FastAPI does not redirect POSTs), so these are
  * distinct from the OpenAI / SGLang / vLLM paths without one. The weight routes (/init_communicator/,
  * /update_named_param/, /batch_update_named_params/, /close_communicator/) live with the weight API.
@@ -271,23 +270,11 @@ static int route_world_size(srv_state *s, struct mg_connection *c)
     return srv_send(c, 200, "application/json", NULL, b, strlen(b));
 }
 
-/* The native POST /reset_prefix_cache (registered by the weight API), called as is. */
-static int route_reset_prefix(srv_state *s, struct mg_connection *c)
-{
-    for (int i = 0; i < s->n_routes; i++)
-        if (strcmp(s->routes[i].method, "POST") == 0 && strcmp(s->routes[i].path, "/reset_prefix_cache") == 0)
-            return s->routes[i].fn(s, c);
-    srv_err e = {.status = 404};
-    snprintf(e.msg, sizeof e.msg, "Not Found");
-    return trl_send_err(c, &e);
-}
-
 void srv_dialect_trl_routes(srv_state *s)
 {
     srv_route_add(s, "GET", "/health/", route_health, 0);
     srv_route_add(s, "GET", "/get_world_size/", route_world_size, 1);
     srv_route_add(s, "POST", "/generate/", route_generate, 1);
     srv_route_add(s, "POST", "/chat/", route_chat, 1);
-    /* the same rule as the native route it calls: an admin route */
-    srv_route_add(s, "POST", "/reset_prefix_cache/", route_reset_prefix, 2);
+    /* /reset_prefix_cache/ and the communicator routes: server/weights_trl.c */
 }

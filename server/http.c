@@ -6,6 +6,7 @@
  * civetweb discards any unread request body after the handler returns, so a handler may answer
  * early (413, 401, 404) without reading the body.
  */
+#include <arpa/inet.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,15 +279,110 @@ static int authorized(const srv_state *s, struct mg_connection *c)
     return bearer_matches(c, s->api_key);
 }
 
-/* Admin routes (weights, pause, cache): disabled on a non-loopback listener without an admin key;
- * else the admin key when one is set, else the API key when one is set (an API key protects every
- * route but /health and /metrics), else open (loopback only). */
+/* ---- --admin-allow -------------------------------------------------------------------------------- */
+
+/* Strict dotted-quad IPv4: four decimal parts 0..255, no leading zeros, nothing else (inet_pton's
+ * own IPv4 syntax is already strict on glibc; this keeps the rule independent of the libc). */
+static int parse_ipv4(const char *s, uint8_t out[4])
+{
+    for (int i = 0; i < 4; i++) {
+        if (s[0] < '0' || s[0] > '9') return -1;
+        if (s[0] == '0' && s[1] >= '0' && s[1] <= '9') return -1;
+        unsigned v = 0;
+        int k = 0;
+        while (s[k] >= '0' && s[k] <= '9' && k < 4) v = v * 10 + (unsigned)(s[k++] - '0');
+        if (k > 3 || v > 255) return -1;
+        out[i] = (uint8_t)v;
+        s += k;
+        if (i < 3 && *s++ != '.') return -1;
+    }
+    return *s ? -1 : 0;
+}
+
+static int parse_cidr(const char *s, size_t len, srv_cidr *c, char *why, size_t whylen)
+{
+    char buf[80];
+    if (len == 0) return snprintf(why, whylen, "an empty entry"), -1;
+    if (len >= sizeof buf) return snprintf(why, whylen, "%.*s...: too long", 40, s), -1;
+    memcpy(buf, s, len);
+    buf[len] = 0;
+    char *slash = strchr(buf, '/');
+    if (slash) *slash = 0;
+    memset(c, 0, sizeof *c);
+    if (parse_ipv4(buf, c->addr) == 0) c->family = 4;
+    else if (strchr(buf, ':') && inet_pton(AF_INET6, buf, c->addr) == 1) c->family = 6;
+    else return snprintf(why, whylen, "%.*s: not an IPv4 or IPv6 address", (int)len, s), -1;
+    const int max = c->family == 4 ? 32 : 128;
+    c->prefix = max;
+    if (slash) {
+        const char *p = slash + 1;
+        int v = 0, k = 0;
+        while (p[k] >= '0' && p[k] <= '9' && k < 4) v = v * 10 + (p[k++] - '0');
+        if (k == 0 || p[k] || (p[0] == '0' && k > 1) || v > max)
+            return snprintf(why, whylen, "%.*s: the prefix length must be a number 0..%d", (int)len, s, max), -1;
+        c->prefix = v;
+    }
+    for (int b = c->prefix; b < max; b++)
+        if (c->addr[b / 8] & (0x80u >> (b % 8)))
+            return snprintf(why, whylen, "%.*s: host bits are set (the network of that prefix is written with "
+                            "zeros there)", (int)len, s), -1;
+    return 0;
+}
+
+int srv_cidr_parse_list(const char *list, srv_cidr *out, int cap, int *n, char *why, size_t whylen)
+{
+    *n = 0;
+    const char *p = list;
+    for (;;) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (*n == cap) return snprintf(why, whylen, "more than %d entries", cap), -1;
+        if (parse_cidr(p, len, &out[*n], why, whylen) != 0) return -1;
+        ++*n;
+        if (!q) return 0;
+        p = q + 1;
+    }
+}
+
+static int in_block(const srv_cidr *c, const uint8_t *a)
+{
+    int full = c->prefix / 8, rest = c->prefix % 8;
+    if (memcmp(c->addr, a, (size_t)full) != 0) return 0;
+    return !rest || ((c->addr[full] ^ a[full]) & (0xffu << (8 - rest)) & 0xffu) == 0;
+}
+
+int srv_cidr_match(const srv_cidr *list, int n, const char *addr)
+{
+    uint8_t a6[16], a4[4];
+    int have4 = inet_pton(AF_INET, addr, a4) == 1, have6 = !have4 && inet_pton(AF_INET6, addr, a6) == 1;
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (have6 && memcmp(a6, mapped, 12) == 0) { /* ::ffff:a.b.c.d (a dual-stack listener's IPv4 client) */
+        memcpy(a4, a6 + 12, 4);
+        have4 = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if ((list[i].family == 4 && have4 && in_block(&list[i], a4)) ||
+            (list[i].family == 6 && have6 && in_block(&list[i], a6)))
+            return 1;
+    return 0;
+}
+
+static int admin_allowed_addr(const srv_state *s, struct mg_connection *c)
+{
+    return s->n_admin_allow && srv_cidr_match(s->admin_allow, s->n_admin_allow, mg_get_request_info(c)->remote_addr);
+}
+
+/* Admin routes (weights, pause, cache): open to a client inside --admin-allow; else the admin key
+ * when one is set; else disabled on a non-loopback listener; else the API key when one is set (an
+ * API key protects every route but /health and /metrics); else open (loopback listener), unless an
+ * --admin-allow list says who may call without a key. */
 static int admin_authorized(const srv_state *s, struct mg_connection *c)
 {
-    if (s->admin_disabled) return 0;
+    if (admin_allowed_addr(s, c)) return 1;
     if (s->admin_key) return bearer_matches(c, s->admin_key);
+    if (s->admin_disabled) return 0;
     if (s->api_key) return bearer_matches(c, s->api_key);
-    return 1;
+    return !s->n_admin_allow;
 }
 
 static int dispatch(srv_state *s, struct mg_connection *c);
@@ -316,11 +412,14 @@ static int dispatch(srv_state *s, struct mg_connection *c)
         if (strcmp(r->method, ri->request_method) == 0) {
             if (r->auth == 2 && !admin_authorized(s, c)) {
                 srv_err e;
-                if (s->admin_disabled)
+                if (s->admin_key)
+                    srv_errf(&e, 401, NULL, "missing or invalid admin key: send 'Authorization: Bearer <admin key>'");
+                else if (s->admin_disabled && !s->n_admin_allow)
                     srv_errf(&e, 403, NULL,
                              "weight routes are disabled on a non-loopback listener without --admin-key");
-                else if (s->admin_key)
-                    srv_errf(&e, 401, NULL, "missing or invalid admin key: send 'Authorization: Bearer <admin key>'");
+                else if (s->admin_disabled || !s->api_key)
+                    srv_errf(&e, 403, NULL, "client address %s is not in --admin-allow, and no --admin-key is set",
+                             ri->remote_addr);
                 else
                     srv_errf(&e, 401, NULL,
                              "missing or invalid API key: admin routes need 'Authorization: Bearer <key>' "

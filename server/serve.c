@@ -252,20 +252,26 @@ static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const ch
 
     const char *api = s->api_key ? "api-key" : "open";
     /* the rule of admin_authorized (http.c) */
-    const char *admin = s->admin_disabled ? "disabled"
+    const int allow = s->n_admin_allow > 0;
+    const char *admin = s->admin_disabled ? (allow ? "allow-list" : "disabled")
                         : s->admin_key    ? "admin-key"
                         : s->api_key      ? "api-key"
+                        : allow           ? "allow-list"
                                           : "loopback-only";
     srv_log_begin(&l, "info", "routes",
-                  "/v1/*, /tokenize, /detokenize: %s; weight routes: %s; /health, /metrics: open; disk loads: %s",
+                  "/v1/*, /tokenize, /detokenize: %s; weight routes: %s%s%s; /health, /metrics: open; disk loads: %s",
                   s->api_key ? "API key required" : "open (no --api-key)",
-                  s->admin_disabled ? "disabled (non-loopback --host without --admin-key)"
+                  s->admin_disabled ? (allow ? "closed outside --admin-allow (non-loopback --host without --admin-key)"
+                                             : "disabled (non-loopback --host without --admin-key)")
                   : s->admin_key    ? "admin key required"
                   : s->api_key      ? "API key required (no --admin-key)"
+                  : allow           ? "closed outside --admin-allow (no key set)"
                                     : "no key, loopback listener only",
+                  allow ? "; no key needed from --admin-allow " : "", allow ? s->admin_allow_spec : "",
                   s->weights_root ? s->weights_root : "off");
     srv_log_str(&l, "api", api);
     srv_log_str(&l, "admin", admin);
+    srv_log_str(&l, "admin_allow", s->admin_allow_spec);
     srv_log_str(&l, "weights_root", s->weights_root);
     srv_log_str(&l, "host", host);
     srv_log_bool(&l, "loopback", is_loopback(host));
@@ -322,6 +328,10 @@ static const char help[] =
     "  --admin-key KEY        require 'Authorization: Bearer KEY' on the weight routes (also\n"
     "                         GRAPHSWAP_ADMIN_KEY); without one they take the --api-key when one is\n"
     "                         set, and are disabled on a non-loopback --host\n"
+    "  --admin-allow CIDR[,CIDR...]  clients in these networks call the weight routes without a key\n"
+    "                         (also GRAPHSWAP_ADMIN_ALLOW; IPv4 and IPv6, e.g. 10.0.0.0/8,fd00::/8).\n"
+    "                         Default: none (keyless only on a loopback listener); given, it replaces\n"
+    "                         that rule: a loopback client outside the list needs a key too\n"
     "  --weights-root DIR     folder disk loads (/v1/weights/load) must lie under (default: disabled)\n"
     "  --max-bucket-bytes N   largest HTTP bucket (default 2147483648)\n"
     "  --update-bucket-bytes N  bucket size of disk loads (default 536870912)\n"
@@ -344,6 +354,7 @@ int srv_cmd_serve(int argc, char **argv)
     int port = 8080, http_threads = 512, max_body = 8 << 20, timeout_s = 600, keep_alive_ms = 5000, io_s = 10;
     int queue_cap = ro.ecfg.queue_cap, max_batch = 256, drain_s = 60, wsess_s = 300;
     const char *admin_key = getenv("GRAPHSWAP_ADMIN_KEY"), *weights_root = NULL, *gen_cfg = "auto";
+    const char *admin_allow_env = getenv("GRAPHSWAP_ADMIN_ALLOW"), *admin_allow = admin_allow_env;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     const char *log_format = "text";
     int access_log = 0, log_interval = 10;
@@ -365,6 +376,7 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--queue-cap", 1, 1 << 20, &queue_cap) ||
             srv_arg_int(argc, argv, &i, "--max-batch", 1, 1 << 16, &max_batch) ||
             srv_arg_str(argc, argv, &i, "--admin-key", &admin_key) ||
+            srv_arg_str(argc, argv, &i, "--admin-allow", &admin_allow) ||
             srv_arg_str(argc, argv, &i, "--weights-root", &weights_root) ||
             srv_arg_u64(argc, argv, &i, "--max-bucket-bytes", &max_bucket) ||
             srv_arg_u64(argc, argv, &i, "--update-bucket-bytes", &update_bucket) ||
@@ -456,6 +468,13 @@ int srv_cmd_serve(int argc, char **argv)
     /* weight routes on a reachable address need a key */
     s->admin_disabled = !admin_key && strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 &&
                         strcmp(host, "::1") != 0 && strncmp(host, "127.", 4) != 0;
+    /* (an empty GRAPHSWAP_ADMIN_ALLOW means none, as an empty key does; an empty --admin-allow is an error) */
+    if (admin_allow && (admin_allow[0] || admin_allow != admin_allow_env)) {
+        char why[160];
+        if (srv_cidr_parse_list(admin_allow, s->admin_allow, SRV_MAX_ADMIN_ALLOW, &s->n_admin_allow, why, sizeof why))
+            fatal("--admin-allow %s: %s (give CIDRs such as 10.0.0.0/8,fd00::/8)", admin_allow, why);
+        s->admin_allow_spec = admin_allow;
+    }
     if (weights_root && !(s->weights_root = realpath(weights_root, NULL))) fatal("--weights-root %s: %s", weights_root, strerror(errno));
     s->max_bucket = (size_t)max_bucket;
     s->update_bucket = (size_t)update_bucket;

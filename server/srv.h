@@ -97,9 +97,25 @@ typedef struct {
                            non-empty part) */
     srv_route_fn fn;
     int auth;           /* 1: needs the API key when one is configured; 2: an admin (weights) route:
-                           needs the admin key when one is configured, and is disabled on a
-                           non-loopback listener without one */
+                           open to clients inside --admin-allow, else needs the admin key when one is
+                           configured, and is disabled on a non-loopback listener without one */
 } srv_route;
+
+/* An address block of --admin-allow: family 4 or 6, the network's bytes (host bits zero), prefix. */
+typedef struct {
+    int family;
+    uint8_t addr[16];
+    int prefix;
+} srv_cidr;
+#define SRV_MAX_ADMIN_ALLOW 32
+
+/* Parses a comma-separated list of CIDRs ("10.0.0.0/8,fd00::/8"; a bare address is one host) into
+ * out[0..*n). Strict: dotted-quad IPv4 without leading zeros, inet_pton IPv6, a decimal prefix in
+ * range, no host bits set, no empty entries. Returns 0, or -1 with why filled. */
+int srv_cidr_parse_list(const char *list, srv_cidr *out, int cap, int *n, char *why, size_t whylen);
+/* 1 when the textual address addr (a client's remote_addr) lies in one of the blocks (an
+ * IPv4-mapped IPv6 address also matches IPv4 blocks). */
+int srv_cidr_match(const srv_cidr *list, int n, const char *addr);
 
 /* Adds a route (at most SRV_MAX_ROUTES; later native routes, e.g. weight updates, plug in here). */
 void srv_route_add(srv_state *s, const char *method, const char *path, srv_route_fn fn, int auth);
@@ -146,11 +162,14 @@ struct srv_state {
     atomic_int active;       /* handlers inside srv_dispatch (shutdown lets them finish writing) */
     srv_metrics met;
 
-    /* weight updates and admin commands (weights_api.c). Commands are closures run by the engine
+    /* weight updates and admin commands (weights_*.c). Commands are closures run by the engine
      * thread in arrival order; the list is guarded by `mu`. */
     srv_cmd *cmd_head, *cmd_tail;
     const char *admin_key;      /* --admin-key (Bearer) for the weight routes; NULL: none */
     int admin_disabled;         /* non-loopback listener without an admin key */
+    srv_cidr admin_allow[SRV_MAX_ADMIN_ALLOW]; /* --admin-allow: clients admitted without a key */
+    int n_admin_allow;          /* 0: none given (keyless admin access: a loopback listener only) */
+    const char *admin_allow_spec; /* the --admin-allow text (start-up log); NULL: none */
     char *weights_root;         /* realpath of --weights-root; NULL: disk loads refused */
     size_t max_bucket;          /* --max-bucket-bytes */
     size_t update_bucket;       /* --update-bucket-bytes (disk loads) */
@@ -169,7 +188,7 @@ struct srv_state {
                                    messages number a session's buckets from 1 */
     uint64_t rx_session;
     int paused;                 /* engine thread: generation paused by /pause (vLLM) */
-    /* GPU weight transports (engine thread only; weights_api.c, engine/transport_cuda.h) */
+    /* GPU weight transports (engine thread only; weights_gpu.c, engine/transport_cuda.h) */
     void *nccl;                 /* gs_nccl communicator; NULL: none */
     int nccl_rank, nccl_world;
     char nccl_group[128];
@@ -437,7 +456,7 @@ int srv_parse_mapped(const srv_state *s, cJSON *canon, const cJSON *src, const s
 /* Renames the canonical field `to` back to the dialect's `from` in e (param and message). */
 void srv_err_rename(srv_err *e, const srv_field_map *map, int n_map);
 
-/* ---- weights (weights_api.c) ---------------------------------------------------------------------- */
+/* ---- weights (weights_api.c; the dialects' routes: weights_vllm.c, weights_sglang.c, weights_gpu.c) - */
 void srv_weights_init(srv_state *s);
 void srv_weights_destroy(srv_state *s);
 void srv_weights_routes(srv_state *s);

@@ -1,5 +1,7 @@
-/* server/weights_api.c — the weight-update API over HTTP (native, vLLM and SGLang routes), disk
- * loads, checksums, pause / resume.
+/* server/weights_api.c — the weight-update API over HTTP: the engine-thread command runner, the
+ * native /v1/weights/... routes, disk loads and their confinement, checksums, pause / resume, and the
+ * helpers the dialects share (weights_internal.h). vLLM's routes are in weights_vllm.c, SGLang's in
+ * weights_sglang.c, the NCCL / CUDA-IPC transports in weights_gpu.c.
  *
  * Every route is a thin producer: handler threads validate input (JSON bodies, safetensors headers
  * of buckets, paths) and hand a command to the engine thread, which alone touches the engine
@@ -33,74 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/transport_cuda.h"
-#include "engine/weights.h"
-#include "server/srv.h"
-
-typedef enum {
-    CMD_BEGIN,
-    CMD_BUCKET,
-    CMD_FINISH,
-    CMD_ABORT,
-    CMD_LOAD,
-    CMD_CHECKSUMS,
-    CMD_RESET_PREFIX,
-    CMD_PAUSE,
-    CMD_RESUME,
-    CMD_SET_VERSION,
-    CMD_NCCL_INIT,    /* /init_weight_transfer_engine, /init_weights_update_group */
-    CMD_NCCL_BUCKET,  /* /update_weights (vLLM, in an open session) */
-    CMD_NCCL_UPDATE,  /* /update_weights_from_distributed (SGLang: begin + bucket + finish) */
-    CMD_NCCL_DESTROY, /* /destroy_weights_update_group */
-    CMD_IPC_OPEN,     /* /v1/weights/ipc/open */
-    CMD_IPC_BUCKET,   /* /v1/weights/ipc/bucket */
-} cmd_kind;
-
-/* Tensor metadata of a GPU-transport bucket: names / dtypes / shapes and each tensor's byte offset
- * in the device buffer (NCCL: packed by gpu_pack; IPC: given by the trainer). data is NULL until
- * the engine thread points it into device memory. */
-typedef struct {
-    mdl_st_tensor *t;
-    uint64_t *off;
-    size_t n;
-    uint64_t total; /* bytes the buffer must hold: max(off + nbytes) */
-} gpu_meta;
-
-struct srv_cmd {
-    cmd_kind kind;
-    /* arguments */
-    int full;
-    eng_wmodel which;
-    eng_pause pause;
-    char version[128];
-    char path[PATH_MAX], draft_path[PATH_MAX];
-    const mdl_st_tensor *tensors;
-    size_t n_tensors;
-    char what[64];
-    int draft; /* checksums of the drafter */
-    int ckpt_names; /* checksums by checkpoint tensor name (eng_weights_checksums_ckpt) */
-    mdl_dtype hash_dt; /* result: the dtype checkpoint-name hashes are taken in */
-    /* GPU transports */
-    gpu_meta meta;
-    unsigned char blob[GS_NCCL_ID_BYTES]; /* NCCL unique id or CUDA IPC handle */
-    size_t blob_len;
-    int rank, world;
-    size_t staging_req; /* 0: default */
-    double timeout;     /* 0: default */
-    char group[128];
-    size_t ipc_offset, ipc_bytes;
-    /* drain state (wait mode) */
-    int draining;
-    double deadline;
-    /* results */
-    int done, status;
-    char err[1024];
-    uint64_t session;
-    int aborted_requests, paused_requests;
-    cJSON *result;
-    pthread_cond_t cv;
-    srv_cmd *next;
-};
+#include "server/weights_internal.h"
 
 /* ---- engine thread -------------------------------------------------------------------------------- */
 
@@ -133,229 +68,6 @@ static void abort_running(srv_state *s, srv_cmd *c)
     eng_abort_running(e);
 }
 
-/* ---- GPU transports, engine side ------------------------------------------------------------------ */
-
-#define GPU_NEEDS_CUDA                                                                                 \
-    "this route receives weights over NCCL / CUDA IPC, which need the CUDA backend (this server runs " \
-    "--backend cpu, or was built without CUDA); use POST /v1/weights/bucket (HTTP) or /v1/weights/load (disk)"
-
-/* The CUDA module's transport table; NULL on the CPU backend. */
-static const gs_gpu_transport *gpu_xport(const srv_state *s)
-{
-    if (!s->rt.be || strcmp(s->rt.be->ops->name, "cuda") != 0) return NULL;
-    const gs_gpu_transport *(*get)(void);
-    *(void **)&get = srv_cuda_symbol("gs_gpu_transport_table");
-    const gs_gpu_transport *t = get ? get() : NULL;
-    return t && t->abi == GS_GPU_TRANSPORT_ABI ? t : NULL;
-}
-
-static double gpu_timeout(const srv_state *s, const srv_cmd *c)
-{
-    if (c->timeout > 0) return c->timeout;
-    if (s->nccl_timeout > 0) return s->nccl_timeout;
-    const char *v = getenv("GRAPHSWAP_NCCL_TIMEOUT_S");
-    double t = v ? strtod(v, NULL) : 0;
-    return t > 0 ? t : 300.0;
-}
-
-static void ipc_release(srv_state *s)
-{
-    const gs_gpu_transport *x = gpu_xport(s);
-    if (s->ipc_base && x) x->ipc_close(s->rt.be, s->ipc_base);
-    s->ipc_base = NULL;
-    s->ipc_bytes = s->ipc_offset = 0;
-}
-
-static void nccl_release(srv_state *s)
-{
-    const gs_gpu_transport *x = gpu_xport(s);
-    if (s->nccl && x) x->nccl_destroy(s->nccl);
-    s->nccl = NULL;
-    s->nccl_group[0] = 0;
-    s->nccl_rank = s->nccl_world = 0;
-}
-
-/* The number of the next GPU-transport bucket in the open session, from 1 (engine thread). */
-static uint64_t gpu_bucket_no(srv_state *s)
-{
-    eng_weights_info wi;
-    eng_weights_get_info(s->rt.e, &wi);
-    if (wi.session_id != s->gpu_session) {
-        s->gpu_session = wi.session_id;
-        s->n_gpu_buckets = 0;
-    }
-    return ++s->n_gpu_buckets;
-}
-
-/* Points every tensor of the metadata into the device buffer base. */
-static void gpu_meta_bind(gpu_meta *m, const uint8_t *base)
-{
-    for (size_t i = 0; i < m->n; i++) m->t[i].data = base + m->off[i];
-}
-
-/* Receives one broadcast into the staging buffer (the bytes of a bucket the engine refused, so the
- * trainer's broadcast still completes and both sides stay in step). Appends to err on failure. */
-static void nccl_drain(srv_state *s, const gs_gpu_transport *x, srv_cmd *c)
-{
-    if (!x || !s->nccl || c->meta.total > s->nccl_staging_bytes) return;
-    char e2[512];
-    if (x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), e2, sizeof e2) != 0) {
-        size_t l = strlen(c->err);
-        snprintf(c->err + l, sizeof c->err - l, "; receiving its bytes also failed: %s", e2);
-    }
-}
-
-/* /update_weights: validate against the model -> receive one broadcast -> device write. */
-static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
-{
-    eng_engine *e = s->rt.e;
-    const gs_gpu_transport *x = gpu_xport(s);
-    char *err = c->err;
-    const size_t el = sizeof c->err;
-    snprintf(c->what, sizeof c->what, "nccl bucket %llu", (unsigned long long)gpu_bucket_no(s));
-    if (eng_weights_validate(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) {
-        nccl_drain(s, x, c);
-        return -1;
-    }
-    if (!x) return snprintf(err, el, "%s", GPU_NEEDS_CUDA), *st = 501, -1;
-    if (!x->have_nccl)
-        return snprintf(err, el, "this server's CUDA module was built without NCCL"), *st = 501, -1;
-    if (!s->nccl)
-        return snprintf(err, el, "no NCCL group: POST /init_weight_transfer_engine (vLLM) or "
-                                 "/init_weights_update_group (SGLang) first"), *st = 409, -1;
-    if (c->meta.total > s->nccl_staging_bytes)
-        return snprintf(err, el, "%s: %llu bytes is larger than the NCCL staging buffer (%zu bytes): split the "
-                                 "bucket", c->what, (unsigned long long)c->meta.total, s->nccl_staging_bytes),
-               *st = 400, -1;
-    if (x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), err, el) != 0) {
-        *st = 502; /* the communicator is aborted: destroy and init again */
-        nccl_release(s);
-        return -1;
-    }
-    gpu_meta_bind(&c->meta, s->nccl_staging);
-    if (eng_weights_bucket_device(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
-    *st = 200;
-    return 0;
-}
-
-static int nccl_init_cmd(srv_state *s, srv_cmd *c, int *st)
-{
-    const gs_gpu_transport *x = gpu_xport(s);
-    char *err = c->err;
-    const size_t el = sizeof c->err;
-    if (!x) return snprintf(err, el, "%s", GPU_NEEDS_CUDA), *st = 501, -1;
-    if (!x->have_nccl)
-        return snprintf(err, el, "this server's CUDA module was built without NCCL"), *st = 501, -1;
-    if (s->nccl)
-        return snprintf(err, el, "an NCCL group (rank %d of %d) already exists: POST /destroy_weights_update_group "
-                                 "first", s->nccl_rank, s->nccl_world), *st = 409, -1;
-    size_t want = c->staging_req;
-    if (!want) {
-        const char *v = getenv("GRAPHSWAP_NCCL_STAGING_BYTES");
-        want = v ? (size_t)strtoull(v, NULL, 10) : 0;
-    }
-    if (!want || want > s->max_bucket) want = s->max_bucket;
-    /* one device staging buffer for the life of the process: every bucket of every group reuses it
-     * (arena memory is never handed out twice, so it is not freed with the group) */
-    if (!s->nccl_staging) {
-        s->nccl_staging = s->rt.be->ops->alloc(s->rt.be, want, "nccl.staging");
-        if (!s->nccl_staging)
-            return snprintf(err, el, "cannot allocate %zu bytes of NCCL staging from the GPU arena (give a smaller "
-                                     "staging_bytes, or more --gpu-memory-mb)", want), *st = 507, -1;
-        s->nccl_staging_bytes = want;
-    }
-    s->nccl = x->nccl_init(s->rt.be, c->blob, c->blob_len, c->rank, c->world, gpu_timeout(s, c), err, el);
-    if (!s->nccl) return *st = 502, -1;
-    s->nccl_rank = c->rank;
-    s->nccl_world = c->world;
-    snprintf(s->nccl_group, sizeof s->nccl_group, "%s", c->group);
-    if (c->timeout > 0) s->nccl_timeout = c->timeout;
-    c->result = cJSON_CreateObject();
-    cJSON_AddBoolToObject(c->result, "success", 1);
-    cJSON_AddStringToObject(c->result, "message", "NCCL group initialized");
-    cJSON_AddNumberToObject(c->result, "rank", c->rank);
-    cJSON_AddNumberToObject(c->result, "world_size", c->world);
-    cJSON_AddNumberToObject(c->result, "staging_bytes", (double)s->nccl_staging_bytes);
-    cJSON_AddNumberToObject(c->result, "alignment", 256);
-    *st = 200;
-    return 0;
-}
-
-/* /update_weights_from_distributed: one partial session around one bucket. */
-static int nccl_update(srv_state *s, srv_cmd *c, int *st)
-{
-    eng_engine *e = s->rt.e;
-    char *err = c->err;
-    const size_t el = sizeof c->err;
-    const gs_gpu_transport *x = gpu_xport(s);
-    if (!x) return snprintf(err, el, "%s", GPU_NEEDS_CUDA), *st = 501, -1;
-    if (!s->nccl)
-        return snprintf(err, el, "no NCCL group: POST /init_weights_update_group first"), *st = 409, -1;
-    if (eng_weights_begin(e, 0, ENG_WMODEL_TARGET, c->pause, c->version, &c->session, err, el, st) != 0) {
-        nccl_drain(s, x, c);
-        return -1;
-    }
-    s->paused = 0;
-    if (nccl_bucket(s, c, st) != 0) {
-        int st2;
-        char e2[64];
-        eng_weights_abort(e, e2, sizeof e2, &st2);
-        return -1;
-    }
-    if (eng_weights_finish(e, c->version, err, el, st) != 0) return -1;
-    *st = 200;
-    return 0;
-}
-
-static int ipc_open_cmd(srv_state *s, srv_cmd *c, int *st)
-{
-    eng_weights_info wi;
-    eng_weights_get_info(s->rt.e, &wi);
-    char *err = c->err;
-    const size_t el = sizeof c->err;
-    const gs_gpu_transport *x = gpu_xport(s);
-    if (!wi.session_open)
-        return snprintf(err, el, "ipc/open outside a session (state %s): POST /v1/weights/begin first",
-                        eng_wstate_name(wi.state)), *st = 409, -1;
-    if (!x) return snprintf(err, el, "%s", GPU_NEEDS_CUDA), *st = 501, -1;
-    if (s->ipc_base && s->ipc_session == wi.session_id)
-        return snprintf(err, el, "a CUDA IPC buffer is already open in this session (it is closed at finish / "
-                                 "abort; send every bucket through it)"), *st = 409, -1;
-    ipc_release(s); /* a mapping left by an earlier session */
-    uint8_t *p = x->ipc_open(s->rt.be, c->blob, c->blob_len, err, el);
-    if (!p) return *st = 400, -1;
-    s->ipc_base = p;
-    s->ipc_offset = c->ipc_offset;
-    s->ipc_bytes = c->ipc_bytes;
-    s->ipc_session = wi.session_id;
-    *st = 200;
-    return 0;
-}
-
-static int ipc_bucket_cmd(srv_state *s, srv_cmd *c, int *st)
-{
-    eng_engine *e = s->rt.e;
-    char *err = c->err;
-    const size_t el = sizeof c->err;
-    snprintf(c->what, sizeof c->what, "ipc bucket %llu", (unsigned long long)gpu_bucket_no(s));
-    if (eng_weights_validate(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
-    if (!gpu_xport(s)) return snprintf(err, el, "%s", GPU_NEEDS_CUDA), *st = 501, -1;
-    eng_weights_info wi;
-    eng_weights_get_info(e, &wi);
-    if (!s->ipc_base || s->ipc_session != wi.session_id)
-        return snprintf(err, el, "no CUDA IPC buffer is open in this session: POST /v1/weights/ipc/open first"),
-               *st = 409, -1;
-    if (c->meta.total > s->ipc_bytes)
-        return snprintf(err, el, "%s: tensors reach byte %llu of an IPC buffer of %zu bytes", c->what,
-                        (unsigned long long)c->meta.total, s->ipc_bytes), *st = 400, -1;
-    gpu_meta_bind(&c->meta, s->ipc_base + s->ipc_offset);
-    if (eng_weights_bucket_device(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
-    /* the trainer may overwrite its buffer as soon as this returns */
-    s->rt.be->ops->synchronize(s->rt.be);
-    *st = 200;
-    return 0;
-}
-
 static int confine_ckpt(srv_state *s, const char *dir, srv_err *e, const char *param);
 
 /* Runs one command; returns 0 when it must wait (drain), 1 when done. */
@@ -368,8 +80,9 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     eng_weights_info wi;
     eng_weights_get_info(e, &wi);
     /* (with a session already open or the weights undefined the command fails at once: no drain) */
-    const int begins = c->kind == CMD_BEGIN || c->kind == CMD_LOAD || (c->kind == CMD_NCCL_UPDATE && s->nccl);
-    if ((begins || c->kind == CMD_PAUSE) && c->pause == ENG_PAUSE_WAIT &&
+    const int begins =
+        c->kind == SRV_CMD_BEGIN || c->kind == SRV_CMD_LOAD || (c->kind == SRV_CMD_NCCL_UPDATE && s->nccl);
+    if ((begins || c->kind == SRV_CMD_PAUSE) && c->pause == ENG_PAUSE_WAIT &&
         !wi.session_open && wi.state != ENG_W_UNDEFINED) {
         /* drain: no admission, running requests finish (bounded); the rest is aborted */
         if (!c->draining) {
@@ -386,48 +99,33 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         else c->paused_requests = eng_num_running(e); /* frozen during the session ("wait": none left) */
     }
     switch (c->kind) {
-    case CMD_BEGIN:
+    case SRV_CMD_BEGIN:
         if (eng_weights_begin(e, c->full, c->which, c->pause, c->version, &c->session, err, el, &st) == 0) {
             st = 200;
             s->paused = 0;
         }
         break;
-    case CMD_BUCKET:
+    case SRV_CMD_BUCKET:
         if (eng_weights_bucket(e, c->tensors, c->n_tensors, c->what, err, el, &st) == 0) st = 200;
         break;
-    case CMD_FINISH:
+    case SRV_CMD_FINISH:
         if (eng_weights_finish(e, c->version, err, el, &st) == 0) st = 200;
         eng_weights_get_info(e, &wi);
-        if (!wi.session_open) ipc_release(s); /* once per session: closed when the session ends */
+        if (!wi.session_open) srv_gpu_ipc_release(s); /* once per session: closed when the session ends */
         break;
-    case CMD_ABORT:
+    case SRV_CMD_ABORT:
         if (eng_weights_abort(e, err, el, &st) == 0) st = 200;
-        ipc_release(s);
+        srv_gpu_ipc_release(s);
         break;
-    case CMD_NCCL_INIT:
-        nccl_init_cmd(s, c, &st);
+    case SRV_CMD_NCCL_INIT:
+    case SRV_CMD_NCCL_BUCKET:
+    case SRV_CMD_NCCL_UPDATE:
+    case SRV_CMD_NCCL_DESTROY:
+    case SRV_CMD_IPC_OPEN:
+    case SRV_CMD_IPC_BUCKET:
+        srv_gpu_cmd_run(s, c, &st); /* weights_gpu.c */
         break;
-    case CMD_NCCL_BUCKET:
-        nccl_bucket(s, c, &st);
-        break;
-    case CMD_NCCL_UPDATE:
-        nccl_update(s, c, &st);
-        break;
-    case CMD_NCCL_DESTROY:
-        if (!s->nccl) {
-            snprintf(err, el, "no NCCL group to destroy");
-            st = 409;
-        } else {
-            nccl_release(s);
-        }
-        break;
-    case CMD_IPC_OPEN:
-        ipc_open_cmd(s, c, &st);
-        break;
-    case CMD_IPC_BUCKET:
-        ipc_bucket_cmd(s, c, &st);
-        break;
-    case CMD_LOAD: {
+    case SRV_CMD_LOAD: {
         /* the files again, right before they are opened (see confine_ckpt) */
         srv_err ce;
         if (confine_ckpt(s, c->path, &ce, "path") != 0 ||
@@ -455,7 +153,7 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         s->paused = 0;
         break;
     }
-    case CMD_CHECKSUMS: {
+    case SRV_CMD_CHECKSUMS: {
         cJSON *t = cJSON_CreateObject();
         int rc = c->ckpt_names ? eng_weights_checksums_ckpt(e, c->draft, add_sum, t, &c->hash_dt)
                                : eng_weights_checksums(e, c->draft, add_sum, t);
@@ -468,17 +166,17 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         }
         break;
     }
-    case CMD_RESET_PREFIX:
+    case SRV_CMD_RESET_PREFIX:
         eng_reset_prefix_cache(e);
         break;
-    case CMD_PAUSE:
+    case SRV_CMD_PAUSE:
         if (c->pause == ENG_PAUSE_ABORT) abort_running(s, c);
         s->paused = 1;
         break;
-    case CMD_RESUME:
+    case SRV_CMD_RESUME:
         s->paused = 0;
         break;
-    case CMD_SET_VERSION:
+    case SRV_CMD_SET_VERSION:
         eng_weights_set_version(e, c->version);
         break;
     }
@@ -536,7 +234,7 @@ void srv_weights_expire(srv_state *s)
     char err[256];
     int st;
     eng_weights_abort(s->rt.e, err, sizeof err, &st); /* exactly what POST /v1/weights/abort does */
-    ipc_release(s);
+    srv_gpu_ipc_release(s);
     atomic_fetch_add(&s->w_sessions_timed_out, 1);
     srv_weights_publish(s);
     eng_weights_info after;
@@ -550,7 +248,7 @@ void srv_weights_expire(srv_state *s)
 /* ---- handler side ------------------------------------------------------------------------------------ */
 
 /* Queues c for the engine thread and waits for it. Returns c->status. */
-static int submit_cmd(srv_state *s, srv_cmd *c)
+int srv_cmd_submit(srv_state *s, srv_cmd *c)
 {
     pthread_cond_init(&c->cv, NULL);
     pthread_mutex_lock(&s->mu);
@@ -571,7 +269,7 @@ static int submit_cmd(srv_state *s, srv_cmd *c)
     return c->status;
 }
 
-static cJSON *info_json(srv_state *s)
+cJSON *srv_weights_info_json(srv_state *s)
 {
     pthread_mutex_lock(&s->wmu);
     eng_weights_info w = s->wpub;
@@ -600,7 +298,7 @@ static cJSON *info_json(srv_state *s)
     return o;
 }
 
-static int send_cmd_result(struct mg_connection *conn, srv_cmd *c, cJSON *ok_body)
+int srv_cmd_send_result(struct mg_connection *conn, srv_cmd *c, cJSON *ok_body)
 {
     if (c->status != 200) {
         cJSON_Delete(ok_body);
@@ -617,7 +315,7 @@ static int send_cmd_result(struct mg_connection *conn, srv_cmd *c, cJSON *ok_bod
 /* A JSON object body, where an empty body means {}. */
 static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n'; } /* (not NUL) */
 
-static cJSON *read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
+cJSON *srv_read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     if (ri->content_length == 0) return cJSON_CreateObject();
@@ -633,7 +331,7 @@ static cJSON *read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
     return o;
 }
 
-static int opt_string(const cJSON *b, const char *key, const char **out, srv_err *e)
+int srv_opt_string(const cJSON *b, const char *key, const char **out, srv_err *e)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(b, key);
     if (!v || cJSON_IsNull(v)) return 0;
@@ -668,24 +366,25 @@ static int check_version(const char *v, const char *key, srv_err *e)
     return 0;
 }
 
-/* opt_string for a version name: absent, a number (its text) or checked text. */
-static int opt_version(const cJSON *b, const char *key, const char **out, srv_err *e)
+/* srv_opt_string for a version name: absent, a number (its text) or checked text. */
+int srv_opt_version(const cJSON *b, const char *key, const char **out, srv_err *e)
 {
     const char *v = NULL;
-    if (opt_string(b, key, &v, e) != 0) return -1;
+    if (srv_opt_string(b, key, &v, e) != 0) return -1;
     if (v && check_version(v, key, e) != 0) return -1;
     if (v) *out = v;
     return 0;
 }
 
 /* mode / model / pause / version of a begin-like body into c. */
-static int parse_begin(const cJSON *b, srv_cmd *c, eng_wmodel dflt_model, srv_err *e)
+int srv_parse_begin(const cJSON *b, srv_cmd *c, eng_wmodel dflt_model, srv_err *e)
 {
     const char *mode = "full", *model = NULL, *pause = "wait", *version = NULL;
-    if (opt_string(b, "mode", &mode, e) || opt_string(b, "model", &model, e) || opt_string(b, "pause", &pause, e) ||
-        opt_version(b, "version", &version, e))
+    if (srv_opt_string(b, "mode", &mode, e) || srv_opt_string(b, "model", &model, e) ||
+        srv_opt_string(b, "pause", &pause, e) ||
+        srv_opt_version(b, "version", &version, e))
         return -1;
-    if (!version && opt_version(b, "weight_version", &version, e)) return -1;
+    if (!version && srv_opt_version(b, "weight_version", &version, e)) return -1;
     if (strcmp(mode, "full") != 0 && strcmp(mode, "partial") != 0)
         return srv_errf(e, 400, "mode", "mode must be \"full\" or \"partial\""), -1;
     c->full = strcmp(mode, "full") == 0;
@@ -698,41 +397,39 @@ static int parse_begin(const cJSON *b, srv_cmd *c, eng_wmodel dflt_model, srv_er
     return 0;
 }
 
-static srv_cmd *new_cmd(cmd_kind k)
+srv_cmd *srv_cmd_new(srv_cmd_kind k)
 {
     srv_cmd *c = calloc(1, sizeof *c);
     if (c) c->kind = k;
     return c;
 }
 
-#define NEW_CMD(c, k)                                                                                  \
-    srv_cmd *c = new_cmd(k);                                                                           \
-    if (!c) return srv_send_error(conn, 500, NULL, "out of memory")
-
-static int route_begin_model(srv_state *s, struct mg_connection *conn, eng_wmodel dflt)
+int srv_wroute_begin_model(srv_state *s, struct mg_connection *conn, eng_wmodel dflt)
 {
     srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
+    cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    NEW_CMD(c, CMD_BEGIN);
-    int rc = parse_begin(b, c, dflt, &e);
+    SRV_NEW_CMD(c, SRV_CMD_BEGIN);
+    int rc = srv_parse_begin(b, c, dflt, &e);
     cJSON_Delete(b);
     if (rc != 0) {
         free(c);
         return srv_send_err(conn, &e);
     }
-    submit_cmd(s, c);
+    srv_cmd_submit(s, c);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "session", (double)c->session);
     cJSON_AddStringToObject(o, "state", "updating");
     cJSON_AddNumberToObject(o, "aborted_requests", c->aborted_requests);
-    int st = send_cmd_result(conn, c, o);
+    int st = srv_cmd_send_result(conn, c, o);
     free(c);
     return st;
 }
 
-static int route_begin(srv_state *s, struct mg_connection *conn) { return route_begin_model(s, conn, ENG_WMODEL_TARGET); }
-static int route_begin_draft(srv_state *s, struct mg_connection *conn) { return route_begin_model(s, conn, ENG_WMODEL_DRAFT); }
+int srv_wroute_begin(srv_state *s, struct mg_connection *conn)
+{
+    return srv_wroute_begin_model(s, conn, ENG_WMODEL_TARGET);
+}
 
 /* Reads the octet-stream body into the staging buffer (caller holds bucket_mu). */
 static int read_bucket(srv_state *s, struct mg_connection *conn, size_t *len, srv_err *e)
@@ -771,7 +468,7 @@ static int route_bucket_locked(srv_state *s, struct mg_connection *conn)
         pthread_mutex_unlock(&s->bucket_mu);
         return srv_send_err(conn, &e);
     }
-    srv_cmd *c = new_cmd(CMD_BUCKET);
+    srv_cmd *c = srv_cmd_new(SRV_CMD_BUCKET);
     mdl_st_file f;
     memset(&f, 0, sizeof f);
     int st;
@@ -795,11 +492,11 @@ static int route_bucket_locked(srv_state *s, struct mg_connection *conn)
         } else {
             c->tensors = f.tensors;
             c->n_tensors = f.n;
-            submit_cmd(s, c);
+            srv_cmd_submit(s, c);
             cJSON *o = cJSON_CreateObject();
             cJSON_AddNumberToObject(o, "tensors", (double)f.n);
             cJSON_AddNumberToObject(o, "bytes", (double)len);
-            st = send_cmd_result(conn, c, o);
+            st = srv_cmd_send_result(conn, c, o);
         }
     }
     mdl_st_close(&f);
@@ -820,38 +517,39 @@ static int route_bucket(srv_state *s, struct mg_connection *conn)
     return st;
 }
 
-static int simple_cmd(srv_state *s, struct mg_connection *conn, cmd_kind k, const char *version, cJSON *ok)
+int srv_cmd_simple(srv_state *s, struct mg_connection *conn, srv_cmd_kind k, const char *version, cJSON *ok)
 {
-    srv_cmd *c = new_cmd(k);
+    srv_cmd *c = srv_cmd_new(k);
     if (!c) {
         cJSON_Delete(ok);
         return srv_send_error(conn, 500, NULL, "out of memory");
     }
     if (version) snprintf(c->version, sizeof c->version, "%s", version);
-    submit_cmd(s, c);
-    int st = send_cmd_result(conn, c, ok);
+    srv_cmd_submit(s, c);
+    int st = srv_cmd_send_result(conn, c, ok);
     free(c);
     return st;
 }
 
-static int route_finish(srv_state *s, struct mg_connection *conn)
+int srv_wroute_finish(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
+    cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const char *version = NULL;
-    if (opt_version(b, "version", &version, &e) != 0 || (!version && opt_version(b, "weight_version", &version, &e) != 0)) {
+    if (srv_opt_version(b, "version", &version, &e) != 0 ||
+        (!version && srv_opt_version(b, "weight_version", &version, &e) != 0)) {
         cJSON_Delete(b);
         return srv_send_err(conn, &e);
     }
     char v[128] = "";
     if (version) snprintf(v, sizeof v, "%s", version);
     cJSON_Delete(b);
-    srv_cmd *c = new_cmd(CMD_FINISH);
+    srv_cmd *c = srv_cmd_new(SRV_CMD_FINISH);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     snprintf(c->version, sizeof c->version, "%s", v);
-    submit_cmd(s, c);
-    int st = send_cmd_result(conn, c, c->status == 200 ? info_json(s) : NULL);
+    srv_cmd_submit(s, c);
+    int st = srv_cmd_send_result(conn, c, c->status == 200 ? srv_weights_info_json(s) : NULL);
     free(c);
     return st;
 }
@@ -859,20 +557,20 @@ static int route_finish(srv_state *s, struct mg_connection *conn)
 static int route_abort(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
+    cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     cJSON_Delete(b);
-    srv_cmd *c = new_cmd(CMD_ABORT);
+    srv_cmd *c = srv_cmd_new(SRV_CMD_ABORT);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
-    submit_cmd(s, c);
-    int st = send_cmd_result(conn, c, c->status == 200 ? info_json(s) : NULL);
+    srv_cmd_submit(s, c);
+    int st = srv_cmd_send_result(conn, c, c->status == 200 ? srv_weights_info_json(s) : NULL);
     free(c);
     return st;
 }
 
 static int route_info(srv_state *s, struct mg_connection *conn)
 {
-    cJSON *o = info_json(s);
+    cJSON *o = srv_weights_info_json(s);
     int st = srv_send_json(conn, 200, o);
     cJSON_Delete(o);
     return st;
@@ -965,19 +663,23 @@ static int confine_ckpt(srv_state *s, const char *dir, srv_err *e, const char *p
     return rc;
 }
 
-static int do_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key, int sglang)
+int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key,
+                     srv_load_style style)
 {
     srv_err e;
-    srv_cmd *c = new_cmd(CMD_LOAD);
+    srv_cmd *c = srv_cmd_new(SRV_CMD_LOAD);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(b, path_key);
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(b, "draft_path");
     int st;
-    if (parse_begin(b, c, ENG_WMODEL_TARGET, &e) != 0) goto err;
-    if (sglang) { /* SGLang: abort_all_requests picks the pause mode; flush_cache is implied (I6) */
+    if (srv_parse_begin(b, c, ENG_WMODEL_TARGET, &e) != 0) goto err;
+    if (style == SRV_LOAD_SGLANG) { /* SGLang: abort_all_requests picks the pause mode; flush_cache is implied (I6) */
         const cJSON *ab = cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests");
         c->pause = cJSON_IsTrue(ab) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
     }
+    /* prime-rl pauses with mode=keep before it updates: the requests it froze stay frozen through the
+     * load and go on with the new weights (a "wait" load would first run them to the end) */
+    if (style == SRV_LOAD_PRIMERL && !cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_KEEP;
     if (!cJSON_IsString(p)) {
         srv_errf(&e, 400, path_key, "%s must be a checkpoint folder path", path_key);
         goto err;
@@ -993,16 +695,23 @@ static int do_load(srv_state *s, struct mg_connection *conn, const cJSON *b, con
             confine_ckpt(s, c->draft_path, &e, "draft_path") != 0)
             goto err;
     }
-    submit_cmd(s, c);
-    if (sglang) {
+    srv_cmd_submit(s, c);
+    if (style == SRV_LOAD_SGLANG) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "success", c->status == 200);
         cJSON_AddStringToObject(o, "message", c->status == 200 ? "Succeeded to update model weights." : c->err);
         cJSON_AddNumberToObject(o, "num_paused_requests", c->paused_requests + c->aborted_requests);
         st = srv_send_json(conn, c->status == 200 ? 200 : c->status, o);
         cJSON_Delete(o);
+    } else if (style == SRV_LOAD_PRIMERL) {
+        cJSON *o = NULL;
+        if (c->status == 200) {
+            o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "status", "ok");
+        }
+        st = srv_cmd_send_result(conn, c, o);
     } else {
-        st = send_cmd_result(conn, c, c->status == 200 ? info_json(s) : NULL);
+        st = srv_cmd_send_result(conn, c, c->status == 200 ? srv_weights_info_json(s) : NULL);
     }
     free(c);
     return st;
@@ -1016,29 +725,18 @@ static int route_load(srv_state *s, struct mg_connection *conn)
     srv_err e;
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    int st = do_load(s, conn, b, "path", 0);
+    int st = srv_weights_load(s, conn, b, "path", SRV_LOAD_NATIVE);
     cJSON_Delete(b);
     return st;
 }
-
-static int route_sglang_load(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    int st = do_load(s, conn, b, "model_path", 1);
-    cJSON_Delete(b);
-    return st;
-}
-
-static int checksums(srv_state *s, struct mg_connection *conn, int draft, int ckpt_names, cJSON **tensors,
+int srv_weights_checksums(srv_state *s, struct mg_connection *conn, int draft, int ckpt_names, cJSON **tensors,
                      srv_cmd **out)
 {
-    srv_cmd *c = new_cmd(CMD_CHECKSUMS);
+    srv_cmd *c = srv_cmd_new(SRV_CMD_CHECKSUMS);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     c->draft = draft;
     c->ckpt_names = ckpt_names;
-    submit_cmd(s, c);
+    srv_cmd_submit(s, c);
     *tensors = c->result;
     *out = c;
     return c->status;
@@ -1047,7 +745,7 @@ static int checksums(srv_state *s, struct mg_connection *conn, int draft, int ck
 /* "names": "internal" (default: one entry per runtime parameter, fused buffers whole, over their
  * stored bytes) or "checkpoint" (one per checkpoint tensor name, hashed in the checkpoint dtype; see
  * eng_weights_checksums_ckpt and README). -1 for anything else. */
-static int parse_names(const char *v)
+int srv_weights_parse_names(const char *v)
 {
     if (!v || strcmp(v, "internal") == 0) return 0;
     if (strcmp(v, "checkpoint") == 0) return 1;
@@ -1055,7 +753,7 @@ static int parse_names(const char *v)
 }
 
 /* The fields that say how the hashes of a checksums answer are defined. */
-static void add_hash_fields(cJSON *o, const srv_cmd *c)
+void srv_weights_hash_fields(cJSON *o, const srv_cmd *c)
 {
     cJSON_AddStringToObject(o, "names", c->ckpt_names ? "checkpoint" : "internal");
     if (c->ckpt_names) cJSON_AddStringToObject(o, "dtype", mdl_dtype_name(c->hash_dt));
@@ -1075,11 +773,11 @@ static int route_checksums(srv_state *s, struct mg_connection *conn)
     }
     if (strcmp(model, "target") != 0 && strcmp(model, "draft") != 0)
         return srv_send_error(conn, 400, "model", "model must be \"target\" or \"draft\"");
-    const int ck = parse_names(names);
+    const int ck = srv_weights_parse_names(names);
     if (ck < 0) return srv_send_error(conn, 400, "names", "names must be \"internal\" or \"checkpoint\"");
     cJSON *t = NULL;
     srv_cmd *c = NULL;
-    checksums(s, conn, strcmp(model, "draft") == 0, ck, &t, &c);
+    srv_weights_checksums(s, conn, strcmp(model, "draft") == 0, ck, &t, &c);
     if (!c) return 500;
     cJSON *o = NULL;
     if (c->status == 200) {
@@ -1087,24 +785,26 @@ static int route_checksums(srv_state *s, struct mg_connection *conn)
         pthread_mutex_lock(&s->wmu);
         cJSON_AddStringToObject(o, "version", s->wpub.version);
         pthread_mutex_unlock(&s->wmu);
-        add_hash_fields(o, c);
+        srv_weights_hash_fields(o, c);
         cJSON_AddItemToObject(o, "tensors", t);
     }
-    int st = send_cmd_result(conn, c, o);
+    int st = srv_cmd_send_result(conn, c, o);
     free(c);
     return st;
 }
 
+/* ---- routes more than one dialect serves (registered by weights_vllm.c and weights_sglang.c) -- */
+
 /* vLLM /weight_checker and SGLang /weights_checker: {"action":"checksum"} or
  * {"action":"compare","checksums":{name:hex}} (model optional). */
-static int route_checker(srv_state *s, struct mg_connection *conn)
+int srv_wroute_checker(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
+    cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const char *action = "checksum", *model = "target", *names = NULL;
-    if (opt_string(b, "action", &action, &e) || opt_string(b, "model", &model, &e) ||
-        opt_string(b, "names", &names, &e)) {
+    if (srv_opt_string(b, "action", &action, &e) || srv_opt_string(b, "model", &model, &e) ||
+        srv_opt_string(b, "names", &names, &e)) {
         cJSON_Delete(b);
         return srv_send_err(conn, &e);
     }
@@ -1112,14 +812,14 @@ static int route_checker(srv_state *s, struct mg_connection *conn)
         cJSON_Delete(b);
         return srv_send_error(conn, 400, "action", "action must be \"checksum\" or \"compare\"");
     }
-    const int ck = parse_names(names);
+    const int ck = srv_weights_parse_names(names);
     if (ck < 0) {
         cJSON_Delete(b);
         return srv_send_error(conn, 400, "names", "names must be \"internal\" or \"checkpoint\"");
     }
     cJSON *t = NULL;
     srv_cmd *c = NULL;
-    checksums(s, conn, strcmp(model, "draft") == 0, ck, &t, &c);
+    srv_weights_checksums(s, conn, strcmp(model, "draft") == 0, ck, &t, &c);
     if (!c) {
         cJSON_Delete(b);
         return 500;
@@ -1127,7 +827,7 @@ static int route_checker(srv_state *s, struct mg_connection *conn)
     cJSON *o = NULL;
     if (c->status == 200) {
         o = cJSON_CreateObject();
-        if (ck) add_hash_fields(o, c); /* (the default answer keeps its vLLM / SGLang shape) */
+        if (ck) srv_weights_hash_fields(o, c); /* (the default answer keeps its vLLM / SGLang shape) */
         if (strcmp(action, "checksum") == 0) {
             cJSON_AddItemToObject(o, "checksums", t);
         } else {
@@ -1148,79 +848,66 @@ static int route_checker(srv_state *s, struct mg_connection *conn)
         }
     }
     cJSON_Delete(b);
-    int st = send_cmd_result(conn, c, o);
+    int st = srv_cmd_send_result(conn, c, o);
     free(c);
     return st;
 }
 
-static int route_reset_prefix(srv_state *s, struct mg_connection *conn)
+int srv_wroute_reset_prefix(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
+    cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     cJSON_Delete(b);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "success", 1);
-    return simple_cmd(s, conn, CMD_RESET_PREFIX, NULL, o);
+    return srv_cmd_simple(s, conn, SRV_CMD_RESET_PREFIX, NULL, o);
 }
 
 /* vLLM /pause?mode=abort|wait|keep, SGLang /pause_generation {"mode": abort|retract|in_place} */
-static int do_pause(srv_state *s, struct mg_connection *conn, const char *mode)
+int srv_weights_pause(srv_state *s, struct mg_connection *conn, const char *mode)
 {
-    srv_cmd *c = new_cmd(CMD_PAUSE);
+    srv_cmd *c = srv_cmd_new(SRV_CMD_PAUSE);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     if (strcmp(mode, "retract") == 0 || strcmp(mode, "in_place") == 0) mode = "keep";
     if (eng_pause_parse(mode, &c->pause) != 0 || c->pause == ENG_PAUSE_RECOMPUTE) {
         free(c);
         return srv_send_error(conn, 400, "mode", "mode must be abort, wait or keep");
     }
-    submit_cmd(s, c);
+    srv_cmd_submit(s, c);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", "paused");
     cJSON_AddNumberToObject(o, "num_aborted_requests", c->aborted_requests);
-    int st = send_cmd_result(conn, c, o);
+    int st = srv_cmd_send_result(conn, c, o);
     free(c);
     return st;
 }
 
-static int route_pause(srv_state *s, struct mg_connection *conn)
+int srv_wroute_pause(srv_state *s, struct mg_connection *conn)
 {
     char mode[32] = "abort";
     const struct mg_request_info *ri = mg_get_request_info(conn);
     if (ri->query_string) mg_get_var(ri->query_string, strlen(ri->query_string), "mode", mode, sizeof mode);
     srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
+    cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(b, "mode");
     if (cJSON_IsString(m)) snprintf(mode, sizeof mode, "%s", m->valuestring);
     cJSON_Delete(b);
-    return do_pause(s, conn, mode);
+    return srv_weights_pause(s, conn, mode);
 }
 
-static int route_resume(srv_state *s, struct mg_connection *conn)
+int srv_wroute_resume(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
+    cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     cJSON_Delete(b);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", "resumed");
-    return simple_cmd(s, conn, CMD_RESUME, NULL, o);
+    return srv_cmd_simple(s, conn, SRV_CMD_RESUME, NULL, o);
 }
-
-static int route_is_paused(srv_state *s, struct mg_connection *conn)
-{
-    pthread_mutex_lock(&s->wmu);
-    int p = s->is_paused_pub;
-    pthread_mutex_unlock(&s->wmu);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddBoolToObject(o, "is_paused", p);
-    int st = srv_send_json(conn, 200, o);
-    cJSON_Delete(o);
-    return st;
-}
-
-static int route_weight_version(srv_state *s, struct mg_connection *conn)
+int srv_wroute_weight_version(srv_state *s, struct mg_connection *conn)
 {
     cJSON *o = cJSON_CreateObject();
     pthread_mutex_lock(&s->wmu);
@@ -1230,478 +917,6 @@ static int route_weight_version(srv_state *s, struct mg_connection *conn)
     cJSON_Delete(o);
     return st;
 }
-
-static int route_update_version(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    const char *v = NULL;
-    if (opt_version(b, "new_version", &v, &e) != 0) {
-        cJSON_Delete(b);
-        return srv_send_err(conn, &e);
-    }
-    if (!v) {
-        cJSON_Delete(b);
-        return srv_send_error(conn, 400, "new_version", "new_version is required");
-    }
-    char ver[128];
-    snprintf(ver, sizeof ver, "%s", v);
-    cJSON_Delete(b);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddBoolToObject(o, "success", 1);
-    cJSON_AddStringToObject(o, "message", "weight version updated");
-    return simple_cmd(s, conn, CMD_SET_VERSION, ver, o);
-}
-
-/* ---- GPU transports, handler side ----------------------------------------------------------------------
- * Bodies are validated whole here (400 naming the field); the engine thread then validates the
- * tensors against the model before any byte moves, and only then receives / copies.
- *
- * NCCL packing (vLLM /update_weights, SGLang /update_weights_from_distributed): the bucket is ONE
- * ncclBroadcast from rank 0 of uint8 bytes; tensor i starts at the first multiple of 256 at or after
- * the end of tensor i-1 (tensor 0 at 0), its bytes are numel * dtype size, contiguous, little
- * endian; the broadcast length is the end of the last tensor (no trailing padding). */
-#define GPU_ALIGN 256
-
-static int b64_val(int ch)
-{
-    if (ch >= 'A' && ch <= 'Z') return ch - 'A';
-    if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
-    if (ch >= '0' && ch <= '9') return ch - '0' + 52;
-    if (ch == '+' || ch == '-') return 62;
-    if (ch == '/' || ch == '_') return 63;
-    return -1;
-}
-
-/* Standard or URL-safe base64 (padding optional). Returns the decoded length, or -1. */
-static long b64_decode(const char *in, unsigned char *out, size_t cap)
-{
-    size_t n = 0;
-    unsigned acc = 0;
-    int bits = 0;
-    for (; *in && *in != '='; in++) {
-        int v = b64_val((unsigned char)*in);
-        if (v < 0) return -1;
-        acc = (acc << 6) | (unsigned)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            if (n >= cap) return -1;
-            out[n++] = (unsigned char)(acc >> bits);
-            acc &= (1u << bits) - 1;
-        }
-    }
-    while (*in == '=') in++;
-    return *in ? -1 : (long)n;
-}
-
-/* "bfloat16", "torch.bfloat16", "BF16", "bf16", "float16", "half", "float32", "float" ... */
-static int gpu_dtype_parse(const char *s, mdl_dtype *out)
-{
-    if (strncmp(s, "torch.", 6) == 0) s += 6;
-    static const struct {
-        const char *n;
-        mdl_dtype dt;
-    } tab[] = {{"bfloat16", MDL_DT_BF16}, {"bf16", MDL_DT_BF16}, {"float16", MDL_DT_F16}, {"half", MDL_DT_F16},
-               {"f16", MDL_DT_F16},       {"float32", MDL_DT_F32}, {"float", MDL_DT_F32}, {"f32", MDL_DT_F32}};
-    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-        if (strcasecmp(s, tab[i].n) == 0) return *out = tab[i].dt, 0;
-    return mdl_dtype_parse(s, out); /* the safetensors names; the engine refuses non-float ones */
-}
-
-static void gpu_meta_free(gpu_meta *m)
-{
-    for (size_t i = 0; i < m->n; i++) free(m->t[i].name);
-    free(m->t);
-    free(m->off);
-    memset(m, 0, sizeof *m);
-}
-
-/* Parses names / dtypes / shapes (and, for IPC, offsets) of obj. pfx prefixes the field names in
- * messages ("update_info."). offsets_key NULL: NCCL packing (GPU_ALIGN). */
-static int gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key, const char *dtypes_key,
-                          const char *offsets_key, gpu_meta *m, srv_err *e)
-{
-    char f[4][96];
-    snprintf(f[0], sizeof f[0], "%s%s", pfx, names_key);
-    snprintf(f[1], sizeof f[1], "%s%s", pfx, dtypes_key);
-    snprintf(f[2], sizeof f[2], "%sshapes", pfx);
-    snprintf(f[3], sizeof f[3], "%s%s", pfx, offsets_key ? offsets_key : "offsets");
-    const cJSON *names = cJSON_GetObjectItemCaseSensitive(obj, names_key);
-    const cJSON *dts = cJSON_GetObjectItemCaseSensitive(obj, dtypes_key);
-    const cJSON *shapes = cJSON_GetObjectItemCaseSensitive(obj, "shapes");
-    const cJSON *offs = offsets_key ? cJSON_GetObjectItemCaseSensitive(obj, offsets_key) : NULL;
-    memset(m, 0, sizeof *m);
-    if (!cJSON_IsArray(names) || cJSON_GetArraySize(names) == 0)
-        return srv_errf(e, 400, f[0], "%s must be a non-empty list of tensor names", f[0]), -1;
-    int n = cJSON_GetArraySize(names);
-    if (!cJSON_IsArray(dts) || cJSON_GetArraySize(dts) != n)
-        return srv_errf(e, 400, f[1], "%s must be a list of %d dtype names (one per tensor)", f[1], n), -1;
-    if (!cJSON_IsArray(shapes) || cJSON_GetArraySize(shapes) != n)
-        return srv_errf(e, 400, f[2], "%s must be a list of %d shapes (one per tensor)", f[2], n), -1;
-    if (offsets_key && (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != n))
-        return srv_errf(e, 400, f[3], "%s must be a list of %d byte offsets (one per tensor)", f[3], n), -1;
-    m->t = calloc((size_t)n, sizeof *m->t);
-    m->off = calloc((size_t)n, sizeof *m->off);
-    if (!m->t || !m->off) {
-        gpu_meta_free(m);
-        return srv_errf(e, 500, NULL, "out of memory"), -1;
-    }
-    uint64_t at = 0;
-    for (int i = 0; i < n; i++) {
-        mdl_st_tensor *t = &m->t[i];
-        const cJSON *nm = cJSON_GetArrayItem(names, i), *dt = cJSON_GetArrayItem(dts, i);
-        const cJSON *sh = cJSON_GetArrayItem(shapes, i);
-        if (!cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) > 512) {
-            srv_errf(e, 400, f[0], "%s[%d] must be a tensor name", f[0], i);
-            goto bad;
-        }
-        for (int j = 0; j < i; j++)
-            if (strcmp(m->t[j].name, nm->valuestring) == 0) {
-                srv_errf(e, 400, f[0], "%s: tensor %s appears twice", f[0], nm->valuestring);
-                goto bad;
-            }
-        if (!cJSON_IsString(dt) || gpu_dtype_parse(dt->valuestring, &t->dtype) != 0) {
-            srv_errf(e, 400, f[1], "%s[%d] (%s) must be a dtype name such as \"bfloat16\", \"float16\" or \"float32\"",
-                     f[1], i, nm->valuestring);
-            goto bad;
-        }
-        int nd = cJSON_IsArray(sh) ? cJSON_GetArraySize(sh) : -1;
-        if (nd < 0 || nd > MDL_ST_MAX_DIMS) {
-            srv_errf(e, 400, f[2], "%s[%d] (%s) must be a list of at most %d dimensions", f[2], i, nm->valuestring,
-                     MDL_ST_MAX_DIMS);
-            goto bad;
-        }
-        t->name = strdup(nm->valuestring);
-        if (!t->name) {
-            srv_errf(e, 500, NULL, "out of memory");
-            goto bad;
-        }
-        m->n = (size_t)i + 1;
-        t->ndim = nd;
-        uint64_t numel = 1;
-        for (int d = 0; d < nd; d++) {
-            const cJSON *x = cJSON_GetArrayItem(sh, d);
-            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9007199254740992.0 ||
-                x->valuedouble != (double)(int64_t)x->valuedouble) {
-                srv_errf(e, 400, f[2], "%s[%d] (%s): dimension %d must be a non-negative integer", f[2], i,
-                         t->name, d);
-                goto bad;
-            }
-            t->shape[d] = (int64_t)x->valuedouble;
-            if (t->shape[d] && numel > (UINT64_C(1) << 48) / (uint64_t)t->shape[d]) {
-                srv_errf(e, 400, f[2], "%s[%d] (%s) is too large", f[2], i, t->name);
-                goto bad;
-            }
-            numel *= (uint64_t)t->shape[d];
-        }
-        t->numel = numel;
-        t->nbytes = numel * mdl_dtype_size(t->dtype);
-        uint64_t off;
-        if (offsets_key) {
-            const cJSON *o = cJSON_GetArrayItem(offs, i);
-            size_t w = mdl_dtype_size(t->dtype);
-            if (!cJSON_IsNumber(o) || o->valuedouble < 0 || o->valuedouble > 9007199254740992.0 ||
-                o->valuedouble != (double)(uint64_t)o->valuedouble || ((uint64_t)o->valuedouble % (w ? w : 1))) {
-                srv_errf(e, 400, f[3], "%s[%d] (%s) must be a non-negative byte offset, a multiple of %zu", f[3], i,
-                         t->name, w);
-                goto bad;
-            }
-            off = (uint64_t)o->valuedouble;
-        } else {
-            off = (at + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN;
-        }
-        m->off[i] = off;
-        at = off + t->nbytes;
-        if (at > m->total) m->total = at;
-    }
-    if (offsets_key) { /* tensors of one bucket must not overlap */
-        for (size_t i = 0; i < m->n; i++)
-            for (size_t j = i + 1; j < m->n; j++)
-                if (m->t[i].nbytes && m->t[j].nbytes && m->off[i] < m->off[j] + m->t[j].nbytes &&
-                    m->off[j] < m->off[i] + m->t[i].nbytes) {
-                    srv_errf(e, 400, f[3], "%s: tensors %s and %s overlap", f[3], m->t[i].name, m->t[j].name);
-                    goto bad;
-                }
-    }
-    return 0;
-bad:
-    gpu_meta_free(m);
-    return -1;
-}
-
-/* An integer field of o in [lo, hi]; required or (dflt when absent). */
-static int get_int(const cJSON *o, const char *pfx, const char *key, int required, long long lo, long long hi,
-                   long long dflt, long long *out, srv_err *e)
-{
-    char f[96];
-    snprintf(f, sizeof f, "%s%s", pfx, key);
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required) return srv_errf(e, 400, f, "%s is required", f), -1;
-        *out = dflt;
-        return 0;
-    }
-    double d = 0;
-    char *end = NULL;
-    if (cJSON_IsNumber(v)) d = v->valuedouble;
-    else if (cJSON_IsString(v) && v->valuestring[0]) { /* "29500": ports are often strings */
-        d = strtod(v->valuestring, &end);
-        if (*end) d = -1e300;
-    } else d = -1e300;
-    if (d != (double)(long long)d || d < (double)lo || d > (double)hi)
-        return srv_errf(e, 400, f, "%s must be an integer in [%lld, %lld]", f, lo, hi), -1;
-    *out = (long long)d;
-    return 0;
-}
-
-/* The NCCL group of an init body (init_info of vLLM, the top level of SGLang) into c. */
-static int parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e)
-{
-    long long rank, world, port, staging, timeout;
-    char f[96];
-    if (get_int(o, pfx, "world_size", 1, 2, 1 << 20, 0, &world, e) ||
-        get_int(o, pfx, "rank_offset", 1, 1, 1 << 20, 0, &rank, e) ||
-        get_int(o, pfx, "master_port", 0, 0, 65535, 0, &port, e) ||
-        get_int(o, pfx, "staging_bytes", 0, 1, (long long)1 << 50, 0, &staging, e) ||
-        get_int(o, pfx, "timeout_s", 0, 1, 86400, 0, &timeout, e))
-        return -1;
-    if (rank >= world) {
-        snprintf(f, sizeof f, "%srank_offset", pfx);
-        return srv_errf(e, 400, f, "%s (%lld) must be below world_size (%lld): the trainer is rank 0 and this server "
-                        "(one GPU) is rank rank_offset", f, rank, world), -1;
-    }
-    const cJSON *ma = cJSON_GetObjectItemCaseSensitive(o, "master_address");
-    if (ma && !cJSON_IsNull(ma) && !cJSON_IsString(ma)) {
-        snprintf(f, sizeof f, "%smaster_address", pfx);
-        return srv_errf(e, 400, f, "%s must be a string", f), -1;
-    }
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "nccl_unique_id_b64");
-    snprintf(f, sizeof f, "%snccl_unique_id_b64", pfx);
-    if (!id || cJSON_IsNull(id))
-        return srv_errf(e, 400, f, "%s is required: graphswap joins the trainer's communicator with the trainer's "
-                        "ncclUniqueId (128 bytes, base64; ncclGetUniqueId on rank 0) and runs no TCP rendezvous "
-                        "on master_address:master_port", f), -1;
-    long n = cJSON_IsString(id) ? b64_decode(id->valuestring, c->blob, sizeof c->blob) : -1;
-    if (n != GS_NCCL_ID_BYTES)
-        return srv_errf(e, 400, f, "%s must be the base64 of a %d-byte ncclUniqueId", f, GS_NCCL_ID_BYTES), -1;
-    c->blob_len = (size_t)n;
-    c->rank = (int)rank;
-    c->world = (int)world;
-    c->staging_req = (size_t)staging;
-    c->timeout = (double)timeout;
-    return 0;
-}
-
-static int gpu_available(const srv_state *s) { return gpu_xport(s) != NULL; }
-
-/* SGLang answers {success, message} (with the HTTP status of the outcome). */
-static int send_sglang(struct mg_connection *conn, int status, const char *msg)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddBoolToObject(o, "success", status == 200);
-    cJSON_AddStringToObject(o, "message", msg);
-    int st = srv_send_json(conn, status, o);
-    cJSON_Delete(o);
-    return st;
-}
-
-/* vLLM POST /init_weight_transfer_engine {"init_info":{master_address, master_port, rank_offset,
- * world_size, nccl_unique_id_b64[, staging_bytes, timeout_s]}} */
-static int route_nccl_init_vllm(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    const cJSON *ii = cJSON_GetObjectItemCaseSensitive(b, "init_info");
-    NEW_CMD(c, CMD_NCCL_INIT);
-    int rc = -1;
-    if (!cJSON_IsObject(ii)) srv_errf(&e, 400, "init_info", "init_info must be an object");
-    else rc = parse_nccl_init(ii, "init_info.", c, &e);
-    cJSON_Delete(b);
-    if (rc == 0 && !gpu_available(s)) rc = (srv_errf(&e, 501, NULL, GPU_NEEDS_CUDA), -1);
-    if (rc != 0) {
-        free(c);
-        return srv_send_err(conn, &e);
-    }
-    snprintf(c->group, sizeof c->group, "vllm");
-    submit_cmd(s, c);
-    int st = send_cmd_result(conn, c, c->result);
-    free(c);
-    return st;
-}
-
-/* SGLang POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
- * group_name, backend, nccl_unique_id_b64 (graphswap)} */
-static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    NEW_CMD(c, CMD_NCCL_INIT);
-    const char *group = NULL, *backend = NULL;
-    int rc = opt_string(b, "group_name", &group, &e) || opt_string(b, "backend", &backend, &e) ? -1 : 0;
-    if (rc == 0 && backend && strcmp(backend, "nccl") != 0)
-        rc = (srv_errf(&e, 400, "backend", "backend must be \"nccl\""), -1);
-    if (rc == 0) rc = parse_nccl_init(b, "", c, &e);
-    if (rc == 0) snprintf(c->group, sizeof c->group, "%s", group ? group : "");
-    cJSON_Delete(b);
-    if (rc == 0 && !gpu_available(s)) rc = (srv_errf(&e, 501, NULL, GPU_NEEDS_CUDA), -1);
-    if (rc != 0) {
-        free(c);
-        return e.status == 501 ? send_sglang(conn, 501, e.msg) : srv_send_err(conn, &e);
-    }
-    submit_cmd(s, c);
-    int st = c->status == 200 ? srv_send_json(conn, 200, c->result) : send_sglang(conn, c->status, c->err);
-    cJSON_Delete(c->result);
-    free(c);
-    return st;
-}
-
-static int route_nccl_destroy(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = read_json_opt(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    cJSON_Delete(b);
-    if (!gpu_available(s)) return send_sglang(conn, 501, GPU_NEEDS_CUDA);
-    srv_cmd *c = new_cmd(CMD_NCCL_DESTROY);
-    if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
-    submit_cmd(s, c);
-    int st = send_sglang(conn, c->status, c->status == 200 ? "NCCL group destroyed" : c->err);
-    free(c);
-    return st;
-}
-
-/* vLLM POST /update_weights {"update_info":{names, dtype_names, shapes}}: one bucket of an open
- * session, its bytes one NCCL broadcast (packing above). */
-static int route_nccl_bucket(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    const cJSON *ui = cJSON_GetObjectItemCaseSensitive(b, "update_info");
-    NEW_CMD(c, CMD_NCCL_BUCKET);
-    int rc = -1;
-    if (!cJSON_IsObject(ui)) srv_errf(&e, 400, "update_info", "update_info must be an object");
-    else rc = gpu_meta_parse(ui, "update_info.", "names", "dtype_names", NULL, &c->meta, &e);
-    cJSON_Delete(b);
-    if (rc != 0) {
-        free(c);
-        return srv_send_err(conn, &e);
-    }
-    /* (on the CPU backend the engine still checks the session and the names, then answers 501) */
-    submit_cmd(s, c);
-    cJSON *o = NULL;
-    if (c->status == 200) {
-        o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "tensors", (double)c->meta.n);
-        cJSON_AddNumberToObject(o, "bytes", (double)c->meta.total);
-    }
-    int st = send_cmd_result(conn, c, o);
-    gpu_meta_free(&c->meta);
-    free(c);
-    return st;
-}
-
-/* SGLang POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
- * weight_version[, abort_all_requests]}: a partial session (begin, this bucket, finish). The prefix
- * cache is always dropped at finish (I6), whatever flush_cache says. */
-static int route_nccl_update(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    NEW_CMD(c, CMD_NCCL_UPDATE);
-    const char *version = NULL;
-    int rc = gpu_meta_parse(b, "", "names", "dtypes", NULL, &c->meta, &e);
-    if (rc == 0 && (opt_version(b, "weight_version", &version, &e) != 0)) rc = -1;
-    if (rc == 0 && version) snprintf(c->version, sizeof c->version, "%s", version);
-    c->pause = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests")) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
-    cJSON_Delete(b);
-    if (rc == 0 && !gpu_available(s)) rc = (srv_errf(&e, 501, NULL, GPU_NEEDS_CUDA), -1);
-    if (rc != 0) {
-        gpu_meta_free(&c->meta);
-        free(c);
-        return e.status == 501 ? send_sglang(conn, 501, e.msg) : srv_send_err(conn, &e);
-    }
-    submit_cmd(s, c);
-    int st = send_sglang(conn, c->status, c->status == 200 ? "Succeeded to update parameter online." : c->err);
-    gpu_meta_free(&c->meta);
-    free(c);
-    return st;
-}
-
-/* POST /v1/weights/ipc/open {"handle_b64", "bytes"[, "offset"]}: maps the trainer's reusable bucket
- * buffer (a cudaIpcMemHandle_t of its allocation; offset: where the buffer starts in it) once per
- * session; it is unmapped at finish / abort. */
-static int route_ipc_open(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    NEW_CMD(c, CMD_IPC_OPEN);
-    long long bytes = 0, off = 0;
-    const cJSON *h = cJSON_GetObjectItemCaseSensitive(b, "handle_b64");
-    long n = cJSON_IsString(h) ? b64_decode(h->valuestring, c->blob, sizeof c->blob) : -1;
-    int rc = 0;
-    if (n != GS_IPC_HANDLE_BYTES)
-        rc = (srv_errf(&e, 400, "handle_b64", "handle_b64 must be the base64 of a %d-byte cudaIpcMemHandle_t",
-                      GS_IPC_HANDLE_BYTES), -1);
-    if (rc == 0 && (get_int(b, "", "bytes", 1, 1, (long long)1 << 50, 0, &bytes, &e) ||
-                    get_int(b, "", "offset", 0, 0, (long long)1 << 50, 0, &off, &e)))
-        rc = -1;
-    if (rc == 0 && off % GPU_ALIGN) rc = (srv_errf(&e, 400, "offset", "offset must be a multiple of %d", GPU_ALIGN), -1);
-    cJSON_Delete(b);
-    if (rc != 0) {
-        free(c);
-        return srv_send_err(conn, &e);
-    }
-    c->blob_len = (size_t)n;
-    c->ipc_bytes = (size_t)bytes;
-    c->ipc_offset = (size_t)off;
-    submit_cmd(s, c); /* (the engine checks the session first, then answers 501 on the CPU backend) */
-    cJSON *o = NULL;
-    if (c->status == 200) {
-        o = cJSON_CreateObject();
-        cJSON_AddBoolToObject(o, "success", 1);
-        cJSON_AddNumberToObject(o, "bytes", (double)c->ipc_bytes);
-    }
-    int st = send_cmd_result(conn, c, o);
-    free(c);
-    return st;
-}
-
-/* POST /v1/weights/ipc/bucket {"names", "dtypes", "shapes", "offsets"}: tensors at byte offsets of
- * the open IPC buffer (each a multiple of its dtype size, inside the buffer, not overlapping). */
-static int route_ipc_bucket(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    NEW_CMD(c, CMD_IPC_BUCKET);
-    int rc = gpu_meta_parse(b, "", "names", "dtypes", "offsets", &c->meta, &e);
-    cJSON_Delete(b);
-    if (rc != 0) {
-        free(c);
-        return srv_send_err(conn, &e);
-    }
-    submit_cmd(s, c);
-    cJSON *o = NULL;
-    if (c->status == 200) {
-        o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "tensors", (double)c->meta.n);
-        uint64_t sum = 0;
-        for (size_t i = 0; i < c->meta.n; i++) sum += c->meta.t[i].nbytes;
-        cJSON_AddNumberToObject(o, "bytes", (double)sum);
-    }
-    int st = send_cmd_result(conn, c, o);
-    gpu_meta_free(&c->meta);
-    free(c);
-    return st;
-}
-
 cJSON *srv_weight_version_json(srv_state *s, const uint64_t *versions, int n)
 {
     pthread_mutex_lock(&s->wmu);
@@ -1735,37 +950,15 @@ void srv_weights_destroy(srv_state *s)
 void srv_weights_routes(srv_state *s)
 {
     /* native */
-    srv_route_add(s, "POST", "/v1/weights/begin", route_begin, 2);
+    srv_route_add(s, "POST", "/v1/weights/begin", srv_wroute_begin, 2);
     srv_route_add(s, "POST", "/v1/weights/bucket", route_bucket, 2);
-    srv_route_add(s, "POST", "/v1/weights/finish", route_finish, 2);
+    srv_route_add(s, "POST", "/v1/weights/finish", srv_wroute_finish, 2);
     srv_route_add(s, "POST", "/v1/weights/abort", route_abort, 2);
     srv_route_add(s, "POST", "/v1/weights/load", route_load, 2);
     srv_route_add(s, "GET", "/v1/weights", route_info, 2);
     srv_route_add(s, "GET", "/v1/weights/checksums", route_checksums, 2);
-    /* vLLM */
-    srv_route_add(s, "POST", "/pause", route_pause, 2);
-    srv_route_add(s, "POST", "/resume", route_resume, 2);
-    srv_route_add(s, "GET", "/is_paused", route_is_paused, 2);
-    srv_route_add(s, "POST", "/start_weight_update", route_begin, 2);
-    srv_route_add(s, "POST", "/start_draft_weight_update", route_begin_draft, 2);
-    srv_route_add(s, "POST", "/finish_weight_update", route_finish, 2);
-    srv_route_add(s, "GET", "/weight_info", route_weight_version, 2);
-    srv_route_add(s, "POST", "/weight_checker", route_checker, 2);
-    srv_route_add(s, "POST", "/reset_prefix_cache", route_reset_prefix, 2);
-    srv_route_add(s, "POST", "/update_weights", route_nccl_bucket, 2);
-    srv_route_add(s, "POST", "/init_weight_transfer_engine", route_nccl_init_vllm, 2);
-    /* SGLang */
-    srv_route_add(s, "POST", "/update_weights_from_disk", route_sglang_load, 2);
-    srv_route_add(s, "POST", "/pause_generation", route_pause, 2);
-    srv_route_add(s, "POST", "/continue_generation", route_resume, 2);
-    srv_route_add(s, "POST", "/flush_cache", route_reset_prefix, 2);
-    srv_route_add(s, "GET", "/get_weight_version", route_weight_version, 2);
-    srv_route_add(s, "POST", "/update_weight_version", route_update_version, 2);
-    srv_route_add(s, "POST", "/weights_checker", route_checker, 2);
-    srv_route_add(s, "POST", "/update_weights_from_distributed", route_nccl_update, 2);
-    srv_route_add(s, "POST", "/init_weights_update_group", route_nccl_init_sglang, 2);
-    srv_route_add(s, "POST", "/destroy_weights_update_group", route_nccl_destroy, 2);
-    /* CUDA IPC (native) */
-    srv_route_add(s, "POST", "/v1/weights/ipc/open", route_ipc_open, 2);
-    srv_route_add(s, "POST", "/v1/weights/ipc/bucket", route_ipc_bucket, 2);
+    srv_weights_vllm_routes(s);
+    srv_weights_sglang_routes(s);
+    srv_weights_trl_routes(s);
+    srv_weights_gpu_routes(s); /* CUDA IPC (native) */
 }

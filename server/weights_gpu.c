@@ -1,0 +1,585 @@
+/* server/weights_gpu.c — the GPU weight transports of the CUDA backend: NCCL (vLLM's
+ * /update_weights, SGLang's /update_weights_from_distributed; the routes are in weights_vllm.c and
+ * weights_sglang.c) and CUDA IPC (the native /v1/weights/ipc/... routes, here).
+ *
+ * Handler side: bodies are parsed and validated whole (base64 ids and handles, names / dtypes /
+ * shapes / offsets into srv_gpu_meta). Engine side (srv_gpu_cmd_run, engine thread only): the
+ * tensors are validated against the model before any byte moves, then received (one broadcast per
+ * bucket) or copied out of the mapped IPC buffer into the model (engine/transport_cuda.h: the CUDA
+ * module's transport table; none on the CPU backend, where these commands answer 501).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "server/weights_internal.h"
+
+/* ---- GPU transports, engine side ------------------------------------------------------------------ */
+
+/* The CUDA module's transport table; NULL on the CPU backend. */
+static const gs_gpu_transport *gpu_xport(const srv_state *s)
+{
+    if (!s->rt.be || strcmp(s->rt.be->ops->name, "cuda") != 0) return NULL;
+    const gs_gpu_transport *(*get)(void);
+    *(void **)&get = srv_cuda_symbol("gs_gpu_transport_table");
+    const gs_gpu_transport *t = get ? get() : NULL;
+    return t && t->abi == GS_GPU_TRANSPORT_ABI ? t : NULL;
+}
+
+static double gpu_timeout(const srv_state *s, const srv_cmd *c)
+{
+    if (c->timeout > 0) return c->timeout;
+    if (s->nccl_timeout > 0) return s->nccl_timeout;
+    const char *v = getenv("GRAPHSWAP_NCCL_TIMEOUT_S");
+    double t = v ? strtod(v, NULL) : 0;
+    return t > 0 ? t : 300.0;
+}
+
+void srv_gpu_ipc_release(srv_state *s)
+{
+    const gs_gpu_transport *x = gpu_xport(s);
+    if (s->ipc_base && x) x->ipc_close(s->rt.be, s->ipc_base);
+    s->ipc_base = NULL;
+    s->ipc_bytes = s->ipc_offset = 0;
+}
+
+static void nccl_release(srv_state *s)
+{
+    const gs_gpu_transport *x = gpu_xport(s);
+    if (s->nccl && x) x->nccl_destroy(s->nccl);
+    s->nccl = NULL;
+    s->nccl_group[0] = 0;
+    s->nccl_rank = s->nccl_world = 0;
+}
+
+/* The number of the next GPU-transport bucket in the open session, from 1 (engine thread). */
+static uint64_t gpu_bucket_no(srv_state *s)
+{
+    eng_weights_info wi;
+    eng_weights_get_info(s->rt.e, &wi);
+    if (wi.session_id != s->gpu_session) {
+        s->gpu_session = wi.session_id;
+        s->n_gpu_buckets = 0;
+    }
+    return ++s->n_gpu_buckets;
+}
+
+/* Points every tensor of the metadata into the device buffer base. */
+static void gpu_meta_bind(srv_gpu_meta *m, const uint8_t *base)
+{
+    for (size_t i = 0; i < m->n; i++) m->t[i].data = base + m->off[i];
+}
+
+/* Receives one broadcast into the staging buffer (the bytes of a bucket the engine refused, so the
+ * trainer's broadcast still completes and both sides stay in step). Appends to err on failure. */
+static void nccl_drain(srv_state *s, const gs_gpu_transport *x, srv_cmd *c)
+{
+    if (!x || !s->nccl || c->meta.total > s->nccl_staging_bytes) return;
+    char e2[512];
+    if (x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), e2, sizeof e2) != 0) {
+        size_t l = strlen(c->err);
+        snprintf(c->err + l, sizeof c->err - l, "; receiving its bytes also failed: %s", e2);
+    }
+}
+
+/* /update_weights: validate against the model -> receive one broadcast -> device write. */
+static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
+{
+    eng_engine *e = s->rt.e;
+    const gs_gpu_transport *x = gpu_xport(s);
+    char *err = c->err;
+    const size_t el = sizeof c->err;
+    snprintf(c->what, sizeof c->what, "nccl bucket %llu", (unsigned long long)gpu_bucket_no(s));
+    if (eng_weights_validate(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) {
+        nccl_drain(s, x, c);
+        return -1;
+    }
+    if (!x) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
+    if (!x->have_nccl)
+        return snprintf(err, el, "this server's CUDA module was built without NCCL"), *st = 501, -1;
+    if (!s->nccl)
+        return snprintf(err, el, "no NCCL group: POST /init_weight_transfer_engine (vLLM) or "
+                                 "/init_weights_update_group (SGLang) first"), *st = 409, -1;
+    if (c->meta.total > s->nccl_staging_bytes)
+        return snprintf(err, el, "%s: %llu bytes is larger than the NCCL staging buffer (%zu bytes): split the "
+                                 "bucket", c->what, (unsigned long long)c->meta.total, s->nccl_staging_bytes),
+               *st = 400, -1;
+    if (x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), err, el) != 0) {
+        *st = 502; /* the communicator is aborted: destroy and init again */
+        nccl_release(s);
+        return -1;
+    }
+    gpu_meta_bind(&c->meta, s->nccl_staging);
+    if (eng_weights_bucket_device(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
+    *st = 200;
+    return 0;
+}
+
+static int nccl_init_cmd(srv_state *s, srv_cmd *c, int *st)
+{
+    const gs_gpu_transport *x = gpu_xport(s);
+    char *err = c->err;
+    const size_t el = sizeof c->err;
+    if (!x) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
+    if (!x->have_nccl)
+        return snprintf(err, el, "this server's CUDA module was built without NCCL"), *st = 501, -1;
+    if (s->nccl)
+        return snprintf(err, el, "an NCCL group (rank %d of %d) already exists: POST /destroy_weights_update_group "
+                                 "first", s->nccl_rank, s->nccl_world), *st = 409, -1;
+    size_t want = c->staging_req;
+    if (!want) {
+        const char *v = getenv("GRAPHSWAP_NCCL_STAGING_BYTES");
+        want = v ? (size_t)strtoull(v, NULL, 10) : 0;
+    }
+    if (!want || want > s->max_bucket) want = s->max_bucket;
+    /* one device staging buffer for the life of the process: every bucket of every group reuses it
+     * (arena memory is never handed out twice, so it is not freed with the group) */
+    if (!s->nccl_staging) {
+        s->nccl_staging = s->rt.be->ops->alloc(s->rt.be, want, "nccl.staging");
+        if (!s->nccl_staging)
+            return snprintf(err, el, "cannot allocate %zu bytes of NCCL staging from the GPU arena (give a smaller "
+                                     "staging_bytes, or more --gpu-memory-mb)", want), *st = 507, -1;
+        s->nccl_staging_bytes = want;
+    }
+    s->nccl = x->nccl_init(s->rt.be, c->blob, c->blob_len, c->rank, c->world, gpu_timeout(s, c), err, el);
+    if (!s->nccl) return *st = 502, -1;
+    s->nccl_rank = c->rank;
+    s->nccl_world = c->world;
+    snprintf(s->nccl_group, sizeof s->nccl_group, "%s", c->group);
+    if (c->timeout > 0) s->nccl_timeout = c->timeout;
+    c->result = cJSON_CreateObject();
+    cJSON_AddBoolToObject(c->result, "success", 1);
+    cJSON_AddStringToObject(c->result, "message", "NCCL group initialized");
+    cJSON_AddNumberToObject(c->result, "rank", c->rank);
+    cJSON_AddNumberToObject(c->result, "world_size", c->world);
+    cJSON_AddNumberToObject(c->result, "staging_bytes", (double)s->nccl_staging_bytes);
+    cJSON_AddNumberToObject(c->result, "alignment", 256);
+    *st = 200;
+    return 0;
+}
+
+/* /update_weights_from_distributed: one partial session around one bucket. */
+static int nccl_update(srv_state *s, srv_cmd *c, int *st)
+{
+    eng_engine *e = s->rt.e;
+    char *err = c->err;
+    const size_t el = sizeof c->err;
+    const gs_gpu_transport *x = gpu_xport(s);
+    if (!x) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
+    if (!s->nccl)
+        return snprintf(err, el, "no NCCL group: POST /init_weights_update_group first"), *st = 409, -1;
+    if (eng_weights_begin(e, 0, ENG_WMODEL_TARGET, c->pause, c->version, &c->session, err, el, st) != 0) {
+        nccl_drain(s, x, c);
+        return -1;
+    }
+    s->paused = 0;
+    if (nccl_bucket(s, c, st) != 0) {
+        int st2;
+        char e2[64];
+        eng_weights_abort(e, e2, sizeof e2, &st2);
+        return -1;
+    }
+    if (eng_weights_finish(e, c->version, err, el, st) != 0) return -1;
+    *st = 200;
+    return 0;
+}
+
+static int ipc_open_cmd(srv_state *s, srv_cmd *c, int *st)
+{
+    eng_weights_info wi;
+    eng_weights_get_info(s->rt.e, &wi);
+    char *err = c->err;
+    const size_t el = sizeof c->err;
+    const gs_gpu_transport *x = gpu_xport(s);
+    if (!wi.session_open)
+        return snprintf(err, el, "ipc/open outside a session (state %s): POST /v1/weights/begin first",
+                        eng_wstate_name(wi.state)), *st = 409, -1;
+    if (!x) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
+    if (s->ipc_base && s->ipc_session == wi.session_id)
+        return snprintf(err, el, "a CUDA IPC buffer is already open in this session (it is closed at finish / "
+                                 "abort; send every bucket through it)"), *st = 409, -1;
+    srv_gpu_ipc_release(s); /* a mapping left by an earlier session */
+    uint8_t *p = x->ipc_open(s->rt.be, c->blob, c->blob_len, err, el);
+    if (!p) return *st = 400, -1;
+    s->ipc_base = p;
+    s->ipc_offset = c->ipc_offset;
+    s->ipc_bytes = c->ipc_bytes;
+    s->ipc_session = wi.session_id;
+    *st = 200;
+    return 0;
+}
+
+static int ipc_bucket_cmd(srv_state *s, srv_cmd *c, int *st)
+{
+    eng_engine *e = s->rt.e;
+    char *err = c->err;
+    const size_t el = sizeof c->err;
+    snprintf(c->what, sizeof c->what, "ipc bucket %llu", (unsigned long long)gpu_bucket_no(s));
+    if (eng_weights_validate(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
+    if (!gpu_xport(s)) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
+    eng_weights_info wi;
+    eng_weights_get_info(e, &wi);
+    if (!s->ipc_base || s->ipc_session != wi.session_id)
+        return snprintf(err, el, "no CUDA IPC buffer is open in this session: POST /v1/weights/ipc/open first"),
+               *st = 409, -1;
+    if (c->meta.total > s->ipc_bytes)
+        return snprintf(err, el, "%s: tensors reach byte %llu of an IPC buffer of %zu bytes", c->what,
+                        (unsigned long long)c->meta.total, s->ipc_bytes), *st = 400, -1;
+    gpu_meta_bind(&c->meta, s->ipc_base + s->ipc_offset);
+    if (eng_weights_bucket_device(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
+    /* the trainer may overwrite its buffer as soon as this returns */
+    s->rt.be->ops->synchronize(s->rt.be);
+    *st = 200;
+    return 0;
+}
+
+void srv_gpu_cmd_run(srv_state *s, srv_cmd *c, int *st)
+{
+    switch (c->kind) {
+    case SRV_CMD_NCCL_INIT:
+        nccl_init_cmd(s, c, st);
+        break;
+    case SRV_CMD_NCCL_BUCKET:
+        nccl_bucket(s, c, st);
+        break;
+    case SRV_CMD_NCCL_UPDATE:
+        nccl_update(s, c, st);
+        break;
+    case SRV_CMD_NCCL_DESTROY:
+        if (!s->nccl) {
+            snprintf(c->err, sizeof c->err, "no NCCL group to destroy");
+            *st = 409;
+        } else {
+            nccl_release(s);
+        }
+        break;
+    case SRV_CMD_IPC_OPEN:
+        ipc_open_cmd(s, c, st);
+        break;
+    case SRV_CMD_IPC_BUCKET:
+        ipc_bucket_cmd(s, c, st);
+        break;
+    default:
+        snprintf(c->err, sizeof c->err, "not a GPU-transport command");
+        *st = 500;
+        break;
+    }
+}
+
+/* ---- GPU transports, handler side ----------------------------------------------------------------------
+ * Bodies are validated whole here (400 naming the field); the engine thread then validates the
+ * tensors against the model before any byte moves, and only then receives / copies.
+ *
+ * NCCL packing (vLLM /update_weights, SGLang /update_weights_from_distributed): the bucket is ONE
+ * ncclBroadcast from rank 0 of uint8 bytes; tensor i starts at the first multiple of 256 at or after
+ * the end of tensor i-1 (tensor 0 at 0), its bytes are numel * dtype size, contiguous, little
+ * endian; the broadcast length is the end of the last tensor (no trailing padding). */
+#define GPU_ALIGN 256
+
+static int b64_val(int ch)
+{
+    if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+    if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
+    if (ch >= '0' && ch <= '9') return ch - '0' + 52;
+    if (ch == '+' || ch == '-') return 62;
+    if (ch == '/' || ch == '_') return 63;
+    return -1;
+}
+
+/* Standard or URL-safe base64 (padding optional). Returns the decoded length, or -1. */
+static long b64_decode(const char *in, unsigned char *out, size_t cap)
+{
+    size_t n = 0;
+    unsigned acc = 0;
+    int bits = 0;
+    for (; *in && *in != '='; in++) {
+        int v = b64_val((unsigned char)*in);
+        if (v < 0) return -1;
+        acc = (acc << 6) | (unsigned)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (n >= cap) return -1;
+            out[n++] = (unsigned char)(acc >> bits);
+            acc &= (1u << bits) - 1;
+        }
+    }
+    while (*in == '=') in++;
+    return *in ? -1 : (long)n;
+}
+
+/* "bfloat16", "torch.bfloat16", "BF16", "bf16", "float16", "half", "float32", "float" ... */
+static int gpu_dtype_parse(const char *s, mdl_dtype *out)
+{
+    if (strncmp(s, "torch.", 6) == 0) s += 6;
+    static const struct {
+        const char *n;
+        mdl_dtype dt;
+    } tab[] = {{"bfloat16", MDL_DT_BF16}, {"bf16", MDL_DT_BF16}, {"float16", MDL_DT_F16}, {"half", MDL_DT_F16},
+               {"f16", MDL_DT_F16},       {"float32", MDL_DT_F32}, {"float", MDL_DT_F32}, {"f32", MDL_DT_F32}};
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (strcasecmp(s, tab[i].n) == 0) return *out = tab[i].dt, 0;
+    return mdl_dtype_parse(s, out); /* the safetensors names; the engine refuses non-float ones */
+}
+
+void srv_gpu_meta_free(srv_gpu_meta *m)
+{
+    for (size_t i = 0; i < m->n; i++) free(m->t[i].name);
+    free(m->t);
+    free(m->off);
+    memset(m, 0, sizeof *m);
+}
+
+/* Parses names / dtypes / shapes (and, for IPC, offsets) of obj. pfx prefixes the field names in
+ * messages ("update_info."). offsets_key NULL: NCCL packing (GPU_ALIGN). */
+int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key, const char *dtypes_key,
+                          const char *offsets_key, srv_gpu_meta *m, srv_err *e)
+{
+    char f[4][96];
+    snprintf(f[0], sizeof f[0], "%s%s", pfx, names_key);
+    snprintf(f[1], sizeof f[1], "%s%s", pfx, dtypes_key);
+    snprintf(f[2], sizeof f[2], "%sshapes", pfx);
+    snprintf(f[3], sizeof f[3], "%s%s", pfx, offsets_key ? offsets_key : "offsets");
+    const cJSON *names = cJSON_GetObjectItemCaseSensitive(obj, names_key);
+    const cJSON *dts = cJSON_GetObjectItemCaseSensitive(obj, dtypes_key);
+    const cJSON *shapes = cJSON_GetObjectItemCaseSensitive(obj, "shapes");
+    const cJSON *offs = offsets_key ? cJSON_GetObjectItemCaseSensitive(obj, offsets_key) : NULL;
+    memset(m, 0, sizeof *m);
+    if (!cJSON_IsArray(names) || cJSON_GetArraySize(names) == 0)
+        return srv_errf(e, 400, f[0], "%s must be a non-empty list of tensor names", f[0]), -1;
+    int n = cJSON_GetArraySize(names);
+    if (!cJSON_IsArray(dts) || cJSON_GetArraySize(dts) != n)
+        return srv_errf(e, 400, f[1], "%s must be a list of %d dtype names (one per tensor)", f[1], n), -1;
+    if (!cJSON_IsArray(shapes) || cJSON_GetArraySize(shapes) != n)
+        return srv_errf(e, 400, f[2], "%s must be a list of %d shapes (one per tensor)", f[2], n), -1;
+    if (offsets_key && (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != n))
+        return srv_errf(e, 400, f[3], "%s must be a list of %d byte offsets (one per tensor)", f[3], n), -1;
+    m->t = calloc((size_t)n, sizeof *m->t);
+    m->off = calloc((size_t)n, sizeof *m->off);
+    if (!m->t || !m->off) {
+        srv_gpu_meta_free(m);
+        return srv_errf(e, 500, NULL, "out of memory"), -1;
+    }
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        mdl_st_tensor *t = &m->t[i];
+        const cJSON *nm = cJSON_GetArrayItem(names, i), *dt = cJSON_GetArrayItem(dts, i);
+        const cJSON *sh = cJSON_GetArrayItem(shapes, i);
+        if (!cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) > 512) {
+            srv_errf(e, 400, f[0], "%s[%d] must be a tensor name", f[0], i);
+            goto bad;
+        }
+        for (int j = 0; j < i; j++)
+            if (strcmp(m->t[j].name, nm->valuestring) == 0) {
+                srv_errf(e, 400, f[0], "%s: tensor %s appears twice", f[0], nm->valuestring);
+                goto bad;
+            }
+        if (!cJSON_IsString(dt) || gpu_dtype_parse(dt->valuestring, &t->dtype) != 0) {
+            srv_errf(e, 400, f[1], "%s[%d] (%s) must be a dtype name such as \"bfloat16\", \"float16\" or \"float32\"",
+                     f[1], i, nm->valuestring);
+            goto bad;
+        }
+        int nd = cJSON_IsArray(sh) ? cJSON_GetArraySize(sh) : -1;
+        if (nd < 0 || nd > MDL_ST_MAX_DIMS) {
+            srv_errf(e, 400, f[2], "%s[%d] (%s) must be a list of at most %d dimensions", f[2], i, nm->valuestring,
+                     MDL_ST_MAX_DIMS);
+            goto bad;
+        }
+        t->name = strdup(nm->valuestring);
+        if (!t->name) {
+            srv_errf(e, 500, NULL, "out of memory");
+            goto bad;
+        }
+        m->n = (size_t)i + 1;
+        t->ndim = nd;
+        uint64_t numel = 1;
+        for (int d = 0; d < nd; d++) {
+            const cJSON *x = cJSON_GetArrayItem(sh, d);
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9007199254740992.0 ||
+                x->valuedouble != (double)(int64_t)x->valuedouble) {
+                srv_errf(e, 400, f[2], "%s[%d] (%s): dimension %d must be a non-negative integer", f[2], i,
+                         t->name, d);
+                goto bad;
+            }
+            t->shape[d] = (int64_t)x->valuedouble;
+            if (t->shape[d] && numel > (UINT64_C(1) << 48) / (uint64_t)t->shape[d]) {
+                srv_errf(e, 400, f[2], "%s[%d] (%s) is too large", f[2], i, t->name);
+                goto bad;
+            }
+            numel *= (uint64_t)t->shape[d];
+        }
+        t->numel = numel;
+        t->nbytes = numel * mdl_dtype_size(t->dtype);
+        uint64_t off;
+        if (offsets_key) {
+            const cJSON *o = cJSON_GetArrayItem(offs, i);
+            size_t w = mdl_dtype_size(t->dtype);
+            if (!cJSON_IsNumber(o) || o->valuedouble < 0 || o->valuedouble > 9007199254740992.0 ||
+                o->valuedouble != (double)(uint64_t)o->valuedouble || ((uint64_t)o->valuedouble % (w ? w : 1))) {
+                srv_errf(e, 400, f[3], "%s[%d] (%s) must be a non-negative byte offset, a multiple of %zu", f[3], i,
+                         t->name, w);
+                goto bad;
+            }
+            off = (uint64_t)o->valuedouble;
+        } else {
+            off = (at + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN;
+        }
+        m->off[i] = off;
+        at = off + t->nbytes;
+        if (at > m->total) m->total = at;
+    }
+    if (offsets_key) { /* tensors of one bucket must not overlap */
+        for (size_t i = 0; i < m->n; i++)
+            for (size_t j = i + 1; j < m->n; j++)
+                if (m->t[i].nbytes && m->t[j].nbytes && m->off[i] < m->off[j] + m->t[j].nbytes &&
+                    m->off[j] < m->off[i] + m->t[i].nbytes) {
+                    srv_errf(e, 400, f[3], "%s: tensors %s and %s overlap", f[3], m->t[i].name, m->t[j].name);
+                    goto bad;
+                }
+    }
+    return 0;
+bad:
+    srv_gpu_meta_free(m);
+    return -1;
+}
+
+/* An integer field of o in [lo, hi]; required or (dflt when absent). */
+int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required, long long lo, long long hi,
+                   long long dflt, long long *out, srv_err *e)
+{
+    char f[96];
+    snprintf(f, sizeof f, "%s%s", pfx, key);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return srv_errf(e, 400, f, "%s is required", f), -1;
+        *out = dflt;
+        return 0;
+    }
+    double d = 0;
+    char *end = NULL;
+    if (cJSON_IsNumber(v)) d = v->valuedouble;
+    else if (cJSON_IsString(v) && v->valuestring[0]) { /* "29500": ports are often strings */
+        d = strtod(v->valuestring, &end);
+        if (*end) d = -1e300;
+    } else d = -1e300;
+    if (d != (double)(long long)d || d < (double)lo || d > (double)hi)
+        return srv_errf(e, 400, f, "%s must be an integer in [%lld, %lld]", f, lo, hi), -1;
+    *out = (long long)d;
+    return 0;
+}
+
+/* The NCCL group of an init body (init_info of vLLM, the top level of SGLang) into c. */
+int srv_parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e)
+{
+    long long rank, world, port, staging, timeout;
+    char f[96];
+    if (srv_json_int(o, pfx, "world_size", 1, 2, 1 << 20, 0, &world, e) ||
+        srv_json_int(o, pfx, "rank_offset", 1, 1, 1 << 20, 0, &rank, e) ||
+        srv_json_int(o, pfx, "master_port", 0, 0, 65535, 0, &port, e) ||
+        srv_json_int(o, pfx, "staging_bytes", 0, 1, (long long)1 << 50, 0, &staging, e) ||
+        srv_json_int(o, pfx, "timeout_s", 0, 1, 86400, 0, &timeout, e))
+        return -1;
+    if (rank >= world) {
+        snprintf(f, sizeof f, "%srank_offset", pfx);
+        return srv_errf(e, 400, f, "%s (%lld) must be below world_size (%lld): the trainer is rank 0 and this server "
+                        "(one GPU) is rank rank_offset", f, rank, world), -1;
+    }
+    const cJSON *ma = cJSON_GetObjectItemCaseSensitive(o, "master_address");
+    if (ma && !cJSON_IsNull(ma) && !cJSON_IsString(ma)) {
+        snprintf(f, sizeof f, "%smaster_address", pfx);
+        return srv_errf(e, 400, f, "%s must be a string", f), -1;
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "nccl_unique_id_b64");
+    snprintf(f, sizeof f, "%snccl_unique_id_b64", pfx);
+    if (!id || cJSON_IsNull(id))
+        return srv_errf(e, 400, f, "%s is required: graphswap joins the trainer's communicator with the trainer's "
+                        "ncclUniqueId (128 bytes, base64; ncclGetUniqueId on rank 0) and runs no TCP rendezvous "
+                        "on master_address:master_port", f), -1;
+    long n = cJSON_IsString(id) ? b64_decode(id->valuestring, c->blob, sizeof c->blob) : -1;
+    if (n != GS_NCCL_ID_BYTES)
+        return srv_errf(e, 400, f, "%s must be the base64 of a %d-byte ncclUniqueId", f, GS_NCCL_ID_BYTES), -1;
+    c->blob_len = (size_t)n;
+    c->rank = (int)rank;
+    c->world = (int)world;
+    c->staging_req = (size_t)staging;
+    c->timeout = (double)timeout;
+    return 0;
+}
+
+int srv_gpu_available(const srv_state *s) { return gpu_xport(s) != NULL; }
+
+/* POST /v1/weights/ipc/open {"handle_b64", "bytes"[, "offset"]}: maps the trainer's reusable bucket
+ * buffer (a cudaIpcMemHandle_t of its allocation; offset: where the buffer starts in it) once per
+ * session; it is unmapped at finish / abort. */
+static int route_ipc_open(srv_state *s, struct mg_connection *conn)
+{
+    srv_err e;
+    cJSON *b = srv_read_json(s, conn, &e);
+    if (!b) return srv_send_err(conn, &e);
+    SRV_NEW_CMD(c, SRV_CMD_IPC_OPEN);
+    long long bytes = 0, off = 0;
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(b, "handle_b64");
+    long n = cJSON_IsString(h) ? b64_decode(h->valuestring, c->blob, sizeof c->blob) : -1;
+    int rc = 0;
+    if (n != GS_IPC_HANDLE_BYTES)
+        rc = (srv_errf(&e, 400, "handle_b64", "handle_b64 must be the base64 of a %d-byte cudaIpcMemHandle_t",
+                      GS_IPC_HANDLE_BYTES), -1);
+    if (rc == 0 && (srv_json_int(b, "", "bytes", 1, 1, (long long)1 << 50, 0, &bytes, &e) ||
+                    srv_json_int(b, "", "offset", 0, 0, (long long)1 << 50, 0, &off, &e)))
+        rc = -1;
+    if (rc == 0 && off % GPU_ALIGN) rc = (srv_errf(&e, 400, "offset", "offset must be a multiple of %d", GPU_ALIGN), -1);
+    cJSON_Delete(b);
+    if (rc != 0) {
+        free(c);
+        return srv_send_err(conn, &e);
+    }
+    c->blob_len = (size_t)n;
+    c->ipc_bytes = (size_t)bytes;
+    c->ipc_offset = (size_t)off;
+    srv_cmd_submit(s, c); /* (the engine checks the session first, then answers 501 on the CPU backend) */
+    cJSON *o = NULL;
+    if (c->status == 200) {
+        o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "success", 1);
+        cJSON_AddNumberToObject(o, "bytes", (double)c->ipc_bytes);
+    }
+    int st = srv_cmd_send_result(conn, c, o);
+    free(c);
+    return st;
+}
+
+/* POST /v1/weights/ipc/bucket {"names", "dtypes", "shapes", "offsets"}: tensors at byte offsets of
+ * the open IPC buffer (each a multiple of its dtype size, inside the buffer, not overlapping). */
+static int route_ipc_bucket(srv_state *s, struct mg_connection *conn)
+{
+    srv_err e;
+    cJSON *b = srv_read_json(s, conn, &e);
+    if (!b) return srv_send_err(conn, &e);
+    SRV_NEW_CMD(c, SRV_CMD_IPC_BUCKET);
+    int rc = srv_gpu_meta_parse(b, "", "names", "dtypes", "offsets", &c->meta, &e);
+    cJSON_Delete(b);
+    if (rc != 0) {
+        free(c);
+        return srv_send_err(conn, &e);
+    }
+    srv_cmd_submit(s, c);
+    cJSON *o = NULL;
+    if (c->status == 200) {
+        o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "tensors", (double)c->meta.n);
+        uint64_t sum = 0;
+        for (size_t i = 0; i < c->meta.n; i++) sum += c->meta.t[i].nbytes;
+        cJSON_AddNumberToObject(o, "bytes", (double)sum);
+    }
+    int st = srv_cmd_send_result(conn, c, o);
+    srv_gpu_meta_free(&c->meta);
+    free(c);
+    return st;
+}
+
+void srv_weights_gpu_routes(srv_state *s)
+{
+    srv_route_add(s, "POST", "/v1/weights/ipc/open", route_ipc_open, 2);
+    srv_route_add(s, "POST", "/v1/weights/ipc/bucket", route_ipc_bucket, 2);
+}

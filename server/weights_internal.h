@@ -1,0 +1,181 @@
+/* server/weights_internal.h — what the weight-route files share (weights_api.c, weights_vllm.c,
+ * weights_sglang.c, weights_trl.c, weights_gpu.c): the admin command (srv_cmd) the handler threads
+ * hand to the engine thread, and the helpers every dialect builds its routes from.
+ *
+ *   weights_api.c     the engine-thread command runner, publishing, the session timeout, the native
+ *                     /v1/weights/... routes, disk confinement, and the helpers below (commands, bodies,
+ *                     versions, begin, load, checksums, pause)
+ *   weights_vllm.c    vLLM's routes (/pause, /start_weight_update, /update_weights, ...)
+ *   weights_sglang.c  SGLang's routes (/update_weights_from_disk, /pause_generation, ...)
+ *   weights_trl.c     TRL vllm-serve's weight routes (/init_communicator/, /update_named_param/, ...)
+ *   weights_gpu.c     the GPU transports: NCCL / CUDA-IPC body parsing, their engine-side commands,
+ *                     the IPC routes
+ *
+ * A route handler (a civetweb thread) parses and validates its input into a srv_cmd, submits it
+ * (srv_cmd_submit: queued for the engine thread, which runs it between steps) and answers from the
+ * command's result. Handlers never touch the engine (srv.h).
+ */
+#ifndef GS_SRV_WEIGHTS_INTERNAL_H
+#define GS_SRV_WEIGHTS_INTERNAL_H
+
+#include <limits.h>
+
+#include "engine/transport_cuda.h"
+#include "engine/weights.h"
+#include "server/srv.h"
+
+typedef enum {
+    SRV_CMD_BEGIN,
+    SRV_CMD_BUCKET,
+    SRV_CMD_FINISH,
+    SRV_CMD_ABORT,
+    SRV_CMD_LOAD,
+    SRV_CMD_CHECKSUMS,
+    SRV_CMD_RESET_PREFIX,
+    SRV_CMD_PAUSE,
+    SRV_CMD_RESUME,
+    SRV_CMD_SET_VERSION,
+    SRV_CMD_NCCL_INIT,    /* /init_weight_transfer_engine, /init_weights_update_group */
+    SRV_CMD_NCCL_BUCKET,  /* /update_weights (vLLM, in an open session) */
+    SRV_CMD_NCCL_UPDATE,  /* /update_weights_from_distributed (SGLang: begin + bucket + finish) */
+    SRV_CMD_NCCL_DESTROY, /* /destroy_weights_update_group */
+    SRV_CMD_IPC_OPEN,     /* /v1/weights/ipc/open */
+    SRV_CMD_IPC_BUCKET,   /* /v1/weights/ipc/bucket */
+} srv_cmd_kind;
+
+/* Tensor metadata of a GPU-transport bucket: names / dtypes / shapes and each tensor's byte offset
+ * in the device buffer (NCCL: packed by gpu_pack; IPC: given by the trainer). data is NULL until
+ * the engine thread points it into device memory. */
+typedef struct {
+    mdl_st_tensor *t;
+    uint64_t *off;
+    size_t n;
+    uint64_t total; /* bytes the buffer must hold: max(off + nbytes) */
+} srv_gpu_meta;
+
+struct srv_cmd {
+    srv_cmd_kind kind;
+    /* arguments */
+    int full;
+    eng_wmodel which;
+    eng_pause pause;
+    char version[128];
+    char path[PATH_MAX], draft_path[PATH_MAX];
+    const mdl_st_tensor *tensors;
+    size_t n_tensors;
+    char what[64];
+    int draft; /* checksums of the drafter */
+    int ckpt_names; /* checksums by checkpoint tensor name (eng_weights_checksums_ckpt) */
+    mdl_dtype hash_dt; /* result: the dtype checkpoint-name hashes are taken in */
+    /* GPU transports */
+    srv_gpu_meta meta;
+    unsigned char blob[GS_NCCL_ID_BYTES]; /* NCCL unique id or CUDA IPC handle */
+    size_t blob_len;
+    int rank, world;
+    size_t staging_req; /* 0: default */
+    double timeout;     /* 0: default */
+    char group[128];
+    size_t ipc_offset, ipc_bytes;
+    /* drain state (wait mode) */
+    int draining;
+    double deadline;
+    /* results */
+    int done, status;
+    char err[1024];
+    uint64_t session;
+    int aborted_requests, paused_requests;
+    cJSON *result;
+    pthread_cond_t cv;
+    srv_cmd *next;
+};
+
+/* ---- commands (weights_api.c) ------------------------------------------------------------------- */
+
+srv_cmd *srv_cmd_new(srv_cmd_kind k); /* zeroed; NULL on OOM */
+/* Declares srv_cmd *c of kind k, answering 500 (out of memory) from the route when it cannot. */
+#define SRV_NEW_CMD(c, k)                                                                              \
+    srv_cmd *c = srv_cmd_new(k);                                                                       \
+    if (!c) return srv_send_error(conn, 500, NULL, "out of memory")
+/* Queues c for the engine thread and waits for it. Returns c->status. */
+int srv_cmd_submit(srv_state *s, srv_cmd *c);
+/* The answer of a finished command: ok_body (taken) with 200, else the error (409: "conflict"). */
+int srv_cmd_send_result(struct mg_connection *conn, srv_cmd *c, cJSON *ok_body);
+/* A command without arguments but a version; answers ok (taken) on success. */
+int srv_cmd_simple(srv_state *s, struct mg_connection *conn, srv_cmd_kind k, const char *version, cJSON *ok);
+
+/* ---- bodies and fields (weights_api.c) ---------------------------------------------------------- */
+
+/* A JSON object body, where an empty (or whitespace-only) body means {}. NULL with e filled. */
+cJSON *srv_read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e);
+/* An optional string field (a number gives its text); at most 127 bytes. */
+int srv_opt_string(const cJSON *b, const char *key, const char **out, srv_err *e);
+/* srv_opt_string for a version name: printable UTF-8 (no control characters), at most 127 bytes. */
+int srv_opt_version(const cJSON *b, const char *key, const char **out, srv_err *e);
+/* mode / model / pause / version (or weight_version) of a begin-like body into c. */
+int srv_parse_begin(const cJSON *b, srv_cmd *c, eng_wmodel dflt_model, srv_err *e);
+/* The published weight state as GET /v1/weights answers it. */
+cJSON *srv_weights_info_json(srv_state *s);
+
+/* ---- shared operations (weights_api.c) ---------------------------------------------------------- */
+
+/* How a disk load reads its pause mode and answers. */
+typedef enum {
+    SRV_LOAD_NATIVE,  /* "pause" (default wait); answers GET /v1/weights */
+    SRV_LOAD_SGLANG,  /* abort_all_requests -> abort, else wait; {success, message, num_paused_requests} */
+    SRV_LOAD_PRIMERL, /* "pause" (default keep: prime-rl has paused with mode=keep); {"status": "ok"} */
+} srv_load_style;
+/* A disk load of the folder b[path_key] (confined to --weights-root) as one session. */
+int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key,
+                     srv_load_style style);
+/* Runs a checksums command (*out: the command, to free; *tensors: its name -> hex object). On OOM
+ * answers 500 itself and leaves *out NULL. Returns the command's status. */
+int srv_weights_checksums(srv_state *s, struct mg_connection *conn, int draft, int ckpt_names, cJSON **tensors,
+                          srv_cmd **out);
+/* "names": NULL / "internal" -> 0, "checkpoint" -> 1, else -1. */
+int srv_weights_parse_names(const char *v);
+/* The fields that say how the hashes of a checksums answer are defined. */
+void srv_weights_hash_fields(cJSON *o, const srv_cmd *c);
+/* Pauses generation: mode abort | wait | keep (SGLang's retract / in_place: keep). */
+int srv_weights_pause(srv_state *s, struct mg_connection *conn, const char *mode);
+
+/* Routes more than one dialect serves (weights_api.c). */
+int srv_wroute_begin_model(srv_state *s, struct mg_connection *conn, eng_wmodel dflt);
+int srv_wroute_begin(srv_state *s, struct mg_connection *conn);          /* target model */
+int srv_wroute_finish(srv_state *s, struct mg_connection *conn);
+int srv_wroute_checker(srv_state *s, struct mg_connection *conn);        /* /weight_checker, /weights_checker */
+int srv_wroute_reset_prefix(srv_state *s, struct mg_connection *conn);   /* {"success": true} */
+int srv_wroute_pause(srv_state *s, struct mg_connection *conn);          /* ?mode= or {"mode"} */
+int srv_wroute_resume(srv_state *s, struct mg_connection *conn);
+int srv_wroute_weight_version(srv_state *s, struct mg_connection *conn); /* {"weight_version"} */
+
+/* ---- GPU transports (weights_gpu.c) ------------------------------------------------------------- */
+
+#define SRV_GPU_NEEDS_CUDA                                                                             \
+    "this route receives weights over NCCL / CUDA IPC, which need the CUDA backend (this server runs " \
+    "--backend cpu, or was built without CUDA); use POST /v1/weights/bucket (HTTP) or /v1/weights/load (disk)"
+
+/* 1 when the backend is CUDA with the transport table (NCCL / IPC routes can work). */
+int srv_gpu_available(const srv_state *s);
+/* Engine thread: runs an SRV_CMD_NCCL_* / SRV_CMD_IPC_* command; *st its HTTP status. */
+void srv_gpu_cmd_run(srv_state *s, srv_cmd *c, int *st);
+/* Engine thread: unmaps the CUDA-IPC buffer of the session (at finish / abort / timeout). */
+void srv_gpu_ipc_release(srv_state *s);
+/* Parses names / dtypes / shapes (and, for IPC, offsets) of obj. pfx prefixes the field names in
+ * messages ("update_info."). offsets_key NULL: NCCL packing (256-byte aligned, in order). */
+int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key, const char *dtypes_key,
+                       const char *offsets_key, srv_gpu_meta *m, srv_err *e);
+void srv_gpu_meta_free(srv_gpu_meta *m);
+/* The NCCL group of an init body (init_info of vLLM, the top level of SGLang) into c. */
+int srv_parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e);
+/* An integer field of o in [lo, hi] (a number, or a string of one); required or (dflt when absent). */
+int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required, long long lo, long long hi,
+                 long long dflt, long long *out, srv_err *e);
+
+/* ---- route tables (each dialect's file; called by srv_weights_routes) ---------------------------- */
+
+void srv_weights_vllm_routes(srv_state *s);
+void srv_weights_sglang_routes(srv_state *s);
+void srv_weights_trl_routes(srv_state *s);
+void srv_weights_gpu_routes(srv_state *s);
+
+#endif

@@ -1,0 +1,126 @@
+/* server/weights_vllm.c — vLLM's weight-side routes (vllm serve with its RL extensions: pause /
+ * resume, the weight-update session, checksums, the prefix cache, the NCCL weight transfer engine).
+ * Each is a thin producer over the commands of weights_api.c (weights_internal.h); the NCCL commands
+ * run in weights_gpu.c. prime-rl's server is vLLM with a few routes of its own: its filesystem
+ * /update_weights form is served here too.
+ *
+ * TODO(memory release, lead): vLLM's POST /sleep?level=1|2, POST /wake_up and GET /is_sleeping go
+ * here once engine/engine.h has eng_sleep(e, level) / eng_wake(e): parse and validate the level on
+ * the handler thread (1 or 2; vLLM's default 1), run a new SRV_CMD_SLEEP / SRV_CMD_WAKE on the engine
+ * thread (run_cmd in weights_api.c) and publish the sleeping state for /is_sleeping
+ * ({"is_sleeping": bool}); admin routes (auth 2) like the rest. Not registered until then.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/weights_internal.h"
+
+static int route_begin_draft(srv_state *s, struct mg_connection *conn)
+{
+    return srv_wroute_begin_model(s, conn, ENG_WMODEL_DRAFT);
+}
+
+static int route_is_paused(srv_state *s, struct mg_connection *conn)
+{
+    pthread_mutex_lock(&s->wmu);
+    int p = s->is_paused_pub;
+    pthread_mutex_unlock(&s->wmu);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "is_paused", p);
+    int st = srv_send_json(conn, 200, o);
+    cJSON_Delete(o);
+    return st;
+}
+
+/* vLLM POST /init_weight_transfer_engine {"init_info":{master_address, master_port, rank_offset,
+ * world_size, nccl_unique_id_b64[, staging_bytes, timeout_s]}} */
+static int route_nccl_init_vllm(srv_state *s, struct mg_connection *conn)
+{
+    srv_err e;
+    cJSON *b = srv_read_json(s, conn, &e);
+    if (!b) return srv_send_err(conn, &e);
+    const cJSON *ii = cJSON_GetObjectItemCaseSensitive(b, "init_info");
+    SRV_NEW_CMD(c, SRV_CMD_NCCL_INIT);
+    int rc = -1;
+    if (!cJSON_IsObject(ii)) srv_errf(&e, 400, "init_info", "init_info must be an object");
+    else rc = srv_parse_nccl_init(ii, "init_info.", c, &e);
+    cJSON_Delete(b);
+    if (rc == 0 && !srv_gpu_available(s)) rc = (srv_errf(&e, 501, NULL, SRV_GPU_NEEDS_CUDA), -1);
+    if (rc != 0) {
+        free(c);
+        return srv_send_err(conn, &e);
+    }
+    snprintf(c->group, sizeof c->group, "vllm");
+    srv_cmd_submit(s, c);
+    int st = srv_cmd_send_result(conn, c, c->result);
+    free(c);
+    return st;
+}
+
+/* vLLM POST /update_weights {"update_info":{names, dtype_names, shapes}}: one bucket of an open
+ * session, its bytes one NCCL broadcast (packing in weights_gpu.c). */
+static int nccl_bucket(srv_state *s, struct mg_connection *conn, cJSON *b)
+{
+    srv_err e;
+    const cJSON *ui = cJSON_GetObjectItemCaseSensitive(b, "update_info");
+    SRV_NEW_CMD(c, SRV_CMD_NCCL_BUCKET);
+    int rc = -1;
+    if (!cJSON_IsObject(ui))
+        srv_errf(&e, 400, "update_info", "update_info must be an object (vLLM's NCCL bucket), or give weight_dir "
+                 "(prime-rl: a checkpoint folder to load from disk)");
+    else rc = srv_gpu_meta_parse(ui, "update_info.", "names", "dtype_names", NULL, &c->meta, &e);
+    if (rc != 0) {
+        free(c);
+        return srv_send_err(conn, &e);
+    }
+    /* (on the CPU backend the engine still checks the session and the names, then answers 501) */
+    srv_cmd_submit(s, c);
+    cJSON *o = NULL;
+    if (c->status == 200) {
+        o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "tensors", (double)c->meta.n);
+        cJSON_AddNumberToObject(o, "bytes", (double)c->meta.total);
+    }
+    int st = srv_cmd_send_result(conn, c, o);
+    srv_gpu_meta_free(&c->meta);
+    free(c);
+    return st;
+}
+
+/* POST /update_weights, two forms told apart by the body's fields:
+ *   {"update_info": {...}}    vLLM's NCCL bucket (above)
+ *   {"weight_dir": "DIR"}     prime-rl's filesystem update: a disk load of DIR (confined to
+ *                             --weights-root, as /v1/weights/load), answered {"status": "ok"}; a
+ *                             "pause" field may override the default "keep" (srv_weights_load)
+ * Giving both is refused: the server would have to guess which transport the trainer drives. */
+static int route_update_weights(srv_state *s, struct mg_connection *conn)
+{
+    srv_err e;
+    cJSON *b = srv_read_json(s, conn, &e);
+    if (!b) return srv_send_err(conn, &e);
+    const cJSON *wd = cJSON_GetObjectItemCaseSensitive(b, "weight_dir");
+    int st;
+    if (wd && cJSON_GetObjectItemCaseSensitive(b, "update_info"))
+        st = srv_send_error(conn, 400, "weight_dir", "give either update_info (an NCCL bucket) or weight_dir (a disk "
+                            "load), not both");
+    else if (wd) st = srv_weights_load(s, conn, b, "weight_dir", SRV_LOAD_PRIMERL);
+    else st = nccl_bucket(s, conn, b);
+    cJSON_Delete(b);
+    return st;
+}
+
+void srv_weights_vllm_routes(srv_state *s)
+{
+    srv_route_add(s, "POST", "/pause", srv_wroute_pause, 2);
+    srv_route_add(s, "POST", "/resume", srv_wroute_resume, 2);
+    srv_route_add(s, "GET", "/is_paused", route_is_paused, 2);
+    srv_route_add(s, "POST", "/start_weight_update", srv_wroute_begin, 2);
+    srv_route_add(s, "POST", "/start_draft_weight_update", route_begin_draft, 2);
+    srv_route_add(s, "POST", "/finish_weight_update", srv_wroute_finish, 2);
+    srv_route_add(s, "GET", "/weight_info", srv_wroute_weight_version, 2);
+    srv_route_add(s, "POST", "/weight_checker", srv_wroute_checker, 2);
+    srv_route_add(s, "POST", "/reset_prefix_cache", srv_wroute_reset_prefix, 2);
+    srv_route_add(s, "POST", "/update_weights", route_update_weights, 2);
+    srv_route_add(s, "POST", "/init_weight_transfer_engine", route_nccl_init_vllm, 2);
+}
