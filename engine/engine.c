@@ -266,6 +266,14 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
             snprintf(err, errlen, "stop_token_ids[%d] = %d is not a token id in [0, %d)", i, r->stop_ids[i], V);
             return -1;
         }
+    if (e->sleep.asleep) {
+        snprintf(err, errlen, "the engine is asleep (%s%s%s released): wake it up first (POST /wake_up or "
+                 "/resume_memory_occupation)",
+                 e->sleep.asleep & ENG_MEM_WEIGHTS ? "weights" : "",
+                 e->sleep.asleep == ENG_MEM_ALL ? " and " : "", e->sleep.asleep & ENG_MEM_KV ? "kv_cache" : "");
+        if (busy) *busy = 2;
+        return -1;
+    }
     if (e->winfo.state == ENG_W_INCONSISTENT || e->winfo.state == ENG_W_UNDEFINED) {
         snprintf(err, errlen, "weights are %s: %s", eng_wstate_name(e->winfo.state), e->winfo.reason);
         if (busy) *busy = 2;
