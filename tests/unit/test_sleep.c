@@ -18,7 +18,7 @@
 #include "test_rt.h"
 #include "test_util.h"
 
-static char g_dir[1024], T0[1100];
+static char g_dir[1024], T0[1100], D0[1100];
 
 static size_t rss_bytes(void)
 {
@@ -30,7 +30,7 @@ static size_t rss_bytes(void)
     return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
 }
 
-static void open_rt(test_rt *x, int checked)
+static void open_rt_draft(test_rt *x, int checked, const char *draft)
 {
     char err[512];
     eng_backend_config bc = {.arena_bytes = (size_t)1 << 30, .threads = 1, .checked = checked};
@@ -42,8 +42,10 @@ static void open_rt(test_rt *x, int checked)
     ec.max_step_tokens = 32;
     ec.max_model_len = 128;
     ec.kv_bytes = 16 << 20;
-    test_rt_open(x, be, T0, NULL, &ec);
+    test_rt_open(x, be, T0, draft, &ec);
 }
+
+static void open_rt(test_rt *x, int checked) { open_rt_draft(x, checked, NULL); }
 
 typedef struct {
     eng_request r;
@@ -79,6 +81,32 @@ static int full_update(test_rt *x, int full, char *err, size_t errlen, int *stat
     if (rc == 0) rc = eng_weights_finish(x->e, NULL, err, errlen, status);
     mdl_st_close(&f);
     return rc;
+}
+
+/* A full update of both models (model "all": drafter tensors prefixed "draft."). */
+static void full_update_all(test_rt *x)
+{
+    char err[512], path[1200];
+    int st;
+    assert_int_equal(eng_weights_begin(x->e, 1, ENG_WMODEL_ALL, ENG_PAUSE_WAIT, NULL, NULL, err, sizeof err, &st), 0);
+    const char *dirs[2] = {T0, D0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dirs[k]);
+        mdl_st_file f;
+        assert_int_equal(mdl_st_open(path, &f, err, sizeof err), 0);
+        mdl_st_tensor *t = calloc(f.n, sizeof *t);
+        char (*names)[160] = calloc(f.n, 160);
+        for (size_t i = 0; i < f.n; i++) {
+            t[i] = f.tensors[i];
+            snprintf(names[i], 160, "%s%s", k ? "draft." : "", f.tensors[i].name);
+            t[i].name = names[i];
+        }
+        if (eng_weights_bucket(x->e, t, f.n, "bucket", err, sizeof err, &st) != 0) fail_msg("%s", err);
+        free(t);
+        free(names);
+        mdl_st_close(&f);
+    }
+    if (eng_weights_finish(x->e, NULL, err, sizeof err, &st) != 0) fail_msg("%s", err);
 }
 
 static void plan_ptrs(test_rt *x, void **out)
@@ -207,6 +235,47 @@ static void test_level2_needs_full_update(void **state)
     test_rt_close(&x);
 }
 
+/* With a drafter (DSpark): its weights and its KV cache sleep too; the speculative trace (drafts,
+ * acceptance) is identical after level 1, and after level 2 + a full update of both models. */
+static void test_spec_drafter(void **state)
+{
+    (void)state;
+    test_rt x;
+    open_rt_draft(&x, 1, D0);
+    char err[512];
+    int st;
+    req a, b;
+    assert_int_equal(generate(&x, &a, err, sizeof err), 0);
+    assert_true(a.r.spec_drafts > 0);
+    test_sums *t0 = malloc(sizeof *t0), *d0 = malloc(sizeof *d0), *t1 = malloc(sizeof *t1), *d1 = malloc(sizeof *d1);
+    test_checksums(&x, 0, t0);
+    test_checksums(&x, 1, d0);
+    for (int level = 1; level <= 2; level++) {
+        assert_int_equal(eng_sleep(x.e, level, 0, err, sizeof err, &st), 0);
+        eng_sleep_info si;
+        eng_sleep_get_info(x.e, &si);
+        assert_true(si.released[1] > 0);
+        assert_int_equal(eng_wake(x.e, 0, err, sizeof err, &st), 0);
+        if (level == 2) {
+            assert_int_equal(generate(&x, &b, err, sizeof err), -2);
+            full_update_all(&x);
+        }
+        test_checksums(&x, 0, t1);
+        test_checksums(&x, 1, d1);
+        assert_string_equal(t0->buf, t1->buf);
+        assert_string_equal(d0->buf, d1->buf);
+        assert_int_equal(generate(&x, &b, err, sizeof err), 0);
+        assert_memory_equal(a.out, b.out, sizeof a.out);
+        assert_int_equal(a.r.spec_drafts, b.r.spec_drafts);
+        assert_int_equal(a.r.spec_accepted, b.r.spec_accepted);
+    }
+    free(t0);
+    free(d0);
+    free(t1);
+    free(d1);
+    test_rt_close(&x);
+}
+
 /* KV only: the weights stay (no backup), and a weight update may run while the KV cache sleeps. */
 static void test_kv_only_and_refusals(void **state)
 {
@@ -313,7 +382,17 @@ static int setup(void **state)
     o.vocab = 1000;
     o.seed = 7;
     char err[512];
-    return mdl_mkmodel(&o, T0, err, sizeof err) == 0 ? 0 : -1;
+    if (mdl_mkmodel(&o, T0, err, sizeof err) != 0) return -1;
+    snprintf(D0, sizeof D0, "%s/d0", g_dir);
+    mdl_mkmodel_defaults(&o);
+    o.tokenizer = 0;
+    o.arch = MDL_ARCH_DSPARK;
+    o.target_dir = T0;
+    o.layers = 1;
+    o.block_size = 4;
+    o.markov_rank = 8;
+    o.seed = 8;
+    return mdl_mkmodel(&o, D0, err, sizeof err) == 0 ? 0 : -1;
 }
 
 int main(void)
@@ -323,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_level1_identical),
         cmocka_unit_test(test_level2_needs_full_update),
         cmocka_unit_test(test_kv_only_and_refusals),
+        cmocka_unit_test(test_spec_drafter),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
