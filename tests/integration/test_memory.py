@@ -14,6 +14,7 @@ call them, RSS of the server process before / asleep / awake, identical greedy o
   - Level 1 + wake: greedy output and every checksum identical. Level 2 + wake: generation 503 and
     partial updates 409 until a full update over /v1/weights/{begin,bucket,finish}; then identical.
   - RSS (/proc/PID/status VmRSS) drops by about the weights' bytes at level 2, and comes back.
+  - The Python client's sleep() / wake_up(tags) / is_sleeping().
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import os
@@ -24,6 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 
+sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "clients", "python")))
+import graphswap_client as gc  # noqa: E402
 import test_http_basic as H  # noqa: E402
 import test_weights_update as W  # noqa: E402
 
@@ -154,6 +157,22 @@ def sglang(C, srv, model_dir, ref):
     C.check(is_sleeping(srv) is False, "a refused release changed the state")
 
 
+def python_client(C, srv, ref):
+    cl = gc.GraphswapClient("http://127.0.0.1:%d" % srv.port)
+    st = cl.sleep(1)
+    C.check(st.get("is_sleeping") is True and cl.is_sleeping(), "client sleep: %r" % st)
+    st = cl.wake_up(["kv_cache"])
+    C.check(st.get("sleeping_tags") == ["weights"] and cl.is_sleeping(), "client wake_up kv_cache: %r" % st)
+    cl.wake_up(["weights"])
+    C.check(not cl.is_sleeping(), "client: still sleeping after waking both tags")
+    C.check(gen(srv) == ref, "client: greedy output differs after wake-up")
+    try:
+        cl.wake_up(["bogus"])
+        C.fail("client wake_up with an unknown tag did not raise")
+    except gc.GraphswapError as e:
+        C.check(e.status == 400, "client wake_up bogus: %r" % e)
+
+
 def main():
     C = H.Checker("memory")
     binary = H.gs_bin(C)
@@ -173,6 +192,7 @@ def main():
         vllm_level2(C, srv, model, ref, sums, fig, weight_bytes)
         skyrl_bodies(C, srv, ref)
         sglang(C, srv, model, ref)
+        python_client(C, srv, ref)
         H.healthy(C, srv, "memory")
         print("VmRSS of the server (weights %.1f MiB, --kv-cache-mb 64):" % (weight_bytes / MB))
         for k, v in fig.items():
