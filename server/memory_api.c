@@ -37,6 +37,7 @@ typedef struct {
     char err[512];
     unsigned asleep;
     eng_sleep_info info;
+    eng_wstate wstate;
 } mem_call;
 
 static void run_mem(srv_state *s, void *arg)
@@ -47,6 +48,7 @@ static void run_mem(srv_state *s, void *arg)
                     : eng_sleep(e, m->level, m->tags, m->err, sizeof m->err, &m->status);
     m->asleep = eng_is_sleeping(e);
     eng_sleep_get_info(e, &m->info);
+    m->wstate = eng_weights_state(e);
     atomic_store(&s->mem_asleep_pub, m->asleep);
     srv_weights_publish(s); /* (a level 2 wake leaves the weights inconsistent) */
     srv_metrics_publish(&s->met, e);
@@ -126,6 +128,8 @@ static int call_and_reply(srv_state *s, struct mg_connection *c, mem_call *m, in
     cJSON_AddNumberToObject(o, "released_weights_bytes", (double)(m->asleep & ENG_MEM_WEIGHTS ? m->info.released[0] : 0));
     cJSON_AddNumberToObject(o, "released_kv_cache_bytes", (double)(m->asleep & ENG_MEM_KV ? m->info.released[1] : 0));
     cJSON_AddNumberToObject(o, "weights_backup_bytes", (double)m->info.backup_bytes);
+    /* "inconsistent" after a level 2 wake-up: a full weight update must come before generation */
+    cJSON_AddStringToObject(o, "weights", eng_wstate_name(m->wstate));
     int st = srv_send_json(c, 200, o);
     cJSON_Delete(o);
     return st;

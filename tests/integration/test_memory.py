@@ -106,7 +106,8 @@ def vllm_level2(C, srv, model_dir, ref, sums, fig, weight_bytes):
     C.check(is_sleeping(srv) is True, "is_sleeping with the KV cache asleep")
     refused_generation(C, srv, "level 2, kv asleep")
     r = H.post(srv, "/wake_up?tags=kv_cache", None)
-    C.check(r.status == 200 and r.json.get("is_sleeping") is False, "wake_up kv_cache: %r" % r)
+    C.check(r.status == 200 and r.json.get("is_sleeping") is False and r.json.get("weights") == "inconsistent",
+            "wake_up kv_cache: %r" % r)
     refused_generation(C, srv, "level 2 awake, no update", "sleep level 2")
     r = H.post(srv, "/v1/weights/begin", {"mode": "partial"})
     C.check(r.status == 409, "partial update after level 2: %r" % r)
