@@ -8,7 +8,8 @@ call them, RSS of the server process before / asleep / awake, identical greedy o
   - SGLang (as slime's sglang_engine.py and verl's http_server_engine.py call it):
     POST /release_memory_occupation {} or {"tags": [...]}, /resume_memory_occupation
     {"tags": ["weights"]}, then {"tags": null}; without --enable-weights-cpu-backup the weights are
-    discarded (level 2), so a full update must come between.
+    discarded (level 2), so a full update must come between; with it (verl, colocated) they are
+    kept (level 1) and nothing has to be pushed.
   - While asleep: /v1/completions and /v1/chat/completions get 503, weight updates 409 (weights
     asleep), /tokenize and /v1/models still answer.
   - Level 1 + wake: greedy output and every checksum identical. Level 2 + wake: generation 503 and
@@ -174,6 +175,21 @@ def python_client(C, srv, ref):
         C.check(e.status == 400, "client wake_up bogus: %r" % e)
 
 
+def sglang_cpu_backup(C, binary, model):
+    """--enable-weights-cpu-backup (verl sets it in colocated mode): release keeps the weights."""
+    srv = H.Server(C, binary, model, args=["--kv-cache-mb", "64", "--threads", "1", "--enable-weights-cpu-backup"])
+    try:
+        ref = gen(srv)
+        r = H.post(srv, "/release_memory_occupation", {"tags": ["kv_cache", "weights"]})
+        C.check(r.status == 200 and r.json.get("weights_level") == 1 and r.json.get("weights_backup_bytes", 0) > 0,
+                "release with the CPU backup: %r" % r)
+        r = H.post(srv, "/resume_memory_occupation", {})
+        C.check(r.status == 200 and r.json.get("weights") == "ready", "resume with the CPU backup: %r" % r)
+        C.check(gen(srv) == ref, "CPU backup: greedy output differs after release / resume")
+    finally:
+        H.stop_clean(C, srv)
+
+
 def main():
     C = H.Checker("memory")
     binary = H.gs_bin(C)
@@ -194,6 +210,7 @@ def main():
         skyrl_bodies(C, srv, ref)
         sglang(C, srv, model, ref)
         python_client(C, srv, ref)
+        sglang_cpu_backup(C, binary, model)
         H.healthy(C, srv, "memory")
         print("VmRSS of the server (weights %.1f MiB, --kv-cache-mb 64):" % (weight_bytes / MB))
         for k, v in fig.items():
