@@ -194,6 +194,7 @@ void eng_destroy(eng_engine *e)
         if (e->plans[b]) e->be->ops->plan_free(e->be, e->plans[b]);
     spec_free(e);
     free(e->guard);
+    free(e->w_backup); /* (destroyed asleep at level 1) */
     if (e->ws_has_target) mdl_session_end(&e->ws_target);
     if (e->ws_has_draft) mdl_session_end(&e->ws_draft);
     eng_tape_free(&e->tape);

@@ -186,6 +186,8 @@ def sglang_cpu_backup(C, binary, model):
         r = H.post(srv, "/resume_memory_occupation", {})
         C.check(r.status == 200 and r.json.get("weights") == "ready", "resume with the CPU backup: %r" % r)
         C.check(gen(srv) == ref, "CPU backup: greedy output differs after release / resume")
+        r = H.post(srv, "/sleep", None)  # then SIGTERM while asleep: a clean exit (stop_clean)
+        C.check(r.status == 200, "sleep before shutdown: %r" % r)
     finally:
         H.stop_clean(C, srv)
 

@@ -309,6 +309,8 @@ static void test_kv_only_and_refusals(void **state)
     assert_int_equal(wi.state, ENG_W_READY);
     assert_int_equal(generate(&x, &b, err, sizeof err), 0);
     assert_memory_equal(a.out, b.out, sizeof a.out);
+    /* destroyed while asleep (shutdown during sleep): nothing leaks, nothing touches released memory */
+    assert_int_equal(eng_sleep(x.e, 1, 0, err, sizeof err, &st), 0);
     test_rt_close(&x);
 }
 
