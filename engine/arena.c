@@ -88,3 +88,61 @@ int eng_arena_info(const eng_arena *a, const void *ptr, eng_alloc_info *out)
     out->live = x->live;
     return 0;
 }
+
+int eng_arena_release_spans(const eng_arena *a, void *const *ptrs, size_t n, size_t granule,
+                            void (*fn)(uint8_t *span, size_t bytes, void *u), void *u)
+{
+    if (a->n == 0) return n ? -1 : 0;
+    unsigned char *in = calloc(a->n, 1);
+    size_t *next_lo = malloc(a->n * sizeof *next_lo); /* first granule of the next blocker after i */
+    if (!in || !next_lo) {
+        free(in);
+        free(next_lo);
+        return -2;
+    }
+    for (size_t k = 0; k < n; k++) {
+        long i = find(a, ptrs[k]);
+        if (i < 0 || a->e[i].ptr != (const uint8_t *)ptrs[k] || !a->e[i].live) {
+            free(in);
+            free(next_lo);
+            return -1;
+        }
+        in[i] = 1;
+    }
+    const size_t G = granule;
+    size_t lo_next = SIZE_MAX;
+    for (size_t i = a->n; i-- > 0;) {
+        next_lo[i] = lo_next;
+        if (a->e[i].live && !in[i]) lo_next = (size_t)(a->e[i].ptr - a->base) / G;
+    }
+    /* the granule the bump pointer is in may still be handed out (a later alloc): it blocks */
+    const size_t tail = a->used / G;
+    size_t blk_hi = 0, cur_lo = 0, cur_hi = 0; /* blk_hi: end granule of the last blocker seen */
+    int have = 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const eng_arena_entry *x = &a->e[i];
+        const size_t off = (size_t)(x->ptr - a->base);
+        if (x->live && !in[i]) {
+            blk_hi = (off + x->bytes + G - 1) / G;
+            continue;
+        }
+        if (!in[i]) continue;
+        size_t lo = off / G, hi = (off + x->bytes + G - 1) / G;
+        if (lo < blk_hi) lo = blk_hi;
+        if (hi > next_lo[i]) hi = next_lo[i];
+        if (hi > tail) hi = tail;
+        if (lo >= hi) continue;
+        if (have && lo <= cur_hi) {
+            if (hi > cur_hi) cur_hi = hi;
+            continue;
+        }
+        if (have) fn(a->base + cur_lo * G, (cur_hi - cur_lo) * G, u);
+        cur_lo = lo;
+        cur_hi = hi;
+        have = 1;
+    }
+    if (have) fn(a->base + cur_lo * G, (cur_hi - cur_lo) * G, u);
+    free(in);
+    free(next_lo);
+    return 0;
+}

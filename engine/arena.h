@@ -39,6 +39,14 @@ void *eng_arena_take(eng_arena *a, size_t bytes, size_t align, const char *tag);
 const eng_arena_entry *eng_arena_retire(eng_arena *a, void *ptr);
 int eng_arena_contains(const eng_arena *a, const void *ptr, size_t bytes);
 int eng_arena_info(const eng_arena *a, const void *ptr, eng_alloc_info *out);
+/* Sleep (eng_backend_ops.mem_release): the granule-aligned spans whose memory may be released when
+ * the live ranges starting at ptrs[0..n) give up their contents: every granule (offsets from base,
+ * which is granule-aligned) that overlaps one of them and no other live range (retired ranges and
+ * alignment gaps never block). fn(span, bytes, u) is called for each maximal span in address order.
+ * Duplicated pointers are fine. Returns 0, or -1 when some ptr starts no live range, -2 out of host
+ * memory (fn not called). */
+int eng_arena_release_spans(const eng_arena *a, void *const *ptrs, size_t n, size_t granule,
+                            void (*fn)(uint8_t *span, size_t bytes, void *u), void *u);
 
 #ifdef __cplusplus
 }

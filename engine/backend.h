@@ -62,7 +62,20 @@ typedef struct {
     void (*plan_free)(eng_backend *be, eng_plan *plan);
     void (*synchronize)(eng_backend *be);
     void (*destroy)(eng_backend *be);
+    /* Sleep with stable addresses (engine/engine.h eng_sleep; optional: NULL = not supported).
+     * mem_release gives up the physical memory behind the live allocations starting at
+     * ptrs[0..n), as group `group` (< ENG_MEM_GROUPS), and keeps every address reserved: only
+     * whole release granules (CPU: 4 KiB pages, MADV_DONTNEED; CUDA: VMM granules, cuMemUnmap +
+     * cuMemRelease) that no other live allocation touches are released; *released gets their bytes.
+     * Their contents are lost; nothing may read or write them until mem_restore, which backs the
+     * same addresses again with zeroed memory (so a plan replays unchanged, I1). Both synchronize
+     * first. A group released twice, or restored while not released, is refused (-1 with err). */
+    int (*mem_release)(eng_backend *be, int group, void *const *ptrs, size_t n, size_t *released, char *err,
+                       size_t errlen);
+    int (*mem_restore)(eng_backend *be, int group, char *err, size_t errlen);
 } eng_backend_ops;
+
+#define ENG_MEM_GROUPS 4
 
 struct eng_backend {
     const eng_backend_ops *ops;

@@ -4,6 +4,9 @@
  * handed out by the shared allocation table (engine/arena.h): ranges are never reused, so a stale
  * baked pointer can always be told apart from a live one.
  *
+ * Sleep (mem_release / mem_restore): MADV_DONTNEED on the whole pages of the released allocations
+ * gives their memory back (RSS drops) while the mapping, and so every baked address, stays.
+ *
  * Plans: a deep copy of the tape. Replay runs the copied ops in order with their baked pointers —
  * the same semantics as a CUDA graph. In checked mode every pointer of every op is verified against
  * the live allocations before the op runs; a violation aborts naming the op and the pointer.
@@ -17,11 +20,21 @@
 #include "engine/arena.h"
 #include "engine/backend.h"
 
+/* The page spans one sleeping group gave up (mem_release), to restore them. */
+typedef struct {
+    int released;
+    uint8_t **ptr;
+    size_t *bytes;
+    size_t n, cap;
+    int oom;
+} cpu_group;
+
 typedef struct {
     eng_arena arena;
     void *region;
     size_t region_bytes;
     kern_pool *pool;
+    cpu_group groups[ENG_MEM_GROUPS];
 } cpu_impl;
 
 struct eng_plan {
@@ -138,6 +151,81 @@ static void cpu_plan_free(eng_backend *be, eng_plan *plan)
 
 static void cpu_synchronize(eng_backend *be) { (void)be; }
 
+/* ---- sleep: MADV_DONTNEED on whole pages, the mapping (and so every address) stays --------------- */
+
+#define CPU_PAGE ((size_t)4096)
+
+static void group_add_span(uint8_t *p, size_t bytes, void *u)
+{
+    cpu_group *g = u;
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? 2 * g->cap : 64;
+        uint8_t **np = realloc(g->ptr, nc * sizeof *np);
+        if (np) g->ptr = np;
+        size_t *nb = realloc(g->bytes, nc * sizeof *nb);
+        if (nb) g->bytes = nb;
+        if (!np || !nb) {
+            g->oom = 1;
+            return;
+        }
+        g->cap = nc;
+    }
+    g->ptr[g->n] = p;
+    g->bytes[g->n++] = bytes;
+}
+
+static int cpu_mem_release(eng_backend *be, int group, void *const *ptrs, size_t n, size_t *released, char *err,
+                           size_t errlen)
+{
+    cpu_impl *c = impl_of(be);
+    *released = 0;
+    if (group < 0 || group >= ENG_MEM_GROUPS || c->groups[group].released) {
+        snprintf(err, errlen, "memory group %d is already released", group);
+        return -1;
+    }
+    cpu_group *g = &c->groups[group];
+    g->n = 0;
+    g->oom = 0;
+    int rc = eng_arena_release_spans(&c->arena, ptrs, n, CPU_PAGE, group_add_span, g);
+    if (rc != 0 || g->oom) {
+        snprintf(err, errlen, rc == -1 ? "release of a pointer that starts no live arena allocation"
+                                       : "out of host memory");
+        g->n = 0;
+        return -1;
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        /* private anonymous pages: the next touch maps a zero page (what mem_restore promises) */
+        if (madvise(g->ptr[i], g->bytes[i], MADV_DONTNEED) != 0) {
+            snprintf(err, errlen, "madvise(MADV_DONTNEED) of %zu bytes at %p failed", g->bytes[i], (void *)g->ptr[i]);
+            return -1; /* (the pages released so far are zero: the caller treats the group as lost) */
+        }
+        /* checked mode: a stray read or write of released memory faults at once, as it would on
+         * unmapped device memory, instead of silently paging zeros back in */
+        if (be->checked) (void)mprotect(g->ptr[i], g->bytes[i], PROT_NONE);
+        *released += g->bytes[i];
+    }
+    g->released = 1;
+    return 0;
+}
+
+static int cpu_mem_restore(eng_backend *be, int group, char *err, size_t errlen)
+{
+    cpu_impl *c = impl_of(be);
+    if (group < 0 || group >= ENG_MEM_GROUPS || !c->groups[group].released) {
+        snprintf(err, errlen, "memory group %d is not released", group);
+        return -1;
+    }
+    cpu_group *g = &c->groups[group];
+    for (size_t i = 0; i < g->n; i++)
+        if (be->checked && mprotect(g->ptr[i], g->bytes[i], PROT_READ | PROT_WRITE) != 0) {
+            snprintf(err, errlen, "mprotect of %zu bytes at %p failed", g->bytes[i], (void *)g->ptr[i]);
+            return -1;
+        }
+    g->released = 0;
+    g->n = 0;
+    return 0;
+}
+
 static void cpu_destroy(eng_backend *be)
 {
     cpu_impl *c = impl_of(be);
@@ -145,6 +233,10 @@ static void cpu_destroy(eng_backend *be)
         kern_pool_destroy(c->pool);
         if (c->region) munmap(c->region, c->region_bytes);
         eng_arena_release(&c->arena);
+        for (int i = 0; i < ENG_MEM_GROUPS; i++) {
+            free(c->groups[i].ptr);
+            free(c->groups[i].bytes);
+        }
         free(c);
     }
     free(be);
@@ -168,6 +260,8 @@ static const eng_backend_ops cpu_ops = {
     .plan_free = cpu_plan_free,
     .synchronize = cpu_synchronize,
     .destroy = cpu_destroy,
+    .mem_release = cpu_mem_release,
+    .mem_restore = cpu_mem_restore,
 };
 
 eng_backend *eng_backend_cpu_create(const eng_backend_config *cfg, char *err, size_t errlen)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda.h> /* driver API types only: the VMM entry points come from cudaGetDriverEntryPointByVersion */
 #include <cuda_runtime_api.h>
 
 #include "engine/arena.h"
@@ -15,13 +16,44 @@
 
 #define STAGE_SEGS 8
 
+/* The granule spans one sleeping group gave up (mem_release), to back them again. */
+typedef struct {
+    int released;
+    uint8_t **ptr;
+    size_t *bytes;
+    size_t n, cap;
+    int oom;
+} cu_group;
+
+/* Driver entry points of the virtual-memory API (no link against libcuda: the binary and the tests
+ * must load where there is no driver). */
+typedef struct {
+    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*addr_free)(CUdeviceptr, size_t);
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+    CUresult (*release)(CUmemGenericAllocationHandle);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*unmap)(CUdeviceptr, size_t);
+    CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+    CUresult (*err_name)(CUresult, const char **);
+} cu_vmm;
+static cu_vmm g_vmm;
+
 typedef struct {
     int device;
     cudaStream_t stream;
     kern_cuda_ctx *kctx;
-    /* arena: one cudaMalloc'd region, the shared allocation table (engine/arena.h) */
+    /* arena: one reserved virtual range (cuMemAddressReserve), backed granule by granule on demand
+     * (cuMemCreate + cuMemMap + cuMemSetAccess: one physical allocation per granule, so that sleep
+     * can give back any granule and map a fresh one at the same address); the shared allocation
+     * table (engine/arena.h) */
     uint8_t *base;
     eng_arena arena;
+    size_t gran;                      /* VMM granularity (2 MiB on H100 / H200) */
+    CUmemGenericAllocationHandle *h;  /* [cap / gran]: 0 = not backed */
+    size_t n_gran, backed_end;        /* granules [0, backed_end) were backed once */
+    cu_group groups[ENG_MEM_GROUPS];
     /* staging ring: pinned host memory and a device mirror of the same size (upload_convert) */
     uint8_t *pinned, *dstage;
     size_t stage_bytes, seg_bytes;
@@ -55,6 +87,77 @@ static void cu_enter(cu_impl *c) { CU(cudaSetDevice(c->device)); }
 
 /* ---- arena (same table as the CPU backend: sorted by address by construction) --------------------- */
 
+static const char *vmm_err(CUresult r)
+{
+    const char *n = NULL;
+    if (!g_vmm.err_name || g_vmm.err_name(r, &n) != CUDA_SUCCESS || !n) return "CUDA_ERROR_?";
+    return n;
+}
+
+static void vmm_die(CUresult r, const char *what, int line)
+{
+    fprintf(stderr, "graphswap: CUDA driver error %s (%d) in %s (backend_cuda.cu:%d)\n", vmm_err(r), (int)r, what,
+            line);
+    abort();
+}
+#define DRV(call)                                                                                  \
+    do {                                                                                           \
+        CUresult drv_r_ = (call);                                                                  \
+        if (drv_r_ != CUDA_SUCCESS) vmm_die(drv_r_, #call, __LINE__);                              \
+    } while (0)
+
+static CUmemAllocationProp vmm_prop(const cu_impl *c)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = c->device;
+    return p;
+}
+
+/* Backs granules [g0, g1) that are not backed (fresh physical memory, read-write for the device).
+ * Returns 0, or the driver's error (out of memory: the granules backed so far stay backed). */
+static CUresult vmm_back(cu_impl *c, size_t g0, size_t g1)
+{
+    const CUmemAllocationProp prop = vmm_prop(c);
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (size_t g = g0; g < g1; g++) {
+        if (c->h[g]) continue;
+        const CUdeviceptr va = (CUdeviceptr)(uintptr_t)(c->base + g * c->gran);
+        CUmemGenericAllocationHandle h = 0;
+        CUresult r = g_vmm.create(&h, c->gran, &prop, 0);
+        if (r != CUDA_SUCCESS) return r;
+        r = g_vmm.map(va, c->gran, 0, h, 0);
+        if (r != CUDA_SUCCESS) {
+            DRV(g_vmm.release(h));
+            return r;
+        }
+        r = g_vmm.set_access(va, c->gran, &acc, 1);
+        if (r != CUDA_SUCCESS) {
+            DRV(g_vmm.unmap(va, c->gran));
+            DRV(g_vmm.release(h));
+            return r;
+        }
+        c->h[g] = h;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Gives granules [g0, g1) back to the driver (the virtual range stays reserved). */
+static void vmm_unback(cu_impl *c, size_t g0, size_t g1)
+{
+    for (size_t g = g0; g < g1; g++) {
+        if (!c->h[g]) continue;
+        DRV(g_vmm.unmap((CUdeviceptr)(uintptr_t)(c->base + g * c->gran), c->gran));
+        DRV(g_vmm.release(c->h[g]));
+        c->h[g] = 0;
+    }
+}
+
 static void *cu_alloc_fn(eng_backend *be, size_t bytes, const char *tag)
 {
     cu_impl *c = impl_of(be);
@@ -62,6 +165,16 @@ static void *cu_alloc_fn(eng_backend *be, size_t bytes, const char *tag)
     void *p = eng_arena_take(&c->arena, bytes, align, tag);
     if (!p) return NULL;
     cu_enter(c);
+    const size_t end = (c->arena.used + c->gran - 1) / c->gran;
+    if (end > c->backed_end) { /* back the granules the bump pointer entered */
+        CUresult r = vmm_back(c, c->backed_end, end);
+        if (r != CUDA_SUCCESS) {
+            if (r != CUDA_ERROR_OUT_OF_MEMORY) vmm_die(r, "cuMemCreate / cuMemMap (arena)", __LINE__);
+            (void)eng_arena_retire(&c->arena, p); /* (its range is never handed out again) */
+            return NULL;
+        }
+        c->backed_end = end;
+    }
     CU(cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream)); /* zeroed, ordered before any later use */
     return p;
 }
@@ -333,6 +446,83 @@ static void cu_synchronize(eng_backend *be)
     cu_sync(c);
 }
 
+/* ---- sleep: unmap granules, map fresh ones at the same addresses ----------------------------------- */
+
+static void cu_group_add(uint8_t *p, size_t bytes, void *u)
+{
+    cu_group *g = (cu_group *)u;
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? 2 * g->cap : 64;
+        uint8_t **np = (uint8_t **)realloc(g->ptr, nc * sizeof *np);
+        if (np) g->ptr = np;
+        size_t *nb = (size_t *)realloc(g->bytes, nc * sizeof *nb);
+        if (nb) g->bytes = nb;
+        if (!np || !nb) {
+            g->oom = 1;
+            return;
+        }
+        g->cap = nc;
+    }
+    g->ptr[g->n] = p;
+    g->bytes[g->n++] = bytes;
+}
+
+static int cu_mem_release(eng_backend *be, int group, void *const *ptrs, size_t n, size_t *released, char *err,
+                          size_t errlen)
+{
+    cu_impl *c = impl_of(be);
+    *released = 0;
+    if (group < 0 || group >= ENG_MEM_GROUPS || c->groups[group].released) {
+        snprintf(err, errlen, "memory group %d is already released", group);
+        return -1;
+    }
+    cu_group *g = &c->groups[group];
+    g->n = 0;
+    g->oom = 0;
+    int rc = eng_arena_release_spans(&c->arena, ptrs, n, c->gran, cu_group_add, g);
+    if (rc != 0 || g->oom) {
+        snprintf(err, errlen, rc == -1 ? "release of a pointer that starts no live arena allocation"
+                                       : "out of host memory");
+        g->n = 0;
+        return -1;
+    }
+    cu_enter(c);
+    cu_sync(c); /* nothing in flight may still read or write what is unmapped */
+    for (size_t i = 0; i < g->n; i++) {
+        const size_t g0 = (size_t)(g->ptr[i] - c->base) / c->gran, g1 = g0 + g->bytes[i] / c->gran;
+        vmm_unback(c, g0, g1);
+        *released += g->bytes[i];
+    }
+    g->released = 1;
+    return 0;
+}
+
+static int cu_mem_restore(eng_backend *be, int group, char *err, size_t errlen)
+{
+    cu_impl *c = impl_of(be);
+    if (group < 0 || group >= ENG_MEM_GROUPS || !c->groups[group].released) {
+        snprintf(err, errlen, "memory group %d is not released", group);
+        return -1;
+    }
+    cu_group *g = &c->groups[group];
+    cu_enter(c);
+    for (size_t i = 0; i < g->n; i++) {
+        const size_t g0 = (size_t)(g->ptr[i] - c->base) / c->gran, g1 = g0 + g->bytes[i] / c->gran;
+        CUresult r = vmm_back(c, g0, g1); /* (skips granules a failed earlier try already backed) */
+        if (r != CUDA_SUCCESS) {
+            if (r != CUDA_ERROR_OUT_OF_MEMORY) vmm_die(r, "cuMemCreate / cuMemMap (wake-up)", __LINE__);
+            snprintf(err, errlen, "out of device memory mapping %zu MiB back at wake-up (is the trainer still "
+                     "holding it?); try again", g->bytes[i] >> 20);
+            return -1; /* still released: a later wake-up retries */
+        }
+        CU(cudaMemsetAsync(g->ptr[i], 0, g->bytes[i], c->stream)); /* zeroed, as alloc() promises */
+    }
+    cu_sync(c);
+    g->released = 0;
+    g->n = 0;
+    return 0;
+}
+
 static void cu_destroy(eng_backend *be)
 {
     cu_impl *c = impl_of(be);
@@ -340,7 +530,15 @@ static void cu_destroy(eng_backend *be)
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
         kern_cuda_ctx_destroy(c->kctx);
-        if (c->base) cudaFree(c->base);
+        if (c->h) {
+            vmm_unback(c, 0, c->n_gran);
+            free(c->h);
+        }
+        if (c->base) DRV(g_vmm.addr_free((CUdeviceptr)(uintptr_t)c->base, c->n_gran * c->gran));
+        for (int i = 0; i < ENG_MEM_GROUPS; i++) {
+            free(c->groups[i].ptr);
+            free(c->groups[i].bytes);
+        }
         if (c->dstage) cudaFree(c->dstage);
         if (c->pinned) cudaFreeHost(c->pinned);
         for (int i = 0; i < STAGE_SEGS; i++)
@@ -372,6 +570,8 @@ static const eng_backend_ops *cuda_ops(void)
         ops.plan_free = cu_plan_free;
         ops.synchronize = cu_synchronize;
         ops.destroy = cu_destroy;
+        ops.mem_release = cu_mem_release;
+        ops.mem_restore = cu_mem_restore;
         ops.name = "cuda";
     }
     return &ops;
@@ -397,6 +597,36 @@ static size_t env_size(const char *name, size_t dflt)
             return -1;                                                                             \
         }                                                                                          \
     } while (0)
+
+/* The driver's virtual-memory entry points (once). 0 or -1 with err. */
+static int vmm_load(char *err, size_t errlen)
+{
+    if (g_vmm.create) return 0;
+    struct {
+        const char *name;
+        void **fn;
+    } want[] = {
+        {"cuMemAddressReserve", (void **)&g_vmm.reserve}, {"cuMemAddressFree", (void **)&g_vmm.addr_free},
+        {"cuMemCreate", (void **)&g_vmm.create},          {"cuMemRelease", (void **)&g_vmm.release},
+        {"cuMemMap", (void **)&g_vmm.map},                {"cuMemUnmap", (void **)&g_vmm.unmap},
+        {"cuMemSetAccess", (void **)&g_vmm.set_access},   {"cuMemGetAllocationGranularity", (void **)&g_vmm.granularity},
+        {"cuGetErrorName", (void **)&g_vmm.err_name},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        void *fn = NULL;
+        cudaError_t e = cudaGetDriverEntryPointByVersion(want[i].name, &fn, 12000, cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
+            (void)cudaGetLastError();
+            snprintf(err, errlen, "the CUDA driver has no %s (virtual memory management): %s", want[i].name,
+                     cudaGetErrorName(e));
+            memset(&g_vmm, 0, sizeof g_vmm);
+            return -1;
+        }
+        *want[i].fn = fn;
+    }
+    return 0;
+}
 
 /* Everything the backend will ever allocate, in order: stream, events, kernel context, staging,
  * arena (largest last). 0 or -1 with err. */
@@ -432,12 +662,29 @@ static int cu_start(cu_impl *c, const eng_backend_config *cfg, int ndev, char *e
         }
         cap = free_b - headroom;
     }
-    cap = (cap + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
-    if (cudaMalloc((void **)&c->base, cap) != cudaSuccess) {
-        (void)cudaGetLastError();
-        snprintf(err, errlen, "cannot allocate a %zu MiB CUDA arena (%zu MiB free of %zu MiB)", cap >> 20,
-                 free_b >> 20, total_b >> 20);
-        c->base = NULL;
+    if (vmm_load(err, errlen) != 0) return -1;
+    CUmemAllocationProp prop = vmm_prop(c);
+    CUresult r = g_vmm.granularity(&c->gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r != CUDA_SUCCESS || c->gran == 0 || (c->gran & (c->gran - 1))) {
+        snprintf(err, errlen, "cuMemGetAllocationGranularity: %s", vmm_err(r));
+        return -1;
+    }
+    if (c->gran < ((size_t)2 << 20)) c->gran = (size_t)2 << 20; /* (the 2 MiB alignment of large allocations) */
+    cap = (cap + c->gran - 1) & ~(c->gran - 1);
+    /* only the address range is reserved here: granules are backed as allocations reach them, so a
+     * too large --gpu-memory-mb fails at the allocation that does not fit */
+    CUdeviceptr va = 0;
+    r = g_vmm.reserve(&va, cap, c->gran, 0, 0);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, errlen, "cannot reserve a %zu MiB CUDA arena address range: %s (%zu MiB free of %zu MiB)",
+                 cap >> 20, vmm_err(r), free_b >> 20, total_b >> 20);
+        return -1;
+    }
+    c->base = (uint8_t *)(uintptr_t)va;
+    c->n_gran = cap / c->gran;
+    c->h = (CUmemGenericAllocationHandle *)calloc(c->n_gran, sizeof *c->h);
+    if (!c->h) {
+        snprintf(err, errlen, "out of host memory");
         return -1;
     }
     eng_arena_init(&c->arena, c->base, cap);

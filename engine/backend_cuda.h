@@ -2,10 +2,17 @@
  * on one GPU. Declared without CUDA headers so any C file can include it; link gs_cuda (built when
  * cmake/cuda.cmake finds nvcc, which also defines GS_HAVE_CUDA=1 for the graphswap binary).
  *
- *  - Arena: one cudaMalloc'd region of cfg->arena_bytes (0: all free device memory but 2 GiB), bump
- *    allocation (256-byte alignment, 2 MiB for allocations of 1 MiB or more), an allocation table
- *    like the CPU backend's; free() retires a range that is never handed out again. alloc() zeroes
- *    (a memset on the stream). After creation the backend never calls cudaMalloc again.
+ *  - Arena: one virtual address range of cfg->arena_bytes (0: all free device memory but 2 GiB)
+ *    reserved with cuMemAddressReserve, bump allocation (256-byte alignment, 2 MiB for allocations
+ *    of 1 MiB or more), an allocation table like the CPU backend's; free() retires a range that is
+ *    never handed out again. Physical memory is the virtual-memory API's: each VMM granule (2 MiB)
+ *    the bump pointer reaches is backed by its own cuMemCreate + cuMemMap + cuMemSetAccess, so sleep
+ *    (mem_release: cuMemUnmap + cuMemRelease of whole granules; mem_restore: fresh granules mapped at
+ *    the same addresses, zeroed) gives memory back while every baked address, and so every
+ *    instantiated graph, stays valid (vLLM's CuMemAllocator and SGLang's torch_memory_saver do the
+ *    same per tensor). alloc() zeroes (a memset on the stream). The driver entry points come from
+ *    cudaGetDriverEntryPointByVersion: nothing links libcuda. After creation the backend never
+ *    calls cudaMalloc again.
  *  - One stream, created once. upload / upload_convert copy through a pinned staging ring (allocated
  *    once; 8 segments, each reused only after the event recorded when the ring last left it), so the
  *    host buffer may be reused as soon as upload returns; the copies are asynchronous and ordered on

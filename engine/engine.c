@@ -208,6 +208,7 @@ void eng_destroy(eng_engine *e)
         if (e->plans[b]) e->be->ops->plan_free(e->be, e->plans[b]);
     spec_free(e);
     free(e->guard);
+    free(e->w_backup); /* (destroyed asleep at level 1) */
     if (e->ws_has_target) mdl_session_end(&e->ws_target);
     if (e->ws_has_draft) mdl_session_end(&e->ws_draft);
     eng_tape_free(&e->tape);
@@ -369,6 +370,14 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
             snprintf(err, errlen, "stop_token_ids[%d] = %d is not a token id in [0, %d)", i, r->stop_ids[i], V);
             return -1;
         }
+    if (e->sleep.asleep) {
+        snprintf(err, errlen, "the engine is asleep (%s%s%s released): wake it up first (POST /wake_up or "
+                 "/resume_memory_occupation)",
+                 e->sleep.asleep & ENG_MEM_WEIGHTS ? "weights" : "",
+                 e->sleep.asleep == ENG_MEM_ALL ? " and " : "", e->sleep.asleep & ENG_MEM_KV ? "kv_cache" : "");
+        if (busy) *busy = 2;
+        return -1;
+    }
     if (eng_check_penalties(e, &r->sp, err, errlen) != 0) return -1;
     if (e->winfo.state == ENG_W_INCONSISTENT || e->winfo.state == ENG_W_UNDEFINED) {
         snprintf(err, errlen, "weights are %s: %s", eng_wstate_name(e->winfo.state), e->winfo.reason);

@@ -143,6 +143,41 @@ const eng_stats *eng_get_stats(const eng_engine *e);
 const eng_config *eng_get_config(const eng_engine *e);
 const mdl_model *eng_model(const eng_engine *e);
 
+/* ---- sleep: release memory for a colocated trainer, with stable addresses (engine/sleep.c) ------
+ * Semantics of vLLM's sleep mode (CuMemAllocator: level 1 offloads the weights to host memory and
+ * discards the KV cache; level 2 discards both) and SGLang's release_memory_occupation (tags
+ * "weights", "kv_cache": release only what is named). The physical memory behind the named
+ * allocations is given back to the system (backend mem_release) while every address stays
+ * reserved, so the captured plans replay unchanged after wake-up (I1; no re-capture) and the guard
+ * (I5) still passes.
+ *   weights  (ENG_MEM_WEIGHTS): every parameter and derived buffer of the target and the drafter.
+ *            Level 1: copied to host memory first and copied back at wake (bytes identical).
+ *            Level 2: discarded; after wake the weights are "inconsistent" until a complete full
+ *            update (partial updates 409, generation 503 with the reason, I8).
+ *   kv_cache (ENG_MEM_KV): the KV caches of both models; always discarded (zero after wake) and
+ *            the prefix cache is flushed.
+ * Sleep aborts every running and waiting request (finish "abort"). While any tag sleeps, eng_submit
+ * refuses (busy 2: 503); while the weights sleep, weight updates are refused (409); the rest keeps
+ * working. Tags already asleep (at sleep) or awake (at wake) are skipped; tags 0 means both. Sleep is
+ * refused during an open weight session (409) and once the weights are undefined (503).
+ * Each returns 0, or -1 with err and *status (the HTTP status that fits). Engine thread only. */
+#define ENG_MEM_WEIGHTS 1u
+#define ENG_MEM_KV 2u
+#define ENG_MEM_ALL (ENG_MEM_WEIGHTS | ENG_MEM_KV)
+int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen, int *status);
+int eng_wake(eng_engine *e, unsigned tags, char *err, size_t errlen, int *status);
+/* The tags now asleep (0: awake). */
+unsigned eng_is_sleeping(const eng_engine *e);
+typedef struct {
+    unsigned asleep;        /* tags */
+    int weights_level;      /* level the weights sleep at (0: awake) */
+    size_t released[2];     /* bytes the backend gave up, by tag bit (weights, kv_cache) at the last sleep */
+    size_t tag_bytes[2];    /* bytes of the allocations of each tag */
+    size_t backup_bytes;    /* host copy of the weights (level 1) */
+    uint64_t sleeps, wakes; /* counters */
+} eng_sleep_info;
+void eng_sleep_get_info(const eng_engine *e, eng_sleep_info *out);
+
 /* Test hooks: the captured plan for `rows` rows (NULL when plans are off). */
 struct eng_plan *eng_plan_for_rows(eng_engine *e, int rows);
 

@@ -94,6 +94,9 @@ struct eng_engine {
     int admission_off;
     struct eng_guard_entry *guard;
     int n_guard;
+    /* sleep (engine/sleep.c) */
+    eng_sleep_info sleep;
+    uint8_t *w_backup; /* level 1: the weights' bytes, in eng_sleep_ranges order */
 };
 
 

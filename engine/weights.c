@@ -182,6 +182,13 @@ int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause
         *status = 503;
         return -1;
     }
+    if (e->sleep.asleep & ENG_MEM_WEIGHTS) {
+        snprintf(err, errlen,
+                 "the weights are asleep (their memory is released): wake them first (POST /wake_up?tags=weights "
+                 "or /resume_memory_occupation {\"tags\": [\"weights\"]})");
+        *status = 409;
+        return -1;
+    }
     if (w->session_open) {
         snprintf(err, errlen, "a weight update session is already open (state %s)", eng_wstate_name(w->state));
         *status = 409;
@@ -437,6 +444,7 @@ int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name,
 {
     const mdl_model *m = draft ? e->draft : e->m;
     if (!m) return -1;
+    if (e->sleep.asleep & ENG_MEM_WEIGHTS) return -3; /* released memory must not be read */
     eng_backend *be = e->be;
     size_t cap = 0;
     uint8_t *buf = NULL;
@@ -470,6 +478,7 @@ int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *
 {
     const mdl_model *m = draft ? e->draft : e->m;
     if (!m) return -1;
+    if (e->sleep.asleep & ENG_MEM_WEIGHTS) return -3; /* released memory must not be read */
     const mdl_dtype hd = m->cfg.dtype;
     if (hash_dt) *hash_dt = hd;
     eng_backend *be = e->be;

@@ -89,7 +89,8 @@ int eng_guard_record(eng_engine *e);
 int eng_guard_check(eng_engine *e, char *reason, size_t cap);
 
 /* Calls fn(name, sha256-hex) for every parameter (stored layout) and derived buffer of the target
- * (draft = 0) or the drafter (draft = 1). Returns -1 when there is no drafter. */
+ * (draft = 0) or the drafter (draft = 1). Returns -1 when there is no drafter, -3 while the weights
+ * are asleep (eng_sleep: their memory is released; nothing is read). */
 int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u), void *u);
 /* The same by checkpoint (Hugging Face) tensor name, so a trainer can compare them with hashes of its
  * own tensors: for every checkpoint tensor the model accepts (q/k/v and gate/up rows of the fused
@@ -98,7 +99,7 @@ int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name,
  * model's checkpoint dtype (config torch_dtype, *hash_dt; round to nearest even), laid out row-major,
  * little endian, i.e. the bytes of torch's t.to(torch_dtype).contiguous(). Then the derived buffers
  * under their own names, over their stored bytes (as eng_weights_checksums). Returns -1 when there is
- * no drafter, -2 out of memory. */
+ * no drafter, -2 out of memory, -3 while the weights are asleep. */
 int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u),
                                void *u, mdl_dtype *hash_dt);
 

@@ -116,6 +116,47 @@ static struct timespec deadline_in(double sec)
 
 static stats_log g_stats; /* set by srv_cmd_serve before the engine thread starts */
 
+int srv_engine_call(srv_state *s, srv_closure *c)
+{
+    pthread_cond_init(&c->cv, NULL);
+    c->done = c->ran = 0;
+    c->next = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        pthread_cond_destroy(&c->cv);
+        return -1;
+    }
+    if (s->clo_tail) s->clo_tail->next = c;
+    else s->clo_head = c;
+    s->clo_tail = c;
+    pthread_cond_signal(&s->inbox_cv);
+    while (!c->done) pthread_cond_wait(&c->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    pthread_cond_destroy(&c->cv);
+    return c->ran ? 0 : -1;
+}
+
+void srv_closures_run(srv_state *s, int stopping)
+{
+    pthread_mutex_lock(&s->mu);
+    srv_closure *list = s->clo_head;
+    s->clo_head = s->clo_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    while (list) {
+        srv_closure *c = list;
+        list = c->next; /* (c belongs to its handler again once done is set) */
+        if (!stopping) {
+            c->fn(s, c->arg);
+            c->ran = 1;
+        }
+        pthread_mutex_lock(&s->mu);
+        c->done = 1;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 static void *engine_main(void *arg)
 {
     srv_state *s = arg;
@@ -134,7 +175,7 @@ static void *engine_main(void *arg)
         const int log_wait = sl->interval > 0 && stats_pending(sl, e);
         pthread_mutex_lock(&s->mu);
         int slept = 0;
-        while (!s->inbox_head && !s->cmd_head && !work && !s->stopping) {
+        while (!s->inbox_head && !s->cmd_head && !s->clo_head && !work && !s->stopping) {
             /* Wake at the earlier of: the end of an unlogged stats window; an open weight session's
              * --weight-session-timeout (checked at least once a second, so that an upload in
              * progress counts as activity). Neither: sleep until woken. */
@@ -163,6 +204,7 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&s->mu);
         srv_jobs_dispatch(s, list, stopping);
         draining = srv_cmds_run(s, stopping);
+        srv_closures_run(s, stopping);
         if (!stopping) srv_weights_expire(s);
         if (stopping) {
             eng_abort_all(e);
@@ -339,6 +381,11 @@ static const char help[] =
     "  --weight-session-timeout S  abort an open weight session after S seconds without a bucket or\n"
     "                         command, as /v1/weights/abort would (default 300; 0 = never)\n"
     "\n"
+    "Memory release for a colocated trainer (vLLM POST /sleep?level=1|2, POST /wake_up, GET\n"
+    "/is_sleeping; SGLang POST /release_memory_occupation, /resume_memory_occupation; see README):\n"
+    "  --enable-weights-cpu-backup  SGLang's release keeps a host copy of the weights (as vLLM's\n"
+    "                         level 1) instead of discarding them (a full update is then needed)\n"
+    "\n"
     "Logging (stderr; a start-up summary, one line per weight update, errors):\n"
     "  --log-format text|json one line per event as text (default) or as one JSON object per line\n"
     "  --access-log           one line per HTTP request: method, path, status, bytes, duration\n"
@@ -357,7 +404,7 @@ int srv_cmd_serve(int argc, char **argv)
     const char *admin_allow_env = getenv("GRAPHSWAP_ADMIN_ALLOW"), *admin_allow = admin_allow_env;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     const char *log_format = "text";
-    int access_log = 0, log_interval = 10;
+    int access_log = 0, log_interval = 10, weights_cpu_backup = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -384,6 +431,7 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--weight-session-timeout", 0, 1 << 24, &wsess_s) ||
             srv_arg_str(argc, argv, &i, "--log-format", &log_format) ||
             srv_arg_flag(argc, argv, &i, "--access-log", &access_log) ||
+            srv_arg_flag(argc, argv, &i, "--enable-weights-cpu-backup", &weights_cpu_backup) ||
             srv_arg_int(argc, argv, &i, "--log-interval", 0, 1 << 20, &log_interval) ||
             srv_arg_str(argc, argv, &i, "--generation-config", &gen_cfg))
             continue;
@@ -494,6 +542,8 @@ int srv_cmd_serve(int argc, char **argv)
     srv_dialect_sglang_routes(s);
     srv_dialect_vllm_routes(s);
     srv_dialect_trl_routes(s);
+    s->weights_cpu_backup = weights_cpu_backup;
+    srv_memory_routes(s);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

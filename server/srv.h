@@ -40,11 +40,12 @@
 #define SRV_MAX_STOP 8          /* stop strings per request */
 #define SRV_MAX_STOP_BYTES 256  /* bytes per stop string */
 #define SRV_MAX_N 16            /* samples per prompt */
-#define SRV_MAX_ROUTES 128 /* 53 registered with every dialect; room for the weight dialects */
+#define SRV_MAX_ROUTES 160 /* every dialect, the weight and memory routes */
 
 typedef struct srv_state srv_state;
 typedef struct srv_job srv_job;
 typedef struct srv_cmd srv_cmd;
+typedef struct srv_closure srv_closure;
 
 /* ---- errors ------------------------------------------------------------------------------------- */
 
@@ -205,7 +206,34 @@ struct srv_state {
     eng_weights_info wpub;
     char vname[64][128];        /* version strings by version number (ring) */
     int is_paused_pub;
+    /* engine closures (serve.c srv_engine_call), guarded by `mu` */
+    srv_closure *clo_head, *clo_tail;
+    /* memory release (memory_api.c) */
+    int weights_cpu_backup;     /* --enable-weights-cpu-backup: SGLang's release keeps a host copy of
+                                   the weights (sleep level 1) instead of discarding them (level 2) */
+    atomic_uint mem_asleep_pub; /* eng_is_sleeping, published by the engine thread */
 };
+
+/* ---- engine closures (serve.c) ------------------------------------------------------------------
+ * The generic way for a handler thread to run code on the engine thread, which alone touches the
+ * engine: fill fn and arg, call srv_engine_call. It queues the closure, wakes the engine thread and
+ * waits until fn(s, arg) ran there (between steps, after the inbox and the admin commands, in
+ * arrival order among closures). Returns 0, or -1 when the server is shutting down (fn not run). */
+struct srv_closure {
+    void (*fn)(srv_state *s, void *arg);
+    void *arg;
+    /* serve.c */
+    int done, ran;
+    pthread_cond_t cv;
+    srv_closure *next;
+};
+int srv_engine_call(srv_state *s, srv_closure *c);
+/* Engine thread: runs (or, when stopping, drops) every queued closure. */
+void srv_closures_run(srv_state *s, int stopping);
+
+/* ---- memory release (memory_api.c): vLLM /sleep, /wake_up, /is_sleeping; SGLang
+ * /release_memory_occupation, /resume_memory_occupation ---------------------------------------------- */
+void srv_memory_routes(srv_state *s);
 
 /* ---- parsed generation request (oai_parse.c) ----------------------------------------------------- */
 

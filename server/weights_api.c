@@ -159,8 +159,13 @@ static int run_cmd(srv_state *s, srv_cmd *c)
                                : eng_weights_checksums(e, c->draft, add_sum, t);
         if (rc != 0) {
             cJSON_Delete(t);
-            snprintf(err, el, "%s", rc == -1 ? "this server has no drafter" : "out of memory computing checksums");
-            st = rc == -1 ? 400 : 500;
+            /* -3: the weights are asleep (released memory has nothing to hash) */
+            snprintf(err, el, "%s",
+                     rc == -1   ? "this server has no drafter"
+                     : rc == -3 ? "the weights are asleep (released by /sleep or /release_memory_occupation): "
+                                  "wake them up first"
+                                : "out of memory computing checksums");
+            st = rc == -1 ? 400 : rc == -3 ? 409 : 500;
         } else {
             c->result = t;
         }

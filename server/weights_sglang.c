@@ -2,12 +2,8 @@
  * cache, weight versions, checksums, the NCCL weights update group). Each is a thin producer over the
  * commands of weights_api.c (weights_internal.h); the NCCL commands run in weights_gpu.c. SGLang
  * answers most of them with {success, message} and the HTTP status of the outcome.
- *
- * TODO(memory release, lead): SGLang's POST /release_memory_occupation {"tags": [...]} and POST
- * /resume_memory_occupation {"tags": [...]} (tags: "weights", "kv_cache"; absent = all) go here once
- * engine/engine.h has eng_sleep(e, level) / eng_wake(e): validate the tags on the handler thread, map
- * them to a level (kv_cache only -> 1, weights -> 2), run SRV_CMD_SLEEP / SRV_CMD_WAKE on the engine
- * thread and answer {success, message} as SGLang does. Not registered until then.
+ * SGLang's memory routes (/release_memory_occupation, /resume_memory_occupation) live with vLLM's in
+ * server/memory_api.c.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -3,12 +3,7 @@
  * Each is a thin producer over the commands of weights_api.c (weights_internal.h); the NCCL commands
  * run in weights_gpu.c. prime-rl's server is vLLM with a few routes of its own: its filesystem
  * /update_weights form is served here too.
- *
- * TODO(memory release, lead): vLLM's POST /sleep?level=1|2, POST /wake_up and GET /is_sleeping go
- * here once engine/engine.h has eng_sleep(e, level) / eng_wake(e): parse and validate the level on
- * the handler thread (1 or 2; vLLM's default 1), run a new SRV_CMD_SLEEP / SRV_CMD_WAKE on the engine
- * thread (run_cmd in weights_api.c) and publish the sleeping state for /is_sleeping
- * ({"is_sleeping": bool}); admin routes (auth 2) like the rest. Not registered until then.
+ * vLLM's memory routes (/sleep, /wake_up, /is_sleeping) live with SGLang's in server/memory_api.c.
  */
 #include <stdio.h>
 #include <stdlib.h>

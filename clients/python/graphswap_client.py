@@ -250,6 +250,22 @@ class GraphswapClient:
     def abort(self):
         return self._call("POST", "/v1/weights/abort", {})
 
+    # ---- memory release for a colocated trainer (vLLM sleep mode routes) ---------------------------
+    def sleep(self, level=1):
+        """POST /sleep?level=: level 1 keeps a host copy of the weights, level 2 discards them (a full
+        update must follow the wake-up). Returns the state ({"is_sleeping", "sleeping_tags", ...})."""
+        if level not in (1, 2):
+            raise ValueError("level must be 1 or 2")
+        return self._call("POST", "/sleep?level=%d" % level)
+
+    def wake_up(self, tags=None):
+        """POST /wake_up[?tags=...]: tags None = everything, else a subset of ("weights", "kv_cache")."""
+        q = "&".join("tags=" + urllib.parse.quote(t) for t in (tags or ()))
+        return self._call("POST", "/wake_up" + ("?" + q if q else ""))
+
+    def is_sleeping(self):
+        return bool(self._call("GET", "/is_sleeping").get("is_sleeping"))
+
     # ---- whole updates ---------------------------------------------------------------------------
     def update_weights(self, named, bucket_bytes=512 << 20, mode="full", model="target", pause="wait",
                        version=None):
