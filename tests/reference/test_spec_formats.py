@@ -104,6 +104,10 @@ def main():
             ("dspark-eng", "dspark", dict(layers=2, block_size=6, target_layer_ids=[-1, L - 1], markov_rank=32,
                                           enable_conf=True, conf_markov=True), "markov"),
             ("dspark-emb", "dspark", dict(layers=1, block_size=4, target_layer_ids=[-1], markov_rank=0), None),
+            # transformers 5's layout (DeepSpec pins it): theta only inside rope_parameters, and not the
+            # target's, so a loader that missed it and used a default would draft differently
+            ("dspark-v5rope", "dspark", dict(layers=1, block_size=5, target_layer_ids=[0], markov_rank=8),
+             None),
         ]
         for label, kind, ckw, eng in specs:
             dname = "%s/%s ids=%s" % (name, label, ckw["target_layer_ids"])
@@ -113,7 +117,13 @@ def main():
             if kind == "dspark":  # the rest of Qwen3DSparkConfig, as save_pretrained may write it
                 cd.update({"_attn_implementation": "flex_attention", "num_anchors": 512, "initializer_range": 0.02,
                            "use_cache": True, "pad_token_id": None, "transformers_version": "4.57.1"})
+            if label.endswith("v5rope"):
+                cd.pop("rope_theta", None)
+                cd.pop("rope_scaling", None)
+                cd["rope_parameters"] = {"rope_theta": 5000.0, "rope_type": "default"}
             dcfg = rs.DraftConfig(cd)
+            if label.endswith("v5rope"):
+                C.check(float(dcfg.theta) == 5000.0, "%s: the reference read theta %r" % (dname, dcfg.theta))
             overrides = rs.markov_override(dcfg, pairs, scale=8.0, seed=ti, noise=0.3) if eng == "markov" else None
             w = rs.random_drafter_weights(dcfg, seed=70 + ti, target=target, own_head="perturb", overrides=overrides)
             rs.write_drafter(ddir, cd, w)
