@@ -1224,7 +1224,8 @@ static int get_int(const cJSON *o, const char *pfx, const char *key, int require
         d = strtod(v->valuestring, &end);
         if (*end) d = -1e300;
     } else d = -1e300;
-    if (d != (double)(long long)d || d < (double)lo || d > (double)hi)
+    /* the range first: casting a double outside long long (1e300, the -1e300 above, NaN) is undefined */
+    if (!(d >= (double)lo && d <= (double)hi) || d != (double)(long long)d)
         return srv_errf(e, 400, f, "%s must be an integer in [%lld, %lld]", f, lo, hi), -1;
     *out = (long long)d;
     return 0;
