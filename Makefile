@@ -3,14 +3,17 @@
 #   make check   install packages, build, run the whole test suite (and again under ASan+UBSan)
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
+FUZZ_BUILD  ?= build-fuzz
+FUZZ_SECONDS ?= 15
 JOBS        ?= $(shell nproc)
 MODEL       ?= models-local/default
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 APT_PACKAGES = build-essential cmake pkg-config libcivetweb-dev libcjson-dev libcmocka-dev \
                libpcre2-dev python3 python3-numpy
+FUZZ_PACKAGES = clang libclang-rt-14-dev
 
-.PHONY: all deps build serve check check-fast check-asan model bench clean
+.PHONY: all deps build serve check check-fast check-asan check-fuzz soak model bench clean
 
 all: build
 
@@ -46,10 +49,21 @@ check-asan: deps
 	cd $(ASAN_BUILD) && GRAPHSWAP_CHECKED=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -L 'unit|integration|reference'
 
-check: check-fast check-asan
+# libFuzzer targets (tests/fuzz), FUZZ_SECONDS each from the committed corpora; fails on a crash
+check-fuzz: deps
+	@$(MAKE) --no-print-directory deps APT_PACKAGES="$(FUZZ_PACKAGES)"
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DGS_FUZZ=ON -DGS_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BUILD)
+
+check: check-fast check-asan check-fuzz
+
+# weight updates under generation load (not part of check; GS_BIN=build-asan/graphswap for ASan)
+soak: build
+	GS_BIN=$${GS_BIN:-$(BUILD)/graphswap} /usr/bin/python3 tests/soak/soak.py
 
 bench: model
 	$(BUILD)/graphswap bench decode --model $(MODEL)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
