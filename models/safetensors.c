@@ -172,6 +172,33 @@ static int header_has_nul(const char *h, size_t n)
     return 0;
 }
 
+/* Nesting depth of arrays and objects in a JSON text (brackets inside strings do not count). A
+ * valid header nests 3 deep (header -> tensor -> shape); cJSON recurses once per level, and this
+ * parser runs on HTTP worker threads (bucket uploads) with ~100 KiB of stack, where '['*900 in a
+ * header overflowed it (found by fuzz_http). So the depth is checked before cJSON sees the text. */
+#define ST_MAX_DEPTH 16
+static int header_too_deep(const char *h, size_t n)
+{
+    int depth = 0, in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = h[i];
+        if (in_str) {
+            if (c == '\\')
+                i++; /* the escaped character cannot end the string */
+            else if (c == '"')
+                in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > ST_MAX_DEPTH)
+                return 1;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return 0;
+}
+
 /* ---- parsing ---------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -459,6 +486,10 @@ int mdl_st_parse(const uint8_t *buf, size_t len, const char *what, mdl_st_file *
     text[hl] = '\0';
     if (header_has_nul(text, hl)) {
         seterr(err, errlen, "%s: header contains a NUL character (raw or \\u0000)", what);
+        goto done;
+    }
+    if (header_too_deep(text, hl)) {
+        seterr(err, errlen, "%s: header nests arrays / objects more than %d deep", what, ST_MAX_DEPTH);
         goto done;
     }
     const char *end = NULL;
