@@ -8,7 +8,8 @@
  * receive timeout). Then, so that one input cannot freeze the next (an open weight session or a
  * /pause stops generation until it times out), POST /v1/weights/abort and POST /resume.
  * Properties beyond "no crash": a non-empty answer starts with an HTTP status line with a status
- * in 100..599, and never a 500 (the server answers 500 only when out of memory).
+ * in 100..599, never a 500 (the server answers 500 only when out of memory), and a JSON answer's
+ * body is one JSON value of exactly its Content-Length.
  * Loopback only; the model folder is a fresh temporary directory.
  */
 #include <arpa/inet.h>
@@ -21,6 +22,8 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "models/mkmodel.h"
 #include "server/cli.h"
@@ -152,6 +155,20 @@ static void check_answer(const char *buf, size_t n)
     FZ_CHECK(buf[9] >= '1' && buf[9] <= '5' && buf[10] >= '0' && buf[10] <= '9' && buf[11] >= '0' && buf[11] <= '9' &&
              buf[12] == ' ');
     FZ_CHECK(memcmp(buf + 9, "500", 3) != 0);
+    /* a JSON answer of graphswap's (srv_send: Content-Type then Content-Length) is one valid JSON
+     * value of exactly that length (the first answer only; later pipelined ones are not parsed) */
+    const char *eoh = memmem(buf, n, "\r\n\r\n", 4);
+    if (!eoh || memcmp(buf + 9, "100", 3) == 0) return;
+    const size_t hlen = (size_t)(eoh - buf) + 4;
+    static const char tag[] = "\r\nContent-Type: application/json\r\nContent-Length: ";
+    const char *ct = memmem(buf, hlen, tag, sizeof tag - 1);
+    if (!ct) return;
+    const size_t blen = strtoul(ct + sizeof tag - 1, NULL, 10);
+    if (hlen + blen > n) return; /* cut off by the buffer */
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(buf + hlen, blen, &end, 0);
+    FZ_CHECK(j != NULL && end == buf + hlen + blen);
+    cJSON_Delete(j);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
