@@ -73,8 +73,9 @@ static int connect_lo(void)
 /* Sends req, reads the answer into buf (NUL-terminated; at most cap - 1 bytes kept). Returns its length. */
 static size_t exchange(const void *req, size_t len, char *buf, size_t cap)
 {
-    /* a refused or timed-out connect is retried for up to 10 s (a long run once saw one fail after
-     * 37000 inputs, not reproducible alone); the server being gone still fails, with errno */
+    /* libFuzzer's SIGALRM (its -timeout watchdog, no SA_RESTART) interrupts system calls: connect
+     * fails with EINTR now and then (a long run failed on one after 37000 inputs), so a failed
+     * connect is retried for up to 10 s; the server being gone still fails, with errno */
     int fd = -1;
     for (int i = 0; i < 40 && (fd = connect_lo()) < 0; i++) {
         fprintf(stderr, "fuzz_http: connect to 127.0.0.1:%d failed: %s (try %d)\n", g_port, strerror(errno), i + 1);
@@ -85,6 +86,7 @@ static size_t exchange(const void *req, size_t len, char *buf, size_t cap)
     size_t off = 0;
     while (off < len) {
         ssize_t w = send(fd, p + off, len - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
         if (w <= 0) break; /* the server may close early (a bad request line): fine */
         off += (size_t)w;
     }
@@ -95,6 +97,7 @@ static size_t exchange(const void *req, size_t len, char *buf, size_t cap)
         char *dst = n + 1 < cap ? buf + n : sink;
         size_t room = n + 1 < cap ? cap - 1 - n : sizeof sink;
         ssize_t r = recv(fd, dst, room, 0);
+        if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         if (dst == buf + n) n += (size_t)r;
     }
