@@ -1,6 +1,6 @@
 /* tests/fuzz/fuzz_common.h — helpers shared by the libFuzzer harnesses (built with -DGS_FUZZ=ON).
  *
- * fz_small_stack: runs fn(arg) on a fresh thread with a civetweb-sized stack (FZ_STACK bytes), so a
+ * fz_small_stack: runs fn(arg) on a worker thread with a civetweb-sized stack (FZ_STACK bytes), so a
  * parser that recurses per nesting level overflows here as it would in a server worker thread
  * (libFuzzer's main thread has 8 MiB and would hide it). ASan reports the overflow as
  * "stack-overflow" and the fuzzer records the input.
@@ -36,20 +36,53 @@
         }                                                                                              \
     } while (0)
 
+/* One worker thread with the small stack runs every input (a thread per input cost ~40x the
+ * executions of fuzz_safetensors); the caller waits for it. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    void *(*fn)(void *);
+    void *arg;
+    int busy;
+} fz_worker;
+
+static inline void *fz_worker_main(void *p)
+{
+    fz_worker *w = p;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->busy) pthread_cond_wait(&w->cv, &w->mu);
+        pthread_mutex_unlock(&w->mu);
+        w->fn(w->arg);
+        pthread_mutex_lock(&w->mu);
+        w->busy = 0;
+        pthread_cond_broadcast(&w->cv);
+    }
+    return NULL;
+}
+
 static inline void fz_small_stack(void *(*fn)(void *), void *arg)
 {
-    pthread_attr_t a;
-    pthread_t t;
-    FZ_CHECK(pthread_attr_init(&a) == 0);
-    static size_t stack;
-    if (!stack) {
+    static fz_worker w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0};
+    static int started;
+    if (!started) {
         const char *kb = getenv("FZ_STACK_KB");
-        stack = kb && atoi(kb) >= 16 ? (size_t)atoi(kb) * 1024 : FZ_STACK;
+        const size_t stack = kb && atoi(kb) >= 16 ? (size_t)atoi(kb) * 1024 : FZ_STACK;
+        pthread_attr_t a;
+        pthread_t t;
+        FZ_CHECK(pthread_attr_init(&a) == 0);
+        FZ_CHECK(pthread_attr_setstacksize(&a, stack) == 0);
+        FZ_CHECK(pthread_create(&t, &a, fz_worker_main, &w) == 0);
+        pthread_attr_destroy(&a);
+        started = 1;
     }
-    FZ_CHECK(pthread_attr_setstacksize(&a, stack) == 0);
-    FZ_CHECK(pthread_create(&t, &a, fn, arg) == 0);
-    FZ_CHECK(pthread_join(t, NULL) == 0);
-    pthread_attr_destroy(&a);
+    pthread_mutex_lock(&w.mu);
+    w.fn = fn;
+    w.arg = arg;
+    w.busy = 1;
+    pthread_cond_broadcast(&w.cv);
+    while (w.busy) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
 }
 
 enum { FZ_TOK_DEFAULT, FZ_TOK_GPT2, FZ_TOK_LLAMA3, FZ_TOK_COUNT };
