@@ -4,14 +4,17 @@
 #                and build the Release and MinSizeRel types (a build type a user picks must not break)
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
+FUZZ_BUILD  ?= build-fuzz
+FUZZ_SECONDS ?= 15
 JOBS        ?= $(shell nproc)
 MODEL       ?= models-local/default
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 APT_PACKAGES = build-essential cmake pkg-config libcivetweb-dev libcjson-dev libcmocka-dev \
                libpcre2-dev python3 python3-numpy python3-jinja2
+FUZZ_PACKAGES = clang libclang-rt-14-dev
 
-.PHONY: all deps build serve check check-fast check-asan check-release model bench clean
+.PHONY: all deps build serve check check-fast check-asan check-release check-fuzz soak model bench clean
 
 all: build
 
@@ -60,10 +63,21 @@ check-release: deps
 	cmake -S . -B build-minsizerel -DCMAKE_BUILD_TYPE=MinSizeRel -DGS_CUDA=OFF
 	cmake --build build-minsizerel -j $(JOBS)
 
-check: check-fast check-asan check-release
+# libFuzzer targets (tests/fuzz), FUZZ_SECONDS each from the committed corpora; fails on a crash
+check-fuzz: deps
+	@$(MAKE) --no-print-directory deps APT_PACKAGES="$(FUZZ_PACKAGES)"
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DGS_FUZZ=ON -DGS_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BUILD)
+
+check: check-fast check-asan check-release check-fuzz
+
+# weight updates under generation load (not part of check; GS_BIN=build-asan/graphswap for ASan)
+soak: build
+	GS_BIN=$${GS_BIN:-$(BUILD)/graphswap} /usr/bin/python3 tests/soak/soak.py
 
 bench: model
 	$(BUILD)/graphswap bench decode --model $(MODEL)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) build-release build-minsizerel
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-release build-minsizerel

@@ -13,6 +13,8 @@
 
 #include "models/json_guard.h"
 
+#define ST_MAX_DEPTH 16 /* nesting of a header (see mdl_st_parse) */
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -438,15 +440,17 @@ int mdl_st_parse(const uint8_t *buf, size_t len, const char *what, mdl_st_file *
     }
     memcpy(text, buf + 8, hl);
     text[hl] = '\0';
-    /* cJSON recurses per nesting level (a deep header overflows a worker's stack) and keeps names
-     * as C strings (a NUL would cut a tensor name): both are refused before it runs */
+    /* cJSON recurses per nesting level and keeps names as C strings: a deep header overflowed a
+     * civetweb worker's ~100 KiB stack on a bucket upload (found by fuzz_http), and a NUL would cut
+     * a tensor name (two keys could alias one name). Both are refused before it runs. A valid
+     * header nests 3 deep (header -> tensor -> shape); 16 leaves room for nested metadata. */
     mdl_json_scan sc;
     char why[160];
-    if (mdl_json_check(text, hl, MDL_JSON_MAX_DEPTH, 1, &sc, why, sizeof why) != 0) {
+    if (mdl_json_check(text, hl, ST_MAX_DEPTH, 1, &sc, why, sizeof why) != 0) {
         if (sc.nul)
             seterr(err, errlen, "%s: header contains a NUL character (raw or \\u0000)", what);
         else
-            seterr(err, errlen, "%s: header %s", what, why);
+            seterr(err, errlen, "%s: header nests arrays / objects more than %d deep", what, ST_MAX_DEPTH);
         goto done;
     }
     const char *end = NULL;

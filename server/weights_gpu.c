@@ -288,7 +288,7 @@ static int b64_val(int ch)
 }
 
 /* Standard or URL-safe base64 (padding optional). Returns the decoded length, or -1. */
-static long b64_decode(const char *in, unsigned char *out, size_t cap)
+long srv_b64_decode(const char *in, unsigned char *out, size_t cap)
 {
     size_t n = 0;
     unsigned acc = 0;
@@ -463,7 +463,8 @@ int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required,
         d = strtod(v->valuestring, &end);
         if (*end) d = -1e300;
     } else d = -1e300;
-    if (d != (double)(long long)d || d < (double)lo || d > (double)hi)
+    /* the range first: casting a double outside long long (1e300, the -1e300 above, NaN) is undefined */
+    if (!(d >= (double)lo && d <= (double)hi) || d != (double)(long long)d)
         return srv_errf(e, 400, f, "%s must be an integer in [%lld, %lld]", f, lo, hi), -1;
     *out = (long long)d;
     return 0;
@@ -496,7 +497,7 @@ int srv_parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e)
         return srv_errf(e, 400, f, "%s is required: graphswap joins the trainer's communicator with the trainer's "
                         "ncclUniqueId (128 bytes, base64; ncclGetUniqueId on rank 0) and runs no TCP rendezvous "
                         "on master_address:master_port", f), -1;
-    long n = cJSON_IsString(id) ? b64_decode(id->valuestring, c->blob, sizeof c->blob) : -1;
+    long n = cJSON_IsString(id) ? srv_b64_decode(id->valuestring, c->blob, sizeof c->blob) : -1;
     if (n != GS_NCCL_ID_BYTES)
         return srv_errf(e, 400, f, "%s must be the base64 of a %d-byte ncclUniqueId", f, GS_NCCL_ID_BYTES), -1;
     c->blob_len = (size_t)n;
@@ -520,7 +521,7 @@ static int route_ipc_open(srv_state *s, struct mg_connection *conn)
     SRV_NEW_CMD(c, SRV_CMD_IPC_OPEN);
     long long bytes = 0, off = 0;
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(b, "handle_b64");
-    long n = cJSON_IsString(h) ? b64_decode(h->valuestring, c->blob, sizeof c->blob) : -1;
+    long n = cJSON_IsString(h) ? srv_b64_decode(h->valuestring, c->blob, sizeof c->blob) : -1;
     int rc = 0;
     if (n != GS_IPC_HANDLE_BYTES)
         rc = (srv_errf(&e, 400, "handle_b64", "handle_b64 must be the base64 of a %d-byte cudaIpcMemHandle_t",

@@ -166,6 +166,8 @@ int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key,
                        const char *offsets_key, srv_gpu_meta *m, srv_err *e);
 void srv_gpu_meta_free(srv_gpu_meta *m);
 /* The NCCL group of an init body (init_info of vLLM, the top level of SGLang) into c. */
+/* Standard or URL-safe base64 (padding optional) into out[0..cap): the decoded length, or -1. */
+long srv_b64_decode(const char *in, unsigned char *out, size_t cap);
 int srv_parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e);
 /* An integer field of o in [lo, hi] (a number, or a string of one); required or (dflt when absent). */
 int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required, long long lo, long long hi,

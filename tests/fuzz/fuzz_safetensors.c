@@ -1,7 +1,6 @@
-/* tests/fuzz/fuzz_safetensors.c — libFuzzer harness for mdl_st_parse (not built by CMake).
- * Build from the repository root:
- *   clang -g -fsanitize=fuzzer,address -I. tests/fuzz/fuzz_safetensors.c models/safetensors.c -lcjson
- * Run: ./a.out -max_total_time=60 [corpus_dir]
+/* tests/fuzz/fuzz_safetensors.c — libFuzzer harness for mdl_st_parse (built with -DGS_FUZZ=ON; see
+ * tests/fuzz/run.sh). The parse runs on a civetweb-sized stack (fz_small_stack): HTTP buckets are
+ * parsed on the server's worker threads.
  *
  * Beyond "no crash", a successful parse must be structurally sound: every tensor's bytes lie in the
  * data section, sizes agree with shapes, and the tensors tile the data section exactly. Violations
@@ -12,9 +11,32 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "tests/fuzz/fuzz_common.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+} job;
+
+static int check(const uint8_t *data, size_t size);
+
+static void *run(void *arg)
+{
+    job *j = arg;
+    check(j->data, j->size);
+    return NULL;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    job j = {data, size};
+    fz_small_stack(run, &j);
+    return 0;
+}
+
+static int check(const uint8_t *data, size_t size)
 {
     mdl_st_file f;
     char err[512];

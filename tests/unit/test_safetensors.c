@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -559,6 +560,73 @@ static void test_deep_and_large_headers(void **state)
     mdl_st_close(&f);
     free(b);
     free(h);
+}
+
+/* Buckets are parsed on civetweb worker threads (~100 KiB of stack): a header nested '['*900 deep
+ * overflowed one inside cJSON (found by fuzz_http). Nesting beyond 16 is refused before cJSON
+ * runs; on a 64 KiB thread the parse must return that error, not crash. Brackets inside strings
+ * do not count. */
+typedef struct {
+    const uint8_t *b;
+    size_t len;
+    int rc;
+    char err[512];
+    mdl_st_file f;
+} nest_job;
+
+static void *nest_parse(void *arg)
+{
+    nest_job *j = arg;
+    j->rc = mdl_st_parse(j->b, j->len, "nest", &j->f, j->err, sizeof j->err);
+    return NULL;
+}
+
+static void nest_on_small_stack(const char *json, size_t data_len, nest_job *j)
+{
+    uint8_t *b = build(json, data_len, 0, 0, &j->len);
+    j->b = b;
+    pthread_attr_t a;
+    pthread_t t;
+    assert_int_equal(pthread_attr_init(&a), 0);
+    assert_int_equal(pthread_attr_setstacksize(&a, 64 * 1024), 0);
+    assert_int_equal(pthread_create(&t, &a, nest_parse, j), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_attr_destroy(&a);
+    if (j->rc == 0)
+        mdl_st_close(&j->f);
+    free(b);
+}
+
+static void test_nesting_small_stack(void **state)
+{
+    (void)state;
+    char *j = malloc(2 * 900 + 64);
+    assert_non_null(j);
+    static const int depths[] = {900, 17, 16};
+    for (size_t k = 0; k < sizeof depths / sizeof depths[0]; k++) {
+        const int depth = depths[k];
+        size_t o = (size_t)sprintf(j, "{\"w\":");
+        for (int i = 1; i < depth; i++) /* the root object is one level */
+            j[o++] = '[';
+        for (int i = 1; i < depth; i++)
+            j[o++] = ']';
+        j[o++] = '}';
+        j[o] = '\0';
+        nest_job r;
+        memset(&r, 0, sizeof r);
+        nest_on_small_stack(j, 0, &r);
+        assert_int_equal(r.rc, -1);
+        if (depth > 16)
+            assert_non_null(strstr(r.err, "nest: header nests arrays / objects more than 16 deep"));
+        else /* 16 levels pass the depth check: the header is refused for what it says */
+            assert_null(strstr(r.err, "deep"));
+    }
+    free(j);
+    /* a tensor name full of brackets is a valid header */
+    nest_job r;
+    memset(&r, 0, sizeof r);
+    nest_on_small_stack("{\"[[[[[[[[[[[[[[[[[[[[{{{{\\\"[[[[\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, &r);
+    assert_int_equal(r.rc, 0);
 }
 
 /* ---- mdl_st_open / mdl_st_write errors -------------------------------------------------------- */
@@ -1193,6 +1261,7 @@ int main(void)
         cmocka_unit_test(test_malformed_table),
         cmocka_unit_test(test_error_message_exact),
         cmocka_unit_test(test_deep_and_large_headers),
+        cmocka_unit_test(test_nesting_small_stack),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_write_errors),
         cmocka_unit_test(test_write_short),
