@@ -327,10 +327,9 @@ static int connect_once(const struct addrinfo *ai, int64_t deadline, int *fd_out
     return 0;
 }
 
-/* VALIDATE then PING (TCPStore::validate / TCPStore::ping) */
-static int handshake(srv_store *s, char *err, size_t errlen)
+/* VALIDATE then PING (TCPStore::validate / TCPStore::ping), within the connect's deadline */
+static int handshake(srv_store *s, int64_t deadline, char *err, size_t errlen)
 {
-    int64_t deadline = now_ms() + s->timeout_ms;
     wbuf b = {0};
     uint32_t nonce = (uint32_t)getpid();
     wb_u8(&b, Q_VALIDATE);
@@ -395,7 +394,7 @@ int srv_store_connect(srv_store **out, const char *host, int port, int timeout_m
             if (rc == 0) {
                 s->fd = fd;
                 s->broken = 0;
-                rc = handshake(s, herr, sizeof herr);
+                rc = handshake(s, deadline, herr, sizeof herr);
                 if (rc == 0) goto done;
                 close(s->fd);
                 s->fd = -1;
