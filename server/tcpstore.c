@@ -660,6 +660,24 @@ const char *srv_store_kind_name(srv_store_kind k)
     return "?";
 }
 
+int srv_store_warmup_allreduce(srv_store_kind kind)
+{
+    return kind == SRV_STORE_VLLM || kind == SRV_STORE_TRL;
+}
+
+int srv_store_parse_port(const char *text, int *port)
+{
+    if (!text || !*text || strlen(text) > 5) return -1;
+    int v = 0;
+    for (const char *c = text; *c; c++) {
+        if (*c < '0' || *c > '9') return -1;
+        v = v * 10 + (*c - '0');
+    }
+    if (v < 1 || v > 65535) return -1;
+    *port = v;
+    return 0;
+}
+
 static int group_name_ok(const char *g)
 {
     if (!g) return 0;

@@ -121,6 +121,19 @@ int srv_store_fetch_id(srv_store_group *g, unsigned char id[SRV_STORE_ID_BYTES],
                        char *err, size_t errlen);
 void srv_store_group_close(srv_store_group *g);
 
+/* 1 when the framework's ranks run a warm-up collective right after ncclCommInitRank, which
+ * graphswap must match before the first weight broadcast (NCCL pairs collectives in order): vLLM's
+ * PyNcclCommunicator.__init__ (vllm-project/vllm@0531c2226a6a25cd96ccc856f3bda3f0bb4efb5f
+ * vllm/distributed/device_communicators/pynccl.py: "A small all_reduce for warmup",
+ * all_reduce(torch.zeros(1)) = ncclAllReduce of one float32, ncclSum, in place) — also on vLLM's
+ * nccl_unique_id_b64 path (PyNcclCommunicator.from_unique_id_bytes). SGLang's ProcessGroupNCCL runs
+ * none (its first collective is the trainer's first broadcast). */
+int srv_store_warmup_allreduce(srv_store_kind kind);
+
+/* master_port as the init bodies carry it, an int or a decimal string ("29500"): 1..65535, digits
+ * only. Returns 0, -1 otherwise. */
+int srv_store_parse_port(const char *text, int *port);
+
 /* join + fetch_id (timeout req->timeout_ms) + close. */
 int srv_store_rendezvous(const srv_store_req *req, unsigned char id[SRV_STORE_ID_BYTES], int *rank,
                          char *err, size_t errlen);

@@ -579,6 +579,14 @@ static void test_keys(void **st)
     assert_int_equal(srv_store_kind_parse("sglang", &kind), 0);
     assert_int_equal(kind, SRV_STORE_SGLANG);
     assert_int_equal(srv_store_kind_parse("SGLang", &kind), -1);
+    assert_true(srv_store_warmup_allreduce(SRV_STORE_VLLM));
+    assert_false(srv_store_warmup_allreduce(SRV_STORE_SGLANG));
+    int port = 0;
+    assert_int_equal(srv_store_parse_port("29500", &port), 0);
+    assert_int_equal(port, 29500);
+    const char *bad[] = {"", "0", "65536", "-1", "+80", " 80", "80 ", "8o", "123456", "0x50"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) assert_int_equal(srv_store_parse_port(bad[i], &port), -1);
+    assert_int_equal(port, 29500);
 }
 
 /* ---- the unpickler ---- */
