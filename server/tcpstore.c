@@ -731,8 +731,8 @@ int srv_store_join(const srv_store_req *req, srv_store_group **out, int *rank, c
          * hosts the TCPStore and creates the id, and the trainer broadcasts from the last rank */
         snprintf(err, errlen,
                  "trl: TRL's init_communicator makes the inference server rank 0 (it hosts the TCPStore and "
-                 "creates the NCCL unique id; the trainer is rank world_size-1); graphswap joins a trainer's "
-                 "store as a non-zero rank only (use the vLLM or SGLang init routes)");
+                 "creates the NCCL unique id; the trainer is rank world_size-1): there is no store to join, "
+                 "host one with srv_store_trl_host");
         return SRV_STORE_ERR;
     }
     if (req->kind != SRV_STORE_VLLM && req->kind != SRV_STORE_SGLANG) {

@@ -81,7 +81,8 @@ typedef enum {
     SRV_STORE_VLLM,   /* vLLM StatelessProcessGroup + PyNcclCommunicator (vLLM's RLHF examples,
                        * init_weight_update_group / the NCCL weight-transfer engine) */
     SRV_STORE_SGLANG, /* SGLang init_custom_process_group: torch rendezvous tcp:// + ProcessGroupNCCL */
-    SRV_STORE_TRL,    /* TRL vllm_serve /init_communicator: graphswap would be rank 0 (not supported) */
+    SRV_STORE_TRL,    /* TRL vllm_serve /init_communicator: graphswap is rank 0 and hosts the store
+                       * (srv_store_trl_host; srv_store_join refuses it) */
 } srv_store_kind;
 
 typedef struct {
@@ -137,6 +138,33 @@ int srv_store_parse_port(const char *text, int *port);
 /* join + fetch_id (timeout req->timeout_ms) + close. */
 int srv_store_rendezvous(const srv_store_req *req, unsigned char id[SRV_STORE_ID_BYTES], int *rank,
                          char *err, size_t errlen);
+
+/* ---- a TCPStore server (server/tcpstore_server.c), for graphswap as rank 0 (TRL) ---- */
+
+typedef struct srv_store_server srv_store_server;
+
+/* Listens on host:port (host NULL / "" / "0.0.0.0": all IPv4 interfaces; port 0: an ephemeral one)
+ * and serves the protocol above from background threads until srv_store_server_stop. */
+int srv_store_server_start(srv_store_server **out, const char *host, int port, char *err, size_t errlen);
+int srv_store_server_port(const srv_store_server *sv);
+/* local operations on the served table (wire keys, as the srv_store_* client calls) */
+int srv_store_server_set(srv_store_server *sv, const char *key, const void *val, size_t len);
+int srv_store_server_add(srv_store_server *sv, const char *key, int64_t delta, int64_t *out);
+/* waits until key's decimal value is >= target (e.g. "init/" reaching world_size: every worker
+ * joined); SRV_STORE_TIMEOUT after timeout_ms */
+int srv_store_server_wait_count(srv_store_server *sv, const char *key, int64_t target, int timeout_ms);
+void srv_store_server_stop(srv_store_server *sv);
+
+/* TRL's /init_communicator {host, port, world_size}: graphswap is rank 0 (see SRV_STORE_TRL). Starts
+ * the store on host:port and publishes id (ncclGetUniqueId's 128 bytes, made by the caller) as rank
+ * 0's broadcast_obj does: "/broadcast_from/0/0" = pickle.dumps(ncclUniqueId), protocol 4. The
+ * trainer (rank world_size - 1) joins, fetches it and calls ncclCommInitRank; keep the server until
+ * the group is closed (the trainer's StatelessProcessGroup uses the store for barriers). Not done
+ * here (for the lead): the NCCL side (graphswap at rank 0 receiving broadcasts from root
+ * world_size - 1), the warm-up all_reduce, and TRL's per-parameter group.barrier() through the
+ * store (broadcast_obj(None) from each rank: "/broadcast_from/<src>/<n>"). */
+int srv_store_trl_host(const srv_store_req *req, const unsigned char id[SRV_STORE_ID_BYTES],
+                       srv_store_server **out, char *err, size_t errlen);
 
 /* The strict unpickler for vLLM's broadcast of the id: accepts exactly pickle.dumps(ncclUniqueId())
  * with protocol 3, 4 or 5, i.e. the reduction of a ctypes Structure (CPython Modules/_ctypes/
