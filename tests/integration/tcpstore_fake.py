@@ -222,3 +222,52 @@ class FakeStore:
                 if time.time() > end:
                     raise TimeoutError("workers did not join: init/ = %r" % self.data["init/"])
                 self.cv.wait(0.05)
+
+
+class FakeClient:
+    """torch's TCPStore client (TCPStore.cpp), for the flows where graphswap hosts the store (TRL):
+    connect, validate() (VALIDATE + magic), ping() (PING + nonce, echoed), then the queries with
+    keyPrefix_ "/" added to the caller's keys (not to "init/", as waitForWorkers sends it)."""
+
+    def __init__(self, host, port, timeout=10.0, world_size=None):
+        end = time.time() + timeout
+        while True:
+            try:
+                self.s = socket.create_connection((host, port), timeout=timeout)
+                break
+            except OSError:
+                if time.time() > end:
+                    raise
+                time.sleep(0.05)
+        self.s.settimeout(timeout)
+        nonce = 0x1234ABCD
+        self.s.sendall(bytes([VALIDATE]) + struct.pack("<I", MAGIC) + bytes([PING]) + struct.pack("<I", nonce))
+        if struct.unpack("<I", _recv(self.s, 4))[0] != nonce:
+            raise RuntimeError("ping")
+        if world_size is not None:
+            self._add("init/", 1)  # waitForWorkers on a non-master: its increment only
+
+    def _add(self, wire_key, delta):
+        k = wire_key.encode()
+        self.s.sendall(bytes([ADD]) + struct.pack("<Q", len(k)) + k + struct.pack("<q", delta))
+        return struct.unpack("<q", _recv(self.s, 8))[0]
+
+    def add(self, key, delta):
+        return self._add("/" + key, delta)
+
+    def set(self, key, value):
+        k = ("/" + key).encode()
+        self.s.sendall(bytes([SET]) + struct.pack("<Q", len(k)) + k + struct.pack("<Q", len(value)) + value)
+
+    def get(self, key):
+        """TCPStore::get: doWait (WAIT, STOP_WAITING) then GET."""
+        k = ("/" + key).encode()
+        self.s.sendall(bytes([WAIT]) + struct.pack("<Q", 1) + struct.pack("<Q", len(k)) + k)
+        if _recv(self.s, 1)[0] != STOP_WAITING:
+            raise RuntimeError("wait")
+        self.s.sendall(bytes([GET]) + struct.pack("<Q", len(k)) + k)
+        n = struct.unpack("<Q", _recv(self.s, 8))[0]
+        return _recv(self.s, n)
+
+    def close(self):
+        self.s.close()

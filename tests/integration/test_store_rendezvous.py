@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -212,8 +213,8 @@ def test_refusals():
     rc, err, _, _ = run_fail(lambda port: args_for("sglang", port, 1, 2, "g"),
                              lambda st: st.client_set(sglang_key("g"), uid[:64]))
     expect(rc == 1 and "has 64 bytes" in err, err)
-    rc, err, _, st = run_fail(lambda port: args_for("trl", port, 1, 2))
-    expect(rc == 1 and "rank 0" in err and st.validated == 0, err)
+    rc, err, _, st = run_fail(lambda port: args_for("trl", port, 1, 2))  # TRL: graphswap hosts, needs the id
+    expect(rc != 0 and "--unique-id" in err and st.validated == 0, err)
     rc, err, _, st = run_fail(lambda port: args_for("vllm", port, 0, 2))
     expect(rc == 1 and "rank_offset 0" in err and st.validated == 0, err)
     rc, err, _, _ = run_fail(lambda port: args_for("sglang", port, 1, 2))
@@ -254,6 +255,84 @@ def test_refusals():
     expect(rc == 1 and "not a TCPStore" in err, err)
     ls.close()
     print("ok refusals")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_trl_host(port, uid, world=2):
+    p = subprocess.Popen([BIN, "store-rendezvous", "--framework", "trl", "--host", "127.0.0.1", "--port", str(port),
+                          "--rank-offset", "0", "--world-size", str(world), "--unique-id", uid.hex(),
+                          "--timeout-ms", "15000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    first = json.loads(p.stdout.readline() or "null")
+    expect(first == {"hosting": True, "port": port}, "trl host: %r %r" % (first, p.stderr.read() if not first else ""))
+    return p
+
+
+def test_trl():
+    """TRL (trl/scripts/vllm_serve.py): graphswap is rank 0 and hosts the store; the trainer is
+    rank world_size - 1: StatelessProcessGroup.create(rank=1, world_size=2) = a TCPStore client that
+    joins ("init/"), then PyNcclCommunicator's broadcast_obj(None, src=0) = get + pickle.loads."""
+    uid = make_id(5)
+    port = free_port()
+    p = start_trl_host(port, uid)
+    # hostile clients first: no VALIDATE, a bad magic, an absurd key length: each is dropped
+    for junk in (bytes([F.SET]) + b"\0" * 16, bytes([F.VALIDATE]) + b"\0\0\0\0",
+                 bytes([F.VALIDATE]) + struct.pack("<I", F.MAGIC) + bytes([F.GET]) + struct.pack("<Q", 1 << 62)):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(junk)
+        s.settimeout(5)
+        expect(s.recv(16) == b"", "junk %r not dropped" % junk)
+        s.close()
+    c = F.FakeClient("127.0.0.1", port, world_size=2)
+    got = pickle.loads(c.get("broadcast_from/0/0"))
+    expect(isinstance(got, ncclUniqueId) and bytes(got) == uid, "trl id %r" % bytes(got)[:8])
+    expect(json.loads(p.stdout.readline()) == {"joined": True, "rank": 0}, "trl joined")
+    # the store keeps serving (StatelessProcessGroup barriers): set / get / add by the trainer
+    c.set("broadcast_from/1/0", pickle.dumps(None))
+    expect(pickle.loads(c.get("broadcast_from/1/0")) is None, "trl store roundtrip")
+    expect(c.add("cnt", 5) == 5 and c.add("cnt", -2) == 3, "trl add")
+    c.close()
+    p.stdin.close()
+    expect(p.wait(20) == 0, "trl host exit %r" % p.stderr.read())
+    # the trainer never joins: bounded
+    p = start_trl_host(free_port(), uid)
+    p.stdin.close()
+    t0 = time.time()
+    rc = p.wait(30)
+    expect(rc == 1 and time.time() - t0 < 25 and "did not join" in p.stderr.read(), "trl no trainer rc %d" % rc)
+    print("ok trl (graphswap hosts the store)")
+
+
+TORCH_TRL = r"""
+import ctypes, datetime, pickle, sys, types
+from torch.distributed import TCPStore
+MOD = "vllm.distributed.device_communicators.pynccl_wrapper"
+for n in ("vllm", "vllm.distributed", "vllm.distributed.device_communicators", MOD):
+    sys.modules.setdefault(n, types.ModuleType(n))
+class ncclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]
+ncclUniqueId.__module__ = MOD
+sys.modules[MOD].ncclUniqueId = ncclUniqueId
+store = TCPStore("127.0.0.1", int(sys.argv[1]), 2, False, datetime.timedelta(seconds=30))
+u = pickle.loads(store.get("broadcast_from/0/0"))
+assert isinstance(u, ncclUniqueId), type(u)
+store.set("broadcast_from/1/0", pickle.dumps(None))
+assert store.add("c", 2) == 2 and store.check(["broadcast_from/1/0"]) and not store.check(["nope"])
+try:
+    store.wait(["nope"], datetime.timedelta(milliseconds=300))
+    raise SystemExit("wait did not time out")
+except Exception as e:
+    assert "timeout" in str(e).lower() or "timed out" in str(e).lower(), e
+assert store.get("c") == b"2"
+print(bytes(u).hex())
+"""
 
 
 TORCH_RANK0 = r"""
@@ -298,6 +377,15 @@ def test_real_torch():
             r0.stdin.close()
             r0.wait(30)
         print("ok real torch %s" % fw)
+    # TRL: a real torch TCPStore client (the trainer) against graphswap's store server
+    port = free_port()
+    uid = make_id(88)
+    p = start_trl_host(port, uid)
+    r = subprocess.run([py, "-c", TORCH_TRL, str(port)], capture_output=True, text=True, timeout=120)
+    expect(r.returncode == 0 and r.stdout.strip() == uid.hex(), "torch trl: %r %r" % (r.stdout, r.stderr[-2000:]))
+    p.stdin.close()
+    expect(p.wait(20) == 0, "trl host exit")
+    print("ok real torch trl")
 
 
 def main():
@@ -307,6 +395,7 @@ def main():
     test_vllm()
     test_sglang()
     test_refusals()
+    test_trl()
     test_real_torch()
     print("all ok")
 

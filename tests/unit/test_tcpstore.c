@@ -589,6 +589,120 @@ static void test_keys(void **st)
     assert_int_equal(port, 29500);
 }
 
+/* ---- the store server, through the client ---- */
+
+typedef struct {
+    srv_store_server *sv;
+} setter_arg;
+
+static void *late_setter(void *arg)
+{
+    setter_arg *a = arg;
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, NULL);
+    srv_store_server_set(a->sv, "/late", "L", 1);
+    return NULL;
+}
+
+static void test_server_roundtrip(void **st)
+{
+    (void)st;
+    char err[512];
+    srv_store_server *sv = NULL;
+    assert_int_equal(srv_store_server_start(&sv, "127.0.0.1", 0, err, sizeof err), 0);
+    int port = srv_store_server_port(sv);
+    assert_true(port > 0);
+    srv_store *s = NULL;
+    assert_int_equal(srv_store_connect(&s, "127.0.0.1", port, 2000, err, sizeof err), 0);
+    assert_int_equal(srv_store_set(s, "/a", "xyz", 3, err, sizeof err), 0);
+    unsigned char *v;
+    size_t n;
+    assert_int_equal(srv_store_get(s, "/a", &v, &n, err, sizeof err), 0);
+    assert_int_equal(n, 3);
+    assert_memory_equal(v, "xyz", 3);
+    free(v);
+    int64_t c = 0;
+    assert_int_equal(srv_store_add(s, "init/", 1, &c, err, sizeof err), 0);
+    assert_int_equal(srv_store_add(s, "init/", 1, &c, err, sizeof err), 0);
+    assert_int_equal(c, 2);
+    assert_int_equal(srv_store_server_wait_count(sv, "init/", 2, 100), 0);
+    assert_int_equal(srv_store_server_wait_count(sv, "init/", 3, 100), SRV_STORE_TIMEOUT);
+    const char *keys[2] = {"/a", "/b"};
+    int ready = -1;
+    assert_int_equal(srv_store_check(s, keys, 2, &ready, err, sizeof err), 0);
+    assert_int_equal(ready, 0);
+    assert_int_equal(srv_store_wait(s, keys, 2, 300, err, sizeof err), SRV_STORE_TIMEOUT); /* cancelled */
+    unsigned char *cur;
+    size_t cn;
+    assert_int_equal(srv_store_compare_set(s, "/b", "", 0, "new", 3, &cur, &cn, err, sizeof err), 0);
+    assert_int_equal(cn, 3);
+    free(cur);
+    assert_int_equal(srv_store_compare_set(s, "/b", "old", 3, "x", 1, &cur, &cn, err, sizeof err), 0);
+    assert_memory_equal(cur, "new", 3); /* mismatch: the current value back */
+    free(cur);
+    assert_int_equal(srv_store_compare_set(s, "/b", "new", 3, "x", 1, &cur, &cn, err, sizeof err), 0);
+    assert_int_equal(cn, 1);
+    free(cur);
+    assert_int_equal(srv_store_wait(s, keys, 2, 300, err, sizeof err), 0);
+    int del = 0;
+    assert_int_equal(srv_store_delete(s, "/b", &del, err, sizeof err), 0);
+    assert_int_equal(del, 1);
+    assert_int_equal(srv_store_delete(s, "/b", &del, err, sizeof err), 0);
+    assert_int_equal(del, 0);
+    /* a WAIT woken by a local set from another thread */
+    setter_arg a = {sv};
+    pthread_t t;
+    pthread_create(&t, NULL, late_setter, &a);
+    const char *late = "/late";
+    assert_int_equal(srv_store_wait(s, &late, 1, 3000, err, sizeof err), 0);
+    pthread_join(t, NULL);
+    /* ADD on a non-number: the server drops the connection (addHandler's stoll throws) */
+    assert_int_equal(srv_store_add(s, "/a", 1, NULL, err, sizeof err), SRV_STORE_CLOSED);
+    srv_store_close(s);
+    /* a GET of a missing key (without the WAIT torch sends first): dropped too; the server lives on */
+    srv_store *s2 = NULL;
+    assert_int_equal(srv_store_connect(&s2, "127.0.0.1", port, 2000, err, sizeof err), 0);
+    assert_int_equal(srv_store_set(s2, "/z", "1", 1, err, sizeof err), 0);
+    srv_store_close(s2);
+    srv_store_server_stop(sv);
+}
+
+static void test_server_trl_publishes_pickle(void **st)
+{
+    (void)st;
+    char err[512];
+    peer p; /* only for a free port */
+    peer_start(&p, P_ADD);
+    int port = p.port;
+    close(p.lfd);
+    unsigned char id[SRV_STORE_ID_BYTES], got[SRV_STORE_ID_BYTES];
+    for (int i = 0; i < SRV_STORE_ID_BYTES; i++) id[i] = (unsigned char)(255 - i);
+    srv_store_req req = {.kind = SRV_STORE_TRL, .host = "127.0.0.1", .port = port, .world_size = 2,
+                         .timeout_ms = 2000};
+    srv_store_server *sv = NULL;
+    int rc = srv_store_trl_host(&req, id, &sv, err, sizeof err);
+    if (rc) fprintf(stderr, "%s\n", err);
+    assert_int_equal(rc, 0);
+    srv_store *s = NULL;
+    assert_int_equal(srv_store_connect(&s, "127.0.0.1", port, 2000, err, sizeof err), 0);
+    assert_int_equal(srv_store_add(s, "init/", 1, NULL, err, sizeof err), 0);
+    assert_int_equal(srv_store_server_wait_count(sv, "init/", 2, 1000), 0);
+    unsigned char *v;
+    size_t n;
+    assert_int_equal(srv_store_get(s, "/broadcast_from/0/0", &v, &n, err, sizeof err), 0);
+    assert_int_equal(srv_store_unpickle_nccl_id(v, n, got, err, sizeof err), 0);
+    assert_memory_equal(got, id, SRV_STORE_ID_BYTES);
+    free(v);
+    srv_store_close(s);
+    /* the port is taken now: a second host fails with a message */
+    srv_store_server *sv2 = NULL;
+    assert_int_equal(srv_store_trl_host(&req, id, &sv2, err, sizeof err), SRV_STORE_ERR);
+    assert_non_null(strstr(err, "cannot listen"));
+    srv_store_server_stop(sv);
+    req.world_size = 1;
+    assert_int_equal(srv_store_trl_host(&req, id, &sv2, err, sizeof err), SRV_STORE_ERR);
+}
+
 /* ---- the unpickler ---- */
 
 typedef struct {
@@ -797,6 +911,8 @@ int main(void)
         cmocka_unit_test(test_vllm_raw_bytes_refused),
         cmocka_unit_test(test_join_validation),
         cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_server_roundtrip),
+        cmocka_unit_test(test_server_trl_publishes_pickle),
         cmocka_unit_test(test_unpickle_accepts),
         cmocka_unit_test(test_unpickle_refuses),
     };
