@@ -265,10 +265,10 @@ def free_port():
     return port
 
 
-def start_trl_host(port, uid, world=2):
+def start_trl_host(port, uid, world=2, timeout_ms=15000):
     p = subprocess.Popen([BIN, "store-rendezvous", "--framework", "trl", "--host", "127.0.0.1", "--port", str(port),
                           "--rank-offset", "0", "--world-size", str(world), "--unique-id", uid.hex(),
-                          "--timeout-ms", "15000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          "--timeout-ms", str(timeout_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     first = json.loads(p.stdout.readline() or "null")
     expect(first == {"hosting": True, "port": port}, "trl host: %r %r" % (first, p.stderr.read() if not first else ""))
@@ -288,7 +288,11 @@ def test_trl():
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(junk)
         s.settimeout(5)
-        expect(s.recv(16) == b"", "junk %r not dropped" % junk)
+        try:
+            got = s.recv(16)
+        except ConnectionResetError:  # closed with our bytes unread: RST instead of FIN
+            got = b""
+        expect(got == b"", "junk %r not dropped" % junk)
         s.close()
     c = F.FakeClient("127.0.0.1", port, world_size=2)
     got = pickle.loads(c.get("broadcast_from/0/0"))
@@ -302,11 +306,11 @@ def test_trl():
     p.stdin.close()
     expect(p.wait(20) == 0, "trl host exit %r" % p.stderr.read())
     # the trainer never joins: bounded
-    p = start_trl_host(free_port(), uid)
-    p.stdin.close()
     t0 = time.time()
+    p = start_trl_host(free_port(), uid, timeout_ms=1500)
+    p.stdin.close()
     rc = p.wait(30)
-    expect(rc == 1 and time.time() - t0 < 25 and "did not join" in p.stderr.read(), "trl no trainer rc %d" % rc)
+    expect(rc == 1 and time.time() - t0 < 10 and "did not join" in p.stderr.read(), "trl no trainer rc %d" % rc)
     print("ok trl (graphswap hosts the store)")
 
 
