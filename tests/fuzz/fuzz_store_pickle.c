@@ -1,8 +1,6 @@
 /* tests/fuzz/fuzz_store_pickle.c — libFuzzer harness for srv_store_unpickle_nccl_id, the strict
- * unpickler of vLLM's pickled ncclUniqueId (not built by CMake). Build from the repository root:
- *   clang -g -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. tests/fuzz/fuzz_store_pickle.c \
- *       server/tcpstore_pickle.c
- * Run: ./a.out -max_total_time=60 [corpus_dir]
+ * unpickler of vLLM's pickled ncclUniqueId (built with the other targets: -DGS_FUZZ=ON; seeds in
+ * tests/fuzz/corpus/fuzz_store_pickle/: the stream vLLM's rank 0 writes, pickle protocols 3-5).
  * Beyond "no crash": a failure must explain itself, and a success must have come from a stream that
  * ends in STOP and names vLLM's class (the only shape accepted).
  */
