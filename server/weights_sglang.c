@@ -58,14 +58,15 @@ static int send_sglang(struct mg_connection *conn, int status, const char *msg)
 
 
 /* The pending group (joined, no id yet) out of srv_state: *g and *ic are the caller's, NULL when
- * none. */
-static void store_take(srv_state *s, srv_store_group **g, srv_cmd **ic)
+ * none. busy: mark a fetch under way when there is one (a concurrent init is refused meanwhile). */
+static void store_take(srv_state *s, srv_store_group **g, srv_cmd **ic, int busy)
 {
     pthread_mutex_lock(&s->store_mu);
     *g = s->store_group;
     *ic = s->store_init;
     s->store_group = NULL;
     s->store_init = NULL;
+    if (*g && busy) s->store_busy = 1;
     pthread_mutex_unlock(&s->store_mu);
 }
 
@@ -80,7 +81,7 @@ void srv_weights_sglang_destroy(srv_state *s)
 {
     srv_store_group *g;
     srv_cmd *ic;
-    store_take(s, &g, &ic);
+    store_take(s, &g, &ic, 0);
     store_drop(g, ic);
 }
 
@@ -106,11 +107,11 @@ static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
         free(c);
         return e.status >= 500 ? send_sglang(conn, e.status, e.msg) : srv_send_err(conn, &e);
     }
-    if (c->rendezvous) {
-        pthread_mutex_lock(&s->store_mu);
-        const int busy = s->store_busy || s->store_group;
-        if (!busy) s->store_busy = 1;
-        pthread_mutex_unlock(&s->store_mu);
+    pthread_mutex_lock(&s->store_mu);
+    const int busy = s->store_busy || s->store_group;
+    if (!busy && c->rendezvous) s->store_busy = 1;
+    pthread_mutex_unlock(&s->store_mu);
+    if (c->rendezvous || busy) {
         if (busy) {
             free(c);
             return send_sglang(conn, 409, "a weights update group is already joined (or being joined): POST "
@@ -118,6 +119,11 @@ static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
         }
         srv_store_group *g = NULL;
         rc = srv_nccl_store_join(c, &g, &e);
+        char msg[1024]; /* written before c is shared: an update may take it at once */
+        if (rc == 0)
+            snprintf(msg, sizeof msg, "joined the trainer's TCPStore at %s:%d as rank %d of %d (group %s); the "
+                     "NCCL communicator is created at the first update_weights_from_distributed", c->master_addr,
+                     c->master_port, c->rank, c->world, c->group);
         pthread_mutex_lock(&s->store_mu);
         s->store_busy = 0;
         if (rc == 0) {
@@ -129,10 +135,6 @@ static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
             free(c);
             return send_sglang(conn, e.status, e.msg);
         }
-        char msg[1024];
-        snprintf(msg, sizeof msg, "joined the trainer's TCPStore at %s:%d as rank %d of %d (group %s); the NCCL "
-                 "communicator is created at the first update_weights_from_distributed", c->master_addr,
-                 c->master_port, c->rank, c->world, c->group);
         return send_sglang(conn, 200, msg);
     }
     srv_cmd_submit(s, c);
@@ -151,7 +153,7 @@ static int route_nccl_destroy(srv_state *s, struct mg_connection *conn)
     if (!srv_gpu_available(s)) return send_sglang(conn, 501, SRV_GPU_NEEDS_CUDA);
     srv_store_group *g;
     srv_cmd *ic;
-    store_take(s, &g, &ic); /* a group joined but never used: leave the store */
+    store_take(s, &g, &ic, 0); /* a group joined but never used: leave the store */
     const int pending = g != NULL;
     store_drop(g, ic);
     srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_DESTROY);
@@ -188,11 +190,8 @@ static int route_nccl_update(srv_state *s, struct mg_connection *conn)
     /* the first update after a TCPStore join: the trainer publishes its id as its broadcast begins */
     srv_store_group *g;
     srv_cmd *ic;
-    store_take(s, &g, &ic);
+    store_take(s, &g, &ic, 1);
     if (g) {
-        pthread_mutex_lock(&s->store_mu);
-        s->store_busy = 1;
-        pthread_mutex_unlock(&s->store_mu);
         rc = srv_nccl_store_fetch(g, ic, &e);
         srv_store_group_close(g); /* the id is all graphswap needs from the store */
         if (rc == 0) {
