@@ -60,6 +60,7 @@ static struct {
     const char *(*last_error)(ncclComm_t);
     ncclResult_t (*abort_comm)(ncclComm_t);
     ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*finalize)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
 } N;
@@ -82,6 +83,7 @@ static int nccl_load(char *err, size_t errlen)
             NSYM(last_error, "ncclGetLastError");
             NSYM(abort_comm, "ncclCommAbort");
             NSYM(broadcast, "ncclBroadcast");
+            NSYM(all_reduce, "ncclAllReduce");
             NSYM(finalize, "ncclCommFinalize");
             NSYM(destroy, "ncclCommDestroy");
 #undef NSYM
@@ -99,6 +101,14 @@ struct gs_nccl {
     int rank, world;
     int broken; /* aborted after an error or a timeout: only destroy is valid */
 };
+
+/* Aborts the communicator after an error or a timeout: only destroy is valid afterwards. */
+static void nccl_break(gs_nccl *g)
+{
+    if (g->comm) N.abort_comm(g->comm); /* also ends a kernel waiting on the stream */
+    g->comm = NULL;
+    g->broken = 1;
+}
 
 /* Waits while a non-blocking communicator reports ncclInProgress. 0, or -1 with err (timeout or
  * error: the communicator is aborted). */
@@ -119,9 +129,7 @@ static int nccl_wait(gs_nccl *g, double deadline, const char *what, char *err, s
         }
         nap();
     }
-    N.abort_comm(g->comm);
-    g->comm = NULL;
-    g->broken = 1;
+    nccl_break(g);
     return -1;
 }
 
@@ -163,56 +171,89 @@ static gs_nccl *nccl_init(eng_backend *be, const void *unique_id, size_t id_len,
     return g;
 }
 
-static int nccl_recv(gs_nccl *g, void *dst_dev, size_t bytes, double timeout_s, char *err, size_t errlen)
+static int nccl_usable(gs_nccl *g, char *err, size_t errlen)
 {
     if (!g || g->broken || !g->comm) {
         snprintf(err, errlen, "the NCCL communicator failed earlier: destroy the group and init it again");
         return -1;
     }
-    if (bytes == 0) return 0;
-    if (enter(g->be, err, errlen) != 0) return -1;
-    const double deadline = now_s() + timeout_s;
-    cudaStream_t s = stream_of(g->be);
-    ncclResult_t r = N.broadcast(dst_dev, dst_dev, bytes, ncclUint8, 0, g->comm, s);
+    return 0;
+}
+
+/* After a collective was enqueued (r: the enqueue's result) on the backend's stream: waits for the
+ * non-blocking enqueue, then until the stream gets past the collective, watching the
+ * communicator's async error, until deadline. 0, or -1 with err (the communicator is aborted).
+ * what names the collective in messages; hint ends a timeout's message. */
+static int nccl_finish(gs_nccl *g, ncclResult_t r, double deadline, double timeout_s, const char *what,
+                       const char *hint, char *err, size_t errlen)
+{
     if (r != ncclSuccess && r != ncclInProgress) {
-        snprintf(err, errlen, "ncclBroadcast of %zu bytes failed: %s", bytes, N.error_string(r));
-        N.abort_comm(g->comm);
-        g->comm = NULL;
-        g->broken = 1;
+        snprintf(err, errlen, "NCCL %s failed: %s", what, N.error_string(r));
+        nccl_break(g);
         return -1;
     }
-    if (nccl_wait(g, deadline, "broadcast enqueue", err, errlen) != 0) return -1;
-    /* the bytes are there when the stream gets past the broadcast */
+    char w[160];
+    snprintf(w, sizeof w, "%s enqueue", what);
+    if (nccl_wait(g, deadline, w, err, errlen) != 0) return -1;
+    cudaStream_t s = stream_of(g->be);
     for (;;) {
         cudaError_t ce = cudaStreamQuery(s);
-        if (ce == cudaSuccess) break;
+        if (ce == cudaSuccess) return 0;
         if (ce != cudaErrorNotReady) {
-            snprintf(err, errlen, "CUDA error while receiving a broadcast: %s", cudaGetErrorString(ce));
-            N.abort_comm(g->comm);
-            g->comm = NULL;
-            g->broken = 1;
-            return -1;
+            snprintf(err, errlen, "CUDA error while waiting for the NCCL %s: %s", what, cudaGetErrorString(ce));
+            break;
         }
         ncclResult_t st = ncclSuccess;
-        N.async_error(g->comm, &st);
+        ncclResult_t q = N.async_error(g->comm, &st);
+        if (q != ncclSuccess) st = q;
         if (st != ncclSuccess && st != ncclInProgress) {
-            snprintf(err, errlen, "NCCL broadcast failed: %s", N.error_string(st));
-            N.abort_comm(g->comm);
-            g->comm = NULL;
-            g->broken = 1;
-            return -1;
+            snprintf(err, errlen, "NCCL %s failed: %s", what, N.error_string(st));
+            break;
         }
         if (now_s() > deadline) {
-            snprintf(err, errlen, "NCCL broadcast of %zu bytes timed out after %.0f s (did the trainer broadcast "
-                     "exactly the bytes the metadata describes?)", bytes, timeout_s);
-            N.abort_comm(g->comm); /* also ends the kernel waiting on the stream */
-            g->comm = NULL;
-            g->broken = 1;
-            return -1;
+            snprintf(err, errlen, "NCCL %s timed out after %.0f s%s", what, timeout_s, hint);
+            break;
         }
         nap();
     }
-    return 0;
+    nccl_break(g);
+    return -1;
+}
+
+static int nccl_recv(gs_nccl *g, void *dst_dev, size_t bytes, double timeout_s, char *err, size_t errlen)
+{
+    if (nccl_usable(g, err, errlen) != 0) return -1;
+    if (bytes == 0) return 0;
+    if (enter(g->be, err, errlen) != 0) return -1;
+    const double deadline = now_s() + timeout_s;
+    ncclResult_t r = N.broadcast(dst_dev, dst_dev, bytes, ncclUint8, 0, g->comm, stream_of(g->be));
+    char what[96];
+    snprintf(what, sizeof what, "broadcast of %zu bytes", bytes);
+    /* the bytes are there when the stream gets past the broadcast */
+    return nccl_finish(g, r, deadline, timeout_s, what,
+                       " (did the trainer broadcast exactly the bytes the metadata describes?)", err, errlen);
+}
+
+static int nccl_warmup(gs_nccl *g, void *scratch_dev, double timeout_s, char *err, size_t errlen)
+{
+    if (nccl_usable(g, err, errlen) != 0) return -1;
+    if (!scratch_dev) {
+        snprintf(err, errlen, "NCCL warm-up all_reduce: no device scratch buffer");
+        return -1;
+    }
+    if (enter(g->be, err, errlen) != 0) return -1;
+    const double deadline = now_s() + timeout_s;
+    cudaStream_t s = stream_of(g->be);
+    /* torch.zeros(1) on the peers: the same float32 0 here */
+    cudaError_t ce = cudaMemsetAsync(scratch_dev, 0, sizeof(float), s);
+    if (ce != cudaSuccess) {
+        snprintf(err, errlen, "NCCL warm-up all_reduce: cudaMemsetAsync: %s", cudaGetErrorString(ce));
+        return -1;
+    }
+    ncclResult_t r = N.all_reduce(scratch_dev, scratch_dev, 1, ncclFloat32, ncclSum, g->comm, s);
+    return nccl_finish(g, r, deadline, timeout_s, "warm-up all_reduce (1 float32, sum)",
+                       " (vLLM's ranks run it right after the communicator init: is the trainer's rank 0 "
+                       "a vLLM PyNcclCommunicator?)", err, errlen);
 }
 
 static void nccl_destroy(gs_nccl *g)
@@ -242,6 +283,12 @@ static gs_nccl *nccl_init(eng_backend *be, const void *unique_id, size_t id_len,
 static int nccl_recv(gs_nccl *g, void *dst_dev, size_t bytes, double timeout_s, char *err, size_t errlen)
 {
     (void)g, (void)dst_dev, (void)bytes, (void)timeout_s;
+    snprintf(err, errlen, "built without NCCL");
+    return -1;
+}
+static int nccl_warmup(gs_nccl *g, void *scratch_dev, double timeout_s, char *err, size_t errlen)
+{
+    (void)g, (void)scratch_dev, (void)timeout_s;
     snprintf(err, errlen, "built without NCCL");
     return -1;
 }
@@ -288,6 +335,7 @@ extern "C" const gs_gpu_transport *gs_gpu_transport_table(void)
         t.nccl_destroy = nccl_destroy;
         t.ipc_open = ipc_open;
         t.ipc_close = ipc_close;
+        t.nccl_warmup = nccl_warmup;
         t.abi = GS_GPU_TRANSPORT_ABI;
     }
     return &t;

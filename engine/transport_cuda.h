@@ -13,6 +13,10 @@
  * `rank` of `world` and the trainer at rank 0. nccl_recv receives one ncclBroadcast (root 0) of
  * `bytes` bytes (ncclUint8) into dst on the backend's stream and waits for it (bounded by
  * timeout_s; on a timeout or an NCCL error the communicator is aborted and must be destroyed).
+ * nccl_warmup runs the warm-up collective vLLM's ranks run right after ncclCommInitRank
+ * (PyNcclCommunicator.__init__: an in-place ncclAllReduce of one float32, ncclSum, then a stream
+ * sync) on 4 bytes of scratch_dev (device memory, zeroed first with cudaMemsetAsync), bounded and
+ * failing as nccl_recv does. (ABI 2 added nccl_warmup after the ABI-1 fields.)
  * Built without nccl.h (GS_HAVE_NCCL=0), nccl_init fails with a message and IPC still works.
  *
  * CUDA IPC: ipc_open maps a peer's cudaIpcMemHandle_t (cudaIpcOpenMemHandle, lazy peer access) and
@@ -30,7 +34,7 @@ extern "C" {
 
 #include "engine/backend.h"
 
-#define GS_GPU_TRANSPORT_ABI 1
+#define GS_GPU_TRANSPORT_ABI 2
 #define GS_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 #define GS_IPC_HANDLE_BYTES 64 /* sizeof(cudaIpcMemHandle_t) */
 
@@ -45,6 +49,8 @@ typedef struct {
     void (*nccl_destroy)(gs_nccl *g);
     void *(*ipc_open)(eng_backend *be, const void *handle, size_t handle_len, char *err, size_t errlen);
     void (*ipc_close)(eng_backend *be, void *base);
+    /* ABI 2 */
+    int (*nccl_warmup)(gs_nccl *g, void *scratch_dev, double timeout_s, char *err, size_t errlen);
 } gs_gpu_transport;
 
 /* The module's entry point (looked up by name with dlsym). */

@@ -201,6 +201,13 @@ struct srv_state {
     uint8_t *ipc_base;          /* CUDA-IPC mapping of the open session; NULL: none */
     size_t ipc_offset, ipc_bytes;
     uint64_t ipc_session;
+    /* SGLang's NCCL group between /init_weights_update_group (the TCPStore joined) and the first
+     * /update_weights_from_distributed (the id fetched, the communicator created): handler threads,
+     * under store_mu (weights_sglang.c) */
+    pthread_mutex_t store_mu;
+    struct srv_store_group *store_group; /* NULL: no pending group */
+    srv_cmd *store_init;        /* its SRV_CMD_NCCL_INIT (rank, world, group, timeout, staging) */
+    int store_busy;             /* a join or fetch is under way on some handler thread */
     /* published by the engine thread after each step / command (under wmu) */
     pthread_mutex_t wmu;
     eng_weights_info wpub;

@@ -942,12 +942,15 @@ void srv_weights_init(srv_state *s)
 {
     pthread_mutex_init(&s->wmu, NULL);
     pthread_mutex_init(&s->bucket_mu, NULL);
+    pthread_mutex_init(&s->store_mu, NULL);
 }
 
 void srv_weights_destroy(srv_state *s)
 {
     free(s->staging);
     free(s->weights_root);
+    srv_weights_sglang_destroy(s);
+    pthread_mutex_destroy(&s->store_mu);
     pthread_mutex_destroy(&s->wmu);
     pthread_mutex_destroy(&s->bucket_mu);
 }

@@ -15,6 +15,8 @@
 
 #include "server/weights_internal.h"
 
+#define GPU_ALIGN 256 /* NCCL packing (see the handler side below) */
+
 /* ---- GPU transports, engine side ------------------------------------------------------------------ */
 
 /* The CUDA module's transport table; NULL on the CPU backend. */
@@ -133,6 +135,7 @@ static int nccl_init_cmd(srv_state *s, srv_cmd *c, int *st)
         want = v ? (size_t)strtoull(v, NULL, 10) : 0;
     }
     if (!want || want > s->max_bucket) want = s->max_bucket;
+    if (want < GPU_ALIGN) want = GPU_ALIGN; /* (the warm-up all_reduce uses its first 4 bytes) */
     /* one device staging buffer for the life of the process: every bucket of every group reuses it
      * (arena memory is never handed out twice, so it is not freed with the group) */
     if (!s->nccl_staging) {
@@ -144,6 +147,11 @@ static int nccl_init_cmd(srv_state *s, srv_cmd *c, int *st)
     }
     s->nccl = x->nccl_init(s->rt.be, c->blob, c->blob_len, c->rank, c->world, gpu_timeout(s, c), err, el);
     if (!s->nccl) return *st = 502, -1;
+    /* the peers' warm-up collective (vLLM's PyNcclCommunicator), matched before any broadcast */
+    if (c->warmup && x->nccl_warmup(s->nccl, s->nccl_staging, gpu_timeout(s, c), err, el) != 0) {
+        nccl_release(s);
+        return *st = 502, -1;
+    }
     s->nccl_rank = c->rank;
     s->nccl_world = c->world;
     snprintf(s->nccl_group, sizeof s->nccl_group, "%s", c->group);
@@ -155,6 +163,8 @@ static int nccl_init_cmd(srv_state *s, srv_cmd *c, int *st)
     cJSON_AddNumberToObject(c->result, "world_size", c->world);
     cJSON_AddNumberToObject(c->result, "staging_bytes", (double)s->nccl_staging_bytes);
     cJSON_AddNumberToObject(c->result, "alignment", 256);
+    cJSON_AddBoolToObject(c->result, "warmup_all_reduce", c->warmup);
+    cJSON_AddStringToObject(c->result, "unique_id_from", c->rendezvous ? "tcpstore" : "nccl_unique_id_b64");
     *st = 200;
     return 0;
 }
@@ -275,8 +285,6 @@ void srv_gpu_cmd_run(srv_state *s, srv_cmd *c, int *st)
  * ncclBroadcast from rank 0 of uint8 bytes; tensor i starts at the first multiple of 256 at or after
  * the end of tensor i-1 (tensor 0 at 0), its bytes are numel * dtype size, contiguous, little
  * endian; the broadcast length is the end of the last tensor (no trailing padding). */
-#define GPU_ALIGN 256
-
 static int b64_val(int ch)
 {
     if (ch >= 'A' && ch <= 'Z') return ch - 'A';
@@ -492,19 +500,127 @@ int srv_parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e)
         return srv_errf(e, 400, f, "%s must be a string", f), -1;
     }
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "nccl_unique_id_b64");
-    snprintf(f, sizeof f, "%snccl_unique_id_b64", pfx);
-    if (!id || cJSON_IsNull(id))
-        return srv_errf(e, 400, f, "%s is required: graphswap joins the trainer's communicator with the trainer's "
-                        "ncclUniqueId (128 bytes, base64; ncclGetUniqueId on rank 0) and runs no TCP rendezvous "
-                        "on master_address:master_port", f), -1;
-    long n = cJSON_IsString(id) ? srv_b64_decode(id->valuestring, c->blob, sizeof c->blob) : -1;
-    if (n != GS_NCCL_ID_BYTES)
-        return srv_errf(e, 400, f, "%s must be the base64 of a %d-byte ncclUniqueId", f, GS_NCCL_ID_BYTES), -1;
-    c->blob_len = (size_t)n;
+    if (id && !cJSON_IsNull(id)) { /* the id itself (a test path: no framework sends it) */
+        snprintf(f, sizeof f, "%snccl_unique_id_b64", pfx);
+        long n = cJSON_IsString(id) ? srv_b64_decode(id->valuestring, c->blob, sizeof c->blob) : -1;
+        if (n != GS_NCCL_ID_BYTES)
+            return srv_errf(e, 400, f, "%s must be the base64 of a %d-byte ncclUniqueId", f, GS_NCCL_ID_BYTES), -1;
+        c->blob_len = (size_t)n;
+    } else { /* the frameworks' way: the id from the trainer's TCPStore at master_address:master_port */
+        snprintf(f, sizeof f, "%smaster_address", pfx);
+        if (!cJSON_IsString(ma) || !ma->valuestring[0] || strlen(ma->valuestring) >= sizeof c->master_addr)
+            return srv_errf(e, 400, f, "%s (the trainer's TCPStore host, 1..%zu bytes) is required without "
+                            "nccl_unique_id_b64: graphswap fetches the trainer's ncclUniqueId from its TCPStore at "
+                            "master_address:master_port", f, sizeof c->master_addr - 1), -1;
+        const cJSON *mp = cJSON_GetObjectItemCaseSensitive(o, "master_port");
+        snprintf(f, sizeof f, "%smaster_port", pfx);
+        int p = 0;
+        if (!mp || cJSON_IsNull(mp))
+            return srv_errf(e, 400, f, "%s (the trainer's TCPStore port) is required without nccl_unique_id_b64",
+                            f), -1;
+        if ((cJSON_IsString(mp) && srv_store_parse_port(mp->valuestring, &p) != 0) || port < 1)
+            return srv_errf(e, 400, f, "%s must be a port, 1..65535 (an integer or a string of digits)", f), -1;
+        snprintf(c->master_addr, sizeof c->master_addr, "%s", ma->valuestring);
+        c->master_port = (int)port;
+        c->rendezvous = 1;
+    }
     c->rank = (int)rank;
     c->world = (int)world;
     c->staging_req = (size_t)staging;
     c->timeout = (double)timeout;
+    return 0;
+}
+
+int srv_nccl_init_parse(const cJSON *b, srv_store_kind kind, srv_cmd *c, srv_err *e)
+{
+    if (kind == SRV_STORE_VLLM) {
+        const cJSON *ii = cJSON_GetObjectItemCaseSensitive(b, "init_info");
+        if (!cJSON_IsObject(ii)) return srv_errf(e, 400, "init_info", "init_info must be an object"), -1;
+        if (srv_parse_nccl_init(ii, "init_info.", c, e) != 0) return -1;
+        snprintf(c->group, sizeof c->group, "vllm");
+    } else if (kind == SRV_STORE_SGLANG) {
+        const char *group = NULL, *backend = NULL;
+        if (srv_opt_string(b, "group_name", &group, e) || srv_opt_string(b, "backend", &backend, e)) return -1;
+        if (backend && strcmp(backend, "nccl") != 0)
+            return srv_errf(e, 400, "backend", "backend must be \"nccl\""), -1;
+        if (srv_parse_nccl_init(b, "", c, e) != 0) return -1;
+        char key[SRV_STORE_MAX_KEY + 1];
+        if (c->rendezvous && (!group || srv_store_key(key, sizeof key, SRV_STORE_SGLANG, group) != 0))
+            return srv_errf(e, 400, "group_name", "group_name (printable ASCII) is required without "
+                            "nccl_unique_id_b64: it names the keys of the trainer's TCPStore"), -1;
+        snprintf(c->group, sizeof c->group, "%s", group ? group : "");
+    } else {
+        return srv_errf(e, 500, NULL, "srv_nccl_init_parse: %s has no NCCL init body here", srv_store_kind_name(kind)),
+               -1;
+    }
+    c->warmup = srv_store_warmup_allreduce(kind);
+    return 0;
+}
+
+/* ---- the TCPStore rendezvous of an init body (handler threads) ------------------------------------------ */
+
+static int store_timeout_ms(const srv_cmd *c)
+{
+    double t = c->timeout;
+    if (!(t > 0)) {
+        const char *v = getenv("GRAPHSWAP_NCCL_TIMEOUT_S");
+        t = v ? strtod(v, NULL) : 0;
+    }
+    if (!(t > 0)) t = 300;
+    if (t > 86400) t = 86400;
+    return (int)(t * 1000);
+}
+
+static void store_req(const srv_cmd *c, srv_store_kind kind, srv_store_req *r)
+{
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->host = c->master_addr;
+    r->port = c->master_port;
+    r->rank_offset = c->rank;
+    r->world_size = c->world;
+    r->group_name = kind == SRV_STORE_SGLANG ? c->group : NULL;
+    r->backend = "nccl";
+    r->timeout_ms = store_timeout_ms(c);
+}
+
+static int store_fail(srv_err *e, int rc, const srv_cmd *c, const char *what, const char *msg)
+{
+    return srv_errf(e, rc == SRV_STORE_TIMEOUT ? 504 : 502, NULL, "%s the trainer's TCPStore at %s:%d: %s", what,
+                    c->master_addr, c->master_port, msg), -1;
+}
+
+int srv_nccl_rendezvous(srv_cmd *c, srv_store_kind kind, srv_err *e)
+{
+    srv_store_req r;
+    store_req(c, kind, &r);
+    char err[512];
+    int rank = 0;
+    int rc = srv_store_rendezvous(&r, c->blob, &rank, err, sizeof err);
+    if (rc != 0) return store_fail(e, rc, c, "NCCL rendezvous through", err);
+    c->blob_len = GS_NCCL_ID_BYTES;
+    c->rank = rank;
+    return 0;
+}
+
+int srv_nccl_store_join(srv_cmd *c, srv_store_group **g, srv_err *e)
+{
+    srv_store_req r;
+    store_req(c, SRV_STORE_SGLANG, &r);
+    char err[512];
+    int rank = 0;
+    int rc = srv_store_join(&r, g, &rank, err, sizeof err);
+    if (rc != 0) return store_fail(e, rc, c, "joining", err);
+    c->rank = rank;
+    return 0;
+}
+
+int srv_nccl_store_fetch(srv_store_group *g, srv_cmd *c, srv_err *e)
+{
+    char err[512];
+    int rc = srv_store_fetch_id(g, c->blob, store_timeout_ms(c), err, sizeof err);
+    if (rc != 0) return store_fail(e, rc, c, "fetching the NCCL unique id from", err);
+    c->blob_len = GS_NCCL_ID_BYTES;
     return 0;
 }
 

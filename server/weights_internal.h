@@ -23,6 +23,7 @@
 #include "engine/transport_cuda.h"
 #include "engine/weights.h"
 #include "server/srv.h"
+#include "server/tcpstore.h"
 
 typedef enum {
     SRV_CMD_BEGIN,
@@ -75,6 +76,10 @@ struct srv_cmd {
     size_t staging_req; /* 0: default */
     double timeout;     /* 0: default */
     char group[128];
+    int warmup;         /* run the warm-up all_reduce after the communicator init (vLLM) */
+    int rendezvous;     /* no nccl_unique_id_b64: the id comes from the trainer's TCPStore */
+    char master_addr[256];
+    int master_port;
     size_t ipc_offset, ipc_bytes;
     /* drain state (wait mode) */
     int draining;
@@ -165,10 +170,25 @@ void srv_gpu_ipc_release(srv_state *s);
 int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key, const char *dtypes_key,
                        const char *offsets_key, srv_gpu_meta *m, srv_err *e);
 void srv_gpu_meta_free(srv_gpu_meta *m);
-/* The NCCL group of an init body (init_info of vLLM, the top level of SGLang) into c. */
 /* Standard or URL-safe base64 (padding optional) into out[0..cap): the decoded length, or -1. */
 long srv_b64_decode(const char *in, unsigned char *out, size_t cap);
+/* The NCCL group of an init body (init_info of vLLM, the top level of SGLang) into c: with
+ * nccl_unique_id_b64 the id itself (c->blob), else master_address + master_port of the trainer's
+ * TCPStore (c->rendezvous = 1; the id is fetched by srv_nccl_rendezvous / srv_nccl_store_*). */
 int srv_parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e);
+/* A whole init body of a framework (SRV_STORE_VLLM: {"init_info": {...}}; SRV_STORE_SGLANG: the
+ * fields at the top level plus group_name (required without an id) and backend ("nccl")) into c,
+ * c->warmup per srv_store_warmup_allreduce. Network-free: the routes answer 501 after it on the
+ * CPU backend. */
+int srv_nccl_init_parse(const cJSON *b, srv_store_kind kind, srv_cmd *c, srv_err *e);
+/* Handler thread, c->rendezvous: the store rendezvous of c (server/tcpstore.h), bounded by
+ * c->timeout (or GRAPHSWAP_NCCL_TIMEOUT_S, or 300 s). Failures: 504 when a deadline passed, else
+ * 502, with the rendezvous' message. vLLM: join + fetch + close into c->blob. */
+int srv_nccl_rendezvous(srv_cmd *c, srv_store_kind kind, srv_err *e);
+/* SGLang's two phases: join at init (*g: the group to keep), fetch at the first update (into
+ * c->blob; g stays open: close it with srv_store_group_close). */
+int srv_nccl_store_join(srv_cmd *c, srv_store_group **g, srv_err *e);
+int srv_nccl_store_fetch(srv_store_group *g, srv_cmd *c, srv_err *e);
 /* An integer field of o in [lo, hi] (a number, or a string of one); required or (dflt when absent). */
 int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required, long long lo, long long hi,
                  long long dflt, long long *out, srv_err *e);
@@ -177,6 +197,8 @@ int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required,
 
 void srv_weights_vllm_routes(srv_state *s);
 void srv_weights_sglang_routes(srv_state *s);
+/* Leaves a joined SGLang group that never got its communicator (at shutdown). */
+void srv_weights_sglang_destroy(srv_state *s);
 void srv_weights_trl_routes(srv_state *s);
 void srv_weights_gpu_routes(srv_state *s);
 

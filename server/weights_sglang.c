@@ -57,25 +57,85 @@ static int send_sglang(struct mg_connection *conn, int status, const char *msg)
 }
 
 
+/* The pending group (joined, no id yet) out of srv_state: *g and *ic are the caller's, NULL when
+ * none. busy: mark a fetch under way when there is one (a concurrent init is refused meanwhile). */
+static void store_take(srv_state *s, srv_store_group **g, srv_cmd **ic, int busy)
+{
+    pthread_mutex_lock(&s->store_mu);
+    *g = s->store_group;
+    *ic = s->store_init;
+    s->store_group = NULL;
+    s->store_init = NULL;
+    if (*g && busy) s->store_busy = 1;
+    pthread_mutex_unlock(&s->store_mu);
+}
+
+static void store_drop(srv_store_group *g, srv_cmd *ic)
+{
+    if (g) srv_store_group_close(g);
+    if (ic) cJSON_Delete(ic->result);
+    free(ic);
+}
+
+void srv_weights_sglang_destroy(srv_state *s)
+{
+    srv_store_group *g;
+    srv_cmd *ic;
+    store_take(s, &g, &ic, 0);
+    store_drop(g, ic);
+}
+
 /* SGLang POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
- * group_name, backend, nccl_unique_id_b64 (graphswap)} */
+ * group_name, backend[, staging_bytes, timeout_s, nccl_unique_id_b64 (a test path)]}.
+ * SGLang's trainer (init_custom_process_group) hosts a TCPStore at master_address:master_port, but
+ * publishes its ncclUniqueId only at its first collective on the group (ProcessGroupNCCL creates
+ * communicators lazily), i.e. the first broadcast of /update_weights_from_distributed. So here
+ * graphswap only joins the store (srv_store_join on this handler thread: the trainer's init waits for
+ * it) and answers at once; the id is fetched, and the communicator created, when the first update
+ * comes. With nccl_unique_id_b64 the communicator is created here. */
 static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     SRV_NEW_CMD(c, SRV_CMD_NCCL_INIT);
-    const char *group = NULL, *backend = NULL;
-    int rc = srv_opt_string(b, "group_name", &group, &e) || srv_opt_string(b, "backend", &backend, &e) ? -1 : 0;
-    if (rc == 0 && backend && strcmp(backend, "nccl") != 0)
-        rc = (srv_errf(&e, 400, "backend", "backend must be \"nccl\""), -1);
-    if (rc == 0) rc = srv_parse_nccl_init(b, "", c, &e);
-    if (rc == 0) snprintf(c->group, sizeof c->group, "%s", group ? group : "");
+    int rc = srv_nccl_init_parse(b, SRV_STORE_SGLANG, c, &e);
     cJSON_Delete(b);
+    /* on the CPU backend: 501 before any network I/O */
     if (rc == 0 && !srv_gpu_available(s)) rc = (srv_errf(&e, 501, NULL, SRV_GPU_NEEDS_CUDA), -1);
     if (rc != 0) {
         free(c);
-        return e.status == 501 ? send_sglang(conn, 501, e.msg) : srv_send_err(conn, &e);
+        return e.status >= 500 ? send_sglang(conn, e.status, e.msg) : srv_send_err(conn, &e);
+    }
+    pthread_mutex_lock(&s->store_mu);
+    const int busy = s->store_busy || s->store_group;
+    if (!busy && c->rendezvous) s->store_busy = 1;
+    pthread_mutex_unlock(&s->store_mu);
+    if (c->rendezvous || busy) {
+        if (busy) {
+            free(c);
+            return send_sglang(conn, 409, "a weights update group is already joined (or being joined): POST "
+                                          "/destroy_weights_update_group first");
+        }
+        srv_store_group *g = NULL;
+        rc = srv_nccl_store_join(c, &g, &e);
+        char msg[1024]; /* written before c is shared: an update may take it at once */
+        if (rc == 0)
+            snprintf(msg, sizeof msg, "joined the trainer's TCPStore at %s:%d as rank %d of %d (group %s); the "
+                     "NCCL communicator is created at the first update_weights_from_distributed", c->master_addr,
+                     c->master_port, c->rank, c->world, c->group);
+        pthread_mutex_lock(&s->store_mu);
+        s->store_busy = 0;
+        if (rc == 0) {
+            s->store_group = g;
+            s->store_init = c;
+        }
+        pthread_mutex_unlock(&s->store_mu);
+        if (rc != 0) {
+            free(c);
+            return send_sglang(conn, e.status, e.msg);
+        }
+        return send_sglang(conn, 200, msg);
     }
     srv_cmd_submit(s, c);
     int st = c->status == 200 ? srv_send_json(conn, 200, c->result) : send_sglang(conn, c->status, c->err);
@@ -91,10 +151,17 @@ static int route_nccl_destroy(srv_state *s, struct mg_connection *conn)
     if (!b) return srv_send_err(conn, &e);
     cJSON_Delete(b);
     if (!srv_gpu_available(s)) return send_sglang(conn, 501, SRV_GPU_NEEDS_CUDA);
+    srv_store_group *g;
+    srv_cmd *ic;
+    store_take(s, &g, &ic, 0); /* a group joined but never used: leave the store */
+    const int pending = g != NULL;
+    store_drop(g, ic);
     srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_DESTROY);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     srv_cmd_submit(s, c);
-    int st = send_sglang(conn, c->status, c->status == 200 ? "NCCL group destroyed" : c->err);
+    int st = pending && c->status == 409 ? send_sglang(conn, 200, "weights update group left (its NCCL communicator "
+                                                                  "had not been created yet)")
+                                         : send_sglang(conn, c->status, c->status == 200 ? "NCCL group destroyed" : c->err);
     free(c);
     return st;
 }
@@ -119,6 +186,27 @@ static int route_nccl_update(srv_state *s, struct mg_connection *conn)
         srv_gpu_meta_free(&c->meta);
         free(c);
         return e.status == 501 ? send_sglang(conn, 501, e.msg) : srv_send_err(conn, &e);
+    }
+    /* the first update after a TCPStore join: the trainer publishes its id as its broadcast begins */
+    srv_store_group *g;
+    srv_cmd *ic;
+    store_take(s, &g, &ic, 1);
+    if (g) {
+        rc = srv_nccl_store_fetch(g, ic, &e);
+        srv_store_group_close(g); /* the id is all graphswap needs from the store */
+        if (rc == 0) {
+            srv_cmd_submit(s, ic);
+            if (ic->status != 200) rc = srv_errf(&e, ic->status, NULL, "creating the NCCL communicator: %s", ic->err);
+        }
+        pthread_mutex_lock(&s->store_mu);
+        s->store_busy = 0;
+        pthread_mutex_unlock(&s->store_mu);
+        store_drop(NULL, ic);
+        if (rc != 0) {
+            srv_gpu_meta_free(&c->meta);
+            free(c);
+            return send_sglang(conn, e.status, e.msg);
+        }
     }
     srv_cmd_submit(s, c);
     int st = send_sglang(conn, c->status, c->status == 200 ? "Succeeded to update parameter online." : c->err);

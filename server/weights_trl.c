@@ -26,16 +26,21 @@
 #include "server/weights_internal.h"
 
 #define TRL_NEEDS_RENDEZVOUS                                                                            \
-    "TRL's weight sync (init_communicator / update_named_param) needs its TCPStore rendezvous, which "  \
-    "graphswap does not implement yet; use POST /v1/weights/bucket (HTTP), /v1/weights/load (disk), or " \
-    "vLLM's /init_weight_transfer_engine + /update_weights (NCCL)"
+    "TRL's weight sync (init_communicator / update_named_param) is not implemented yet: graphswap would "  \
+    "be NCCL rank 0 hosting the TCPStore (server/tcpstore.h srv_store_trl_host exists), but its NCCL "     \
+    "transport cannot yet generate the unique id itself (ncclGetUniqueId) nor receive broadcasts from a "  \
+    "non-zero root (the trainer, rank world_size - 1), and TRL's per-parameter store barrier is not "      \
+    "served; use POST /v1/weights/bucket (HTTP), /v1/weights/load (disk), or vLLM's "                      \
+    "/init_weight_transfer_engine + /update_weights (NCCL)"
 
 /* The answer of a validated TRL NCCL command that cannot run (yet): 501 on either backend. */
 static int trl_needs(struct mg_connection *conn, const srv_state *s)
 {
-    /* TODO(tcpstore): with the TCPStore client (tcpstore.*) in place, init_communicator hosts the
-     * store, puts the ncclUniqueId and submits SRV_CMD_NCCL_INIT (rank 0 of 2, root = rank 1), and
-     * update_named_param submits its SRV_CMD_NCCL_UPDATE detached and answers at once. */
+    /* TODO(trl): the transport gets an id generator (ncclGetUniqueId) and a root argument for
+     * nccl_recv; then init_communicator generates the id, hosts the store (srv_store_trl_host, kept
+     * until close), submits SRV_CMD_NCCL_INIT (rank 0 of 2, warm-up per srv_store_warmup_allreduce),
+     * and update_named_param submits its SRV_CMD_NCCL_UPDATE (root 1) detached, answers at once and
+     * serves the trainer's group.barrier() through the store. */
     return srv_send_error(conn, 501, NULL, "%s", srv_gpu_available(s) ? TRL_NEEDS_RENDEZVOUS : SRV_GPU_NEEDS_CUDA);
 }
 

@@ -29,24 +29,27 @@ static int route_is_paused(srv_state *s, struct mg_connection *conn)
 }
 
 /* vLLM POST /init_weight_transfer_engine {"init_info":{master_address, master_port, rank_offset,
- * world_size, nccl_unique_id_b64[, staging_bytes, timeout_s]}} */
+ * world_size[, staging_bytes, timeout_s, nccl_unique_id_b64]}}: the trainer (rank 0) hosts a
+ * TCPStore at master_address:master_port (vLLM's StatelessProcessGroup) and publishes its
+ * ncclUniqueId there; graphswap joins as rank rank_offset, fetches it on this handler thread
+ * (srv_nccl_rendezvous: 504 when the trainer's store or id does not come in time, 502 on another
+ * failure), then the engine thread creates the communicator and runs vLLM's warm-up all_reduce.
+ * nccl_unique_id_b64 (a test path) skips the rendezvous. */
 static int route_nccl_init_vllm(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
     cJSON *b = srv_read_json(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);
-    const cJSON *ii = cJSON_GetObjectItemCaseSensitive(b, "init_info");
     SRV_NEW_CMD(c, SRV_CMD_NCCL_INIT);
-    int rc = -1;
-    if (!cJSON_IsObject(ii)) srv_errf(&e, 400, "init_info", "init_info must be an object");
-    else rc = srv_parse_nccl_init(ii, "init_info.", c, &e);
+    int rc = srv_nccl_init_parse(b, SRV_STORE_VLLM, c, &e);
     cJSON_Delete(b);
+    /* on the CPU backend: 501 before any network I/O */
     if (rc == 0 && !srv_gpu_available(s)) rc = (srv_errf(&e, 501, NULL, SRV_GPU_NEEDS_CUDA), -1);
+    if (rc == 0 && c->rendezvous) rc = srv_nccl_rendezvous(c, SRV_STORE_VLLM, &e);
     if (rc != 0) {
         free(c);
         return srv_send_err(conn, &e);
     }
-    snprintf(c->group, sizeof c->group, "vllm");
     srv_cmd_submit(s, c);
     int st = srv_cmd_send_result(conn, c, c->result);
     free(c);

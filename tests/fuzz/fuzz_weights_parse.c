@@ -81,15 +81,21 @@ static void meta_case(const cJSON *obj, const char *pfx, const char *names_key, 
     }
 }
 
-static void nccl_case(const cJSON *o, const char *pfx)
+/* the NCCL init routes' parse (srv_nccl_init_parse: vLLM's init_info, SGLang's top level) */
+static void nccl_case(const cJSON *b, srv_store_kind kind)
 {
     srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_INIT);
     FZ_CHECK(c);
     srv_err e;
     memset(&e, 0, sizeof e);
-    if (srv_parse_nccl_init(o, pfx, c, &e) == 0) {
-        FZ_CHECK(c->world >= 2 && c->rank >= 1 && c->rank < c->world);
-        FZ_CHECK(c->blob_len == GS_NCCL_ID_BYTES && c->timeout >= 0);
+    if (srv_nccl_init_parse(b, kind, c, &e) == 0) {
+        FZ_CHECK(c->world >= 2 && c->rank >= 1 && c->rank < c->world && c->timeout >= 0);
+        if (c->rendezvous) /* the id comes from the trainer's TCPStore */
+            FZ_CHECK(c->blob_len == 0 && c->master_addr[0] && strlen(c->master_addr) < sizeof c->master_addr &&
+                     c->master_port >= 1 && c->master_port <= 65535 && (kind != SRV_STORE_SGLANG || c->group[0]));
+        else
+            FZ_CHECK(c->blob_len == GS_NCCL_ID_BYTES);
+        FZ_CHECK(c->warmup == srv_store_warmup_allreduce(kind));
     } else {
         check_err(&e);
     }
@@ -116,17 +122,12 @@ static void *run(void *arg)
         else
             check_err(&e);
         break;
-    case 1: { /* vLLM /init_weight_transfer_engine */
-        const cJSON *ii = cJSON_GetObjectItemCaseSensitive(b, "init_info");
-        if (cJSON_IsObject(ii)) nccl_case(ii, "init_info.");
+    case 1: /* vLLM /init_weight_transfer_engine */
+        nccl_case(b, SRV_STORE_VLLM);
         break;
-    }
-    case 2: { /* SGLang /init_weights_update_group */
-        const char *group = NULL, *backend = NULL;
-        if (srv_opt_string(b, "group_name", &group, &e) || srv_opt_string(b, "backend", &backend, &e)) check_err(&e);
-        else nccl_case(b, "");
+    case 2: /* SGLang /init_weights_update_group */
+        nccl_case(b, SRV_STORE_SGLANG);
         break;
-    }
     case 3: { /* vLLM /update_weights */
         const cJSON *ui = cJSON_GetObjectItemCaseSensitive(b, "update_info");
         if (cJSON_IsObject(ui)) meta_case(ui, "update_info.", "names", "dtype_names", 0);

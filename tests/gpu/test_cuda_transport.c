@@ -7,8 +7,10 @@
  *     converts from it into the arena with device_convert (as /v1/weights/ipc/bucket does),
  *     compares, and unmaps it (ipc_close) before the child frees its buffer;
  *  3. NCCL (built with NCCL only): the child is rank 0 (ncclGetUniqueId, ncclCommInitRank,
- *     ncclBroadcast of a byte pattern), this process rank 1 through nccl_init / nccl_recv into an
- *     arena staging buffer, then nccl_destroy.
+ *     an in-place ncclAllReduce of one float32 1.0 as vLLM's PyNcclCommunicator warm-up, then
+ *     ncclBroadcast of a byte pattern), this process rank 1 through nccl_init, nccl_warmup (its
+ *     zeroed float + the child's 1.0 = 1.0) and nccl_recv into an arena staging buffer, then
+ *     nccl_destroy.
  * The child forks before this process touches CUDA (a forked child must not inherit a CUDA context). */
 #include <signal.h>
 #include <sys/wait.h>
@@ -79,6 +81,12 @@ static int child(int to_parent, int from_parent)
     (void)!write(to_parent, &id, sizeof id);
     ncclComm_t comm;
     if (ncclCommInitRank(&comm, 2, id, 0) != ncclSuccess) return 1;
+    float one = 1.0f, *dw = NULL; /* the warm-up all_reduce (vLLM sends zeros; 1.0 shows the sum ran) */
+    if (cudaMalloc((void **)&dw, sizeof one) != cudaSuccess ||
+        cudaMemcpy(dw, &one, sizeof one, cudaMemcpyHostToDevice) != cudaSuccess ||
+        ncclAllReduce(dw, dw, 1, ncclFloat32, ncclSum, comm, 0) != ncclSuccess || cudaDeviceSynchronize() != cudaSuccess)
+        return 1;
+    cudaFree(dw);
     uint8_t *hb = malloc(N_NCCL), *db = NULL;
     for (size_t i = 0; i < N_NCCL; i++) hb[i] = (uint8_t)(i * 131u + 7u);
     if (cudaMalloc((void **)&db, N_NCCL) != cudaSuccess || cudaMemcpy(db, hb, N_NCCL, cudaMemcpyHostToDevice) != cudaSuccess)
@@ -160,6 +168,11 @@ static void test_nccl(eng_backend *be, const gs_gpu_transport *x, int from_child
     CHECK(g != NULL, "nccl_init: %s", err);
     if (g) {
         uint8_t *stage = be->ops->alloc(be, N_NCCL + 4096, "t.nccl.staging");
+        be->ops->upload(be, stage, "\x7f\x7f\x7f\x7f", 4); /* nccl_warmup zeroes it first */
+        CHECK(x->nccl_warmup(g, stage, 120, err, sizeof err) == 0, "nccl_warmup: %s", err);
+        float w = 0;
+        be->ops->download(be, &w, stage, sizeof w);
+        CHECK(w == 1.0f, "warm-up all_reduce: %g, want 0 + 1 = 1", (double)w);
         CHECK(x->nccl_recv(g, stage, N_NCCL, 120, err, sizeof err) == 0, "nccl_recv: %s", err);
         uint8_t *got = malloc(N_NCCL);
         be->ops->download(be, got, stage, N_NCCL);

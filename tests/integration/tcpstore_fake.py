@@ -71,6 +71,7 @@ class FakeStore:
         self.port = self.sock.getsockname()[1]
         self.queries = []  # (query type, key or None) in arrival order, for the tests
         self.validated = 0
+        self.accepted = 0  # connections accepted (a route that must not touch the network leaves 0)
         self.stop = False
         self.t = threading.Thread(target=self._accept, daemon=True)
         self.t.start()
@@ -88,6 +89,7 @@ class FakeStore:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):

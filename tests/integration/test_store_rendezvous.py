@@ -18,6 +18,12 @@ unique id exactly as each framework's trainer does:
   os.system (nothing runs), a short SGLang id, TRL (graphswap would be rank 0), rank_offset 0, a
   key that never comes (bounded by --id-timeout-ms; the wait is cancelled with CANCEL_WAIT), no
   listener (bounded connect retries), and a peer that is not a TCPStore.
+- The NCCL init routes' handler side (`store-rendezvous --init-body`: the same parse and
+  rendezvous code as /init_weight_transfer_engine and /init_weights_update_group): vLLM's
+  init_info without nccl_unique_id_b64 fetches the id (master_port an int or a string), with it
+  touches no store; SGLang joins, then fetches; body errors are 400 naming the field before any
+  connection; a store that never publishes is 504 (bounded by timeout_s), one that sends a bad
+  pickle 502, with the rendezvous' message.
 - With GS_PYTHON_TORCH=<python with torch>, the same vLLM and SGLang cases against a real
   torch.distributed.TCPStore (master, wait_for_workers) and real PrefixStores; skipped with a
   message otherwise.
@@ -314,6 +320,104 @@ def test_trl():
     print("ok trl (graphswap hosts the store)")
 
 
+def init_body(fw, body, timeout=30):
+    p = subprocess.Popen([BIN, "store-rendezvous", "--framework", fw, "--init-body", json.dumps(body)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p
+
+
+def test_route_rendezvous():
+    """The routes' handler-side rendezvous (weights_gpu.c srv_nccl_init_parse / srv_nccl_rendezvous /
+    srv_nccl_store_join / srv_nccl_store_fetch) through the --init-body hook."""
+    for port_as in (int, str):
+        st = F.FakeStore()
+        uid = make_id(11)
+
+        def rank0():
+            st.wait_for_workers(2)
+            st.client_set("broadcast_from/0/0", vllm_value(uid, 4))
+
+        t = threading.Thread(target=rank0, daemon=True)
+        t.start()
+        ii = {"master_address": "127.0.0.1", "master_port": port_as(st.port), "rank_offset": 1, "world_size": 2,
+              "timeout_s": 10}
+        rc, lines, err = finish(init_body("vllm", {"init_info": ii}))
+        t.join(5)
+        expect(rc == 0 and lines, "vllm init-body: rc %d %r %r" % (rc, lines, err))
+        got = lines[-1]
+        expect(got["status"] == 200 and got["unique_id"] == uid.hex() and got["rank"] == 1 and got["world_size"] == 2,
+               "vllm init-body %r" % got)
+        expect(got["warmup_all_reduce"] is True and got["unique_id_from"] == "tcpstore" and got["group"] == "vllm", got)
+        expect(st.data["init/"] == b"2", "init/ = %r" % st.data["init/"])
+        st.close()
+
+    # nccl_unique_id_b64 (the test path): no store is touched, the warm-up is still vLLM's
+    st = F.FakeStore()
+    uid = make_id(12)
+    import base64
+    ii = {"master_address": "127.0.0.1", "master_port": st.port, "rank_offset": 1, "world_size": 2,
+          "nccl_unique_id_b64": base64.b64encode(uid).decode()}
+    rc, lines, err = finish(init_body("vllm", {"init_info": ii}))
+    expect(rc == 0 and lines[-1]["unique_id"] == uid.hex() and lines[-1]["unique_id_from"] == "nccl_unique_id_b64"
+           and lines[-1]["warmup_all_reduce"] is True, "%r %r" % (lines, err))
+    expect(st.accepted == 0, "the id path connected to the store")
+
+    # body errors: 400 naming the field, before any connection
+    base = {"master_address": "127.0.0.1", "master_port": st.port, "rank_offset": 1, "world_size": 2}
+    bad = [
+        ("vllm", {}, "init_info"),
+        ("vllm", {"init_info": {k: v for k, v in base.items() if k != "master_address"}}, "init_info.master_address"),
+        ("vllm", {"init_info": {k: v for k, v in base.items() if k != "master_port"}}, "init_info.master_port"),
+        ("vllm", {"init_info": dict(base, master_port=0)}, "init_info.master_port"),
+        ("vllm", {"init_info": dict(base, master_port="29500.0")}, "init_info.master_port"),
+        ("vllm", {"init_info": dict(base, master_address="")}, "init_info.master_address"),
+        ("vllm", {"init_info": dict(base, rank_offset=0)}, "init_info.rank_offset"),
+        ("vllm", {"init_info": dict(base, timeout_s=0)}, "init_info.timeout_s"),
+        ("sglang", dict(base, backend="nccl"), "group_name"),
+        ("sglang", dict(base, group_name="g\x01"), "group_name"),
+        ("sglang", dict(base, group_name="g", backend="gloo"), "backend"),
+    ]
+    for fw, body, field in bad:
+        rc, lines, err = finish(init_body(fw, body))
+        expect(rc == 1 and lines and lines[-1]["status"] == 400 and lines[-1]["param"] == field,
+               "%s %r: %r %r" % (fw, body, lines, err))
+    expect(st.accepted == 0, "a refused body connected to the store (%d)" % st.accepted)
+    st.close()
+
+    # SGLang: join at init, the id later (at the trainer's first collective)
+    group = "weight_update_group"
+    st = F.FakeStore()
+    uid = make_id(13)
+    p = init_body("sglang", dict(base, master_port=str(st.port), group_name=group, backend="nccl", timeout_s=10))
+    st.wait_for_workers(2)
+    joined = json.loads(p.stdout.readline())
+    expect(joined == {"joined": True, "rank": 1}, joined)
+    time.sleep(0.2)
+    st.client_set(sglang_key(group), uid)
+    rc, lines, err = finish(p)
+    expect(rc == 0 and lines[-1]["status"] == 200 and lines[-1]["unique_id"] == uid.hex()
+           and lines[-1]["warmup_all_reduce"] is False and lines[-1]["group"] == group, "%r %r" % (lines, err))
+    st.close()
+
+    # the id never comes: 504 within timeout_s; a bad pickle: 502; each names the store
+    st = F.FakeStore()
+    t0 = time.time()
+    rc, lines, err = finish(init_body("vllm", {"init_info": dict(base, master_port=st.port, timeout_s=1)}))
+    expect(rc == 1 and lines[-1]["status"] == 504 and "127.0.0.1:%d" % st.port in lines[-1]["message"]
+           and time.time() - t0 < 10, "timeout: %r" % lines)
+    st.close()
+    st = F.FakeStore()
+    st.client_set("broadcast_from/0/0", pickle.dumps(make_id(1)))
+    rc, lines, err = finish(init_body("vllm", {"init_info": dict(base, master_port=st.port, timeout_s=5)}))
+    expect(rc == 1 and lines[-1]["status"] == 502 and "refusing the pickle" in lines[-1]["message"], "pickle: %r" % lines)
+    st.close()
+    # nothing listens: bounded connect retries, 504 or 502 (refused until the deadline)
+    port = free_port()
+    rc, lines, err = finish(init_body("vllm", {"init_info": dict(base, master_port=port, timeout_s=1)}))
+    expect(rc == 1 and lines[-1]["status"] in (502, 504) and "cannot connect" in lines[-1]["message"], "%r" % lines)
+    print("ok route rendezvous (--init-body)")
+
+
 TORCH_TRL = r"""
 import ctypes, datetime, pickle, sys, types
 from torch.distributed import TCPStore
@@ -400,6 +504,7 @@ def main():
     test_sglang()
     test_refusals()
     test_trl()
+    test_route_rendezvous()
     test_real_torch()
     print("all ok")
 

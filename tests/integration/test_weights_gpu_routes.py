@@ -7,6 +7,11 @@ NCCL (vLLM /init_weight_transfer_engine + /update_weights, SGLang /init_weights_
 - a malformed body -> 400 naming the field (init_info.world_size, update_info.names, offsets, ...);
 - a well-formed init / destroy / SGLang update -> 501 with the documented message ("need the CUDA
   backend"); SGLang routes answer {"success": false, "message"};
+- without nccl_unique_id_b64 the init routes take the id from the trainer's TCPStore at
+  master_address:master_port (vLLM: rendezvous at init; SGLang: join at init, fetch at the first
+  update): master_address / master_port (SGLang: group_name) are then required (400), and on the
+  CPU backend the 501 comes before any network I/O: a fake TCPStore (tcpstore_fake.py) the bodies
+  point at sees no connection;
 - /update_weights and /v1/weights/ipc/bucket run the engine's checks first: without a session 409;
   in a session, a name / shape / dtype the model does not have -> 400 naming the tensor; a good
   bucket -> 501; nothing is written (an abort afterwards leaves "ready", checksums unchanged).
@@ -20,6 +25,7 @@ import sys
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import tcpstore_fake as F  # noqa: E402
 import test_http_basic as H  # noqa: E402
 
 NEEDS = "need the CUDA backend"
@@ -49,7 +55,12 @@ def test_init(C, srv):
         ({"init_info": dict(init, rank_offset=2)}, "init_info.rank_offset"),
         ({"init_info": dict(init, master_port="http")}, "init_info.master_port"),
         ({"init_info": dict(init, master_address=5)}, "init_info.master_address"),
-        ({"init_info": {k: v for k, v in init.items() if k != "nccl_unique_id_b64"}}, "init_info.nccl_unique_id_b64"),
+        ({"init_info": {k: v for k, v in init.items() if k not in ("nccl_unique_id_b64", "master_address")}},
+         "init_info.master_address"),
+        ({"init_info": {k: v for k, v in init.items() if k not in ("nccl_unique_id_b64", "master_port")}},
+         "init_info.master_port"),
+        ({"init_info": dict(init, nccl_unique_id_b64=None, master_port="29500x")}, "init_info.master_port"),
+        ({"init_info": dict(init, nccl_unique_id_b64=None, master_port=0)}, "init_info.master_port"),
         ({"init_info": dict(init, nccl_unique_id_b64="AAAA")}, "init_info.nccl_unique_id_b64"),
         ({"init_info": dict(init, nccl_unique_id_b64="!!")}, "init_info.nccl_unique_id_b64"),
     ]
@@ -64,13 +75,31 @@ def test_init(C, srv):
     sg = dict(init, group_name="weight_update_group", backend="nccl")
     H.error_ok(C, "init_weights_update_group backend gloo",
                H.post(srv, "/init_weights_update_group", dict(sg, backend="gloo")), 400, "backend")
-    r = H.post(srv, "/init_weights_update_group", {k: v for k, v in sg.items() if k != "nccl_unique_id_b64"})
-    if H.error_ok(C, "init_weights_update_group without an id", r, 400, "nccl_unique_id_b64"):
-        C.check("master_address" in r.json["error"]["message"], "the missing-id message explains the rendezvous: %r" % r.json)
+    r = H.post(srv, "/init_weights_update_group", {k: v for k, v in sg.items() if k not in ("nccl_unique_id_b64", "group_name")})
+    H.error_ok(C, "init_weights_update_group without an id nor group_name", r, 400, "group_name")
+    r = H.post(srv, "/init_weights_update_group", {k: v for k, v in sg.items() if k not in ("nccl_unique_id_b64", "master_address")})
+    if H.error_ok(C, "init_weights_update_group without an id nor master_address", r, 400, "master_address"):
+        C.check("TCPStore" in r.json["error"]["message"], "the message explains the rendezvous: %r" % r.json)
     H.error_ok(C, "init_weights_update_group world_size", H.post(srv, "/init_weights_update_group", dict(sg, world_size="x")),
                400, "world_size")
     is_501(C, "init_weights_update_group", H.post(srv, "/init_weights_update_group", sg), sglang=True)
     is_501(C, "destroy_weights_update_group", H.post(srv, "/destroy_weights_update_group", {"group_name": "g"}), sglang=True)
+
+    # the frameworks' own bodies (no nccl_unique_id_b64): the rendezvous would run, but on the CPU
+    # backend the 501 comes first; the trainer's (fake) TCPStore sees no connection
+    st = F.FakeStore()
+    try:
+        vi = {"master_address": "127.0.0.1", "rank_offset": 1, "world_size": 2, "timeout_s": 2}
+        for port in (st.port, str(st.port)):
+            is_501(C, "init_weight_transfer_engine via TCPStore (port %r)" % (port,),
+                   H.post(srv, "/init_weight_transfer_engine", {"init_info": dict(vi, master_port=port)}))
+        sgs = dict(vi, master_port=st.port, group_name="weight_update_group", backend="nccl")
+        is_501(C, "init_weights_update_group via TCPStore", H.post(srv, "/init_weights_update_group", sgs), sglang=True)
+        H.error_ok(C, "init_weights_update_group via TCPStore, bad group_name",
+                   H.post(srv, "/init_weights_update_group", dict(sgs, group_name="g\n")), 400, "group_name")
+        C.check(st.accepted == 0, "the CPU backend connected to the trainer's store (%d connections)" % st.accepted)
+    finally:
+        st.close()
 
 
 def test_update(C, srv, hidden):
