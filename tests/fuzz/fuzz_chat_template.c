@@ -83,6 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s->tok = fz_tokenizer(which);
         s->chat = mdl_tok_chat_family(s->tok);
         s->vocab = mdl_tok_vocab_size(s->tok);
+        s->model_name = "m";
     }
     job j = {s, (data[0] >> 2) & 1, (const char *)data + 1, size - 1};
     fz_small_stack(run, &j);

@@ -30,6 +30,7 @@ static const srv_state *state_for(int which)
         s->chat = mdl_tok_chat_family(s->tok);
         s->vocab = mdl_tok_vocab_size(s->tok);
         s->max_model_len = 512;
+        s->model_name = "m"; /* as serve sets it (--served-model-name); the corpus names it */
         s->kv_tokens = 384; /* smaller than the context: both limits are reachable */
         s->max_choices = 32;
         s->max_body = 1 << 20;
