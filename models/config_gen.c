@@ -4,8 +4,7 @@
  * the stop token ids (graphswap: merged into the model's eos set, so ignore_eos and min_tokens treat
  * them alike), and the sampling fields that differ from transformers' GenerationConfig defaults
  * become the defaults of requests that do not set them. do_sample is not read (vLLM does not read
- * it either). What the server does with each default is in server/serve.c (repetition_penalty != 1
- * cannot be honoured and is refused at start-up unless --generation-config vllm).
+ * it either). The server applies them in server/oai_parse.c (serve --generation-config auto).
  */
 #include <math.h>
 #include <stdio.h>

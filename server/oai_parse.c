@@ -1157,8 +1157,10 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     /* vLLM's penalties (SamplingParams._verify_args ranges) and logit_bias */
     if (get_num(body, "presence_penalty", -2, 2, 0, &g->sp.presence_penalty, e)) return -1;
     if (get_num(body, "frequency_penalty", -2, 2, 0, &g->sp.frequency_penalty, e)) return -1;
-    g->sp.repetition_penalty = 1.0f;
     if (get_num(body, "repetition_penalty", 0, 1e30, 1, &g->sp.repetition_penalty, e)) return -1;
+    /* vLLM's --generation-config auto: the file's repetition_penalty when the request sets none */
+    if (!field(body, "repetition_penalty"))
+        g->sp.repetition_penalty = gd->set & MDL_GEN_REPETITION_PENALTY ? (float)gd->repetition_penalty : 1.0f;
     {
         eng_logit_bias *lb;
         if (srv_parse_logit_bias(field(body, "logit_bias"), s->vocab, &lb, &g->sp.n_logit_bias, e)) return -1;

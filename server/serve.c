@@ -360,9 +360,9 @@ static const char help[] =
     "  --queue-cap N          requests waiting for a sequence slot (default 4096), else 503\n"
     "  --max-batch N          sequences (prompts x n) per request (default 256)\n"
     "  --generation-config auto|vllm  auto (default, as vLLM): the model's generation_config.json\n"
-    "                         temperature / top_p / top_k / min_p are the defaults of requests that\n"
-    "                         do not set them and its max_new_tokens caps max_tokens; a\n"
-    "                         repetition_penalty != 1 there cannot be honoured and stops start-up.\n"
+    "                         temperature / top_p / top_k / min_p / repetition_penalty are the\n"
+    "                         defaults of requests that do not set them and its max_new_tokens\n"
+    "                         caps max_tokens.\n"
     "                         vllm: OpenAI's defaults. Its eos_token_id ids stop generation either way.\n"
     "\n"
     "Weight updates (POST /v1/weights/{begin,bucket,finish,abort,load}, GET /v1/weights,\n"
@@ -474,11 +474,6 @@ int srv_cmd_serve(int argc, char **argv)
     memcpy(s->eos, mc->eos, sizeof s->eos);
     if (strcmp(gen_cfg, "auto") == 0) {
         s->gen = mc->gen;
-        /* a default that graphswap cannot apply would make every request differ from vLLM's answer */
-        if (s->gen.set & MDL_GEN_REPETITION_PENALTY)
-            srv_die("%s/generation_config.json: repetition_penalty %g is not supported (only 1); start with "
-                    "--generation-config vllm to use OpenAI's defaults instead of the file's",
-                    ro.model_dir, s->gen.repetition_penalty);
         if (s->gen.set) {
             char line[256];
             size_t n = 0;
@@ -488,6 +483,8 @@ int srv_cmd_serve(int argc, char **argv)
             if (gd->set & MDL_GEN_TOP_P) n += (size_t)snprintf(line + n, sizeof line - n, " top_p=%g", gd->top_p);
             if (gd->set & MDL_GEN_TOP_K) n += (size_t)snprintf(line + n, sizeof line - n, " top_k=%d", gd->top_k);
             if (gd->set & MDL_GEN_MIN_P) n += (size_t)snprintf(line + n, sizeof line - n, " min_p=%g", gd->min_p);
+            if (gd->set & MDL_GEN_REPETITION_PENALTY)
+                n += (size_t)snprintf(line + n, sizeof line - n, " repetition_penalty=%g", gd->repetition_penalty);
             if (gd->set & MDL_GEN_MAX_NEW_TOKENS)
                 snprintf(line + n, sizeof line - n, " max_new_tokens=%d", gd->max_new_tokens);
             fprintf(stderr, "graphswap: request defaults from generation_config.json:%s\n", line);

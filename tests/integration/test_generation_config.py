@@ -4,8 +4,9 @@
   - temperature / top_p / top_k / min_p are the defaults of requests that do not set them (here
     temperature 0: a request without temperature is greedy), max_new_tokens caps max_tokens
   - --generation-config vllm: OpenAI's defaults (no cap), eos ids still merged
-  - repetition_penalty != 1 (not implementable) stops `serve` at start-up naming the field;
-    a bad eos id stops the load naming the field
+  - repetition_penalty is a default too (Qwen2.5-Instruct ships 1.05): a request without one is
+    penalized as a request that sets it on a server without the file; one that sets it wins
+  - a bad eos id stops the load naming the field
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 
@@ -101,12 +102,33 @@ def main():
     write_gen(model, {"eos_token_id": 151645, "repetition_penalty": 1.05})
     rc, _, err = gen_cli(binary, model, 2)
     C.check(rc != 0 and "generation_config.json: field eos_token_id" in err, "bad eos id not refused: rc %d %s" % (rc, err))
-    write_gen(model, {"eos_token_id": eos, "repetition_penalty": 1.05})
-    p = subprocess.run([binary, "serve", "--model", model, "--port", "0"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, timeout=120)
-    e = p.stderr.decode(errors="replace")
-    C.check(p.returncode != 0 and "repetition_penalty 1.05 is not supported" in e,
-            "serve started with repetition_penalty 1.05: rc %d %s" % (p.returncode, e[-800:]))
+    # repetition_penalty as a default (strong enough that the greedy path changes)
+    write_gen(model, {"eos_token_id": eos, "repetition_penalty": 3.0, "temperature": 0.0})
+    body = {"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+    srv = T.Server(C, binary, model, args=["--generation-config", "vllm"])
+    try:
+        r0 = T.post(srv, "/v1/completions", dict(body, return_token_ids=True))
+        r1 = T.post(srv, "/v1/completions", dict(body, repetition_penalty=3.0, return_token_ids=True))
+        plain = r0.json["choices"][0]["token_ids"] if r0.status == 200 else None
+        pen = r1.json["choices"][0]["token_ids"] if r1.status == 200 else None
+        C.check(plain is not None and pen is not None and plain != pen,
+                "TEST SETUP PROBLEM: repetition_penalty 3 does not change the greedy path: %s / %s" % (plain, pen))
+    finally:
+        T.stop_clean(C, srv)
+        T._kill_all()
+    srv = T.Server(C, binary, model)
+    try:
+        C.check("repetition_penalty=3" in srv.stderr_text(), "start-up does not report repetition_penalty: %s"
+                % srv.stderr_text()[-1500:])
+        r = T.post(srv, "/v1/completions", dict(body, return_token_ids=True))
+        got = r.json["choices"][0]["token_ids"] if r.status == 200 else r
+        C.check(got == pen, "a request without repetition_penalty did not take the file's 3.0: %s, want %s" % (got, pen))
+        r = T.post(srv, "/v1/completions", dict(body, repetition_penalty=1.0, return_token_ids=True))
+        got = r.json["choices"][0]["token_ids"] if r.status == 200 else r
+        C.check(got == plain, "an explicit repetition_penalty 1 did not win over the file's: %s, want %s" % (got, plain))
+    finally:
+        T.stop_clean(C, srv)
+        T._kill_all()
     return C.finish()
 
 

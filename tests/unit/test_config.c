@@ -571,7 +571,7 @@ static void test_generation_config(void **state)
     assert_int_equal(c.n_eos, 1);
     assert_int_equal(c.gen.set, MDL_GEN_MIN_P | MDL_GEN_MAX_NEW_TOKENS);
     assert_int_equal(c.gen.max_new_tokens, 128);
-    /* Qwen2.5-Instruct's repetition_penalty is recorded (serve refuses it at start-up) */
+    /* Qwen2.5-Instruct's repetition_penalty is recorded (serve applies it as a request default) */
     g = "{\"repetition_penalty\":1.05,\"temperature\":0.7,\"top_p\":0.8,\"top_k\":20}";
     assert_int_equal(mdl_gen_config_parse(g, strlen(g), &c, err, sizeof err), 0);
     assert_true(c.gen.set & MDL_GEN_REPETITION_PENALTY);
