@@ -393,6 +393,7 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
     r->n_versions = 0;
     r->n_accept = 0;
     r->n_prompt_scored = 1;
+    r->n_cached = 0;
     r->spec_drafts = r->spec_draft_tokens = r->spec_accepted = 0;
     r->finish = ENG_FINISH_NONE;
     r->stop_token = -1;
@@ -400,6 +401,16 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
     e->queue[(e->q_head + e->q_len) % e->cfg.queue_cap] = r;
     e->q_len++;
     return 0;
+}
+
+uint64_t eng_cache_salt_hash(const char *salt, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then a final mix */
+    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)salt[i]) * 0x100000001b3ull;
+    h ^= (uint64_t)len;
+    h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h ? h : 1;
 }
 
 static int blocks_for(const eng_engine *e, const eng_request *r)
@@ -447,7 +458,7 @@ static void admit(eng_engine *e)
          * prompt token to compute (its logits start the generation) */
         const int bs = e->cfg.block_size;
         int matched = 0, cached_idle = 0;
-        uint64_t chain = ENG_KV_ROOT_HASH;
+        uint64_t chain = eng_kvpool_root(r->cache_salt);
         if (e->cfg.prefix_caching && !r->out_prompt_logprobs) { /* scoring needs every prompt row */
             for (int i = 0; i < (r->n_prompt - 1) / bs; i++) {
                 int32_t b = eng_kvpool_lookup(&e->kv, chain, r->prompt + (size_t)i * (size_t)bs);
@@ -470,6 +481,7 @@ static void admit(eng_engine *e)
         s->n_computed = matched * bs;
         s->n_hashed = matched;
         s->chain = chain;
+        r->n_cached = matched * bs;
         s->n_blocks = matched + need;
         e->bt_dirty = 1;
         pen_admit(e, slot, r);

@@ -82,6 +82,14 @@ struct eng_request {
     int32_t *out_prompt_rank;
     eng_toplp *out_prompt_top;
     int n_prompt_scored;
+    /* prefix-cache salt (vLLM's cache_salt): 0 none, else eng_cache_salt_hash of the salt string,
+     * computed once by the submitter. It seeds the chain hash the first block is hashed under, so
+     * requests share cached blocks only with requests of the same salt (or, unsalted, with unsalted
+     * ones). */
+    uint64_t cache_salt;
+    /* prompt tokens taken from the prefix cache at admission (leading full blocks shared times the
+     * block size; 0 for a request with prompt logprobs or with prefix caching off). Engine-written. */
+    int n_cached;
     atomic_int cancel; /* set from any thread: the request ends with "abort" at the next step */
     /* speculative decoding: per-request counters, optional per-step acceptance lengths
      * (caller-allocated, max_tokens entries), and a trace callback (engine thread) */
@@ -121,6 +129,8 @@ void eng_destroy(eng_engine *e);
  * logprobs <= 20). Returns 0, or -1 with err and *busy: 0 a bad request (400), 1 the queue is full
  * (429/503), 2 the weights are unusable (inconsistent or undefined: 503 with the reason). */
 int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errlen);
+/* eng_request.cache_salt of a salt string of len bytes: never 0 (0 means unsalted). */
+uint64_t eng_cache_salt_hash(const char *salt, size_t len);
 
 /* Runs one step. Returns the number of requests still running or waiting. */
 int eng_step(eng_engine *e);

@@ -60,6 +60,16 @@ uint64_t eng_kvpool_hash(uint64_t parent, const int32_t *tokens, int bs)
     return h;
 }
 
+uint64_t eng_kvpool_root(uint64_t salt)
+{
+    if (!salt) return ENG_KV_ROOT_HASH;
+    uint64_t h = ENG_KV_ROOT_HASH ^ (salt + 0x9E3779B97F4A7C15ull);
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+    return h == ENG_KV_ROOT_HASH ? h + 1 : h;
+}
+
 static void lru_remove(eng_kvpool *p, int32_t b)
 {
     int32_t pr = p->lru_prev[b], nx = p->lru_next[b];

@@ -18,6 +18,11 @@
 
 #define ENG_KV_ROOT_HASH 0x6a09e667f3bcc909ull
 
+/* The parent chain hash of a sequence's first block: ENG_KV_ROOT_HASH unsalted (salt 0), else the
+ * root mixed with the salt (vLLM mixes cache_salt into the first block's hash). Lookups compare the
+ * parent exactly, so blocks under different salts are never shared. */
+uint64_t eng_kvpool_root(uint64_t salt);
+
 typedef struct {
     int num_blocks, block_size;
     int32_t *ref;

@@ -396,7 +396,7 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
             if (e->ws_pause == ENG_PAUSE_RECOMPUTE) {
                 q->n_computed = 0; /* every known token is prefilled again under the new weights */
                 q->n_hashed = 0;
-                q->chain = ENG_KV_ROOT_HASH;
+                q->chain = eng_kvpool_root(q->req->cache_salt);
             } else {
                 /* "keep": its later blocks attend to KV of the old weights, so they must never be
                  * shared (a new request with the same prefix could otherwise match them) */

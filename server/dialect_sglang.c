@@ -19,7 +19,7 @@
  * send cumulative text / output_ids / meta_info per event (SGLang's default, non-incremental), then
  * data: [DONE]. Errors are {"error": {"message", ...}} with 400 as SGLang's _create_error_response.
  *
- * Not tracked per request: cached_tokens (always 0). */
+ * cached_tokens: the prompt tokens this request took from the prefix cache at admission. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,7 +305,8 @@ static cJSON *sg_output(const srv_job *j, int i, const sg_req *q, const char *te
     }
     cJSON_AddNumberToObject(m, "reasoning_tokens", 0);
     cJSON_AddNumberToObject(m, "completion_tokens", n);
-    cJSON_AddNumberToObject(m, "cached_tokens", 0);
+    /* n_cached is set at admission, before the first token is published (read after it) */
+    cJSON_AddNumberToObject(m, "cached_tokens", n > 0 || fin ? r->n_cached : 0);
     if (fin) {
         cJSON_AddNumberToObject(m, "e2e_latency", srv_now() - j->t_arrival);
         if (s->rt.draft) { /* sglang _calculate_spec_decoding_metrics names */

@@ -13,7 +13,9 @@
  * are srv_parse_gen's own (it follows vLLM), so they are validated there unchanged; max_tokens defaults
  * to the rest of the context as vLLM's serving does. Errors: {"error": {message, type, param, code}}.
  *
- * cache_salt is accepted (a string) but does not salt the prefix cache: prompts share cached blocks. */
+ * cache_salt (a non-empty string, srv_parse_gen's check) salts the prefix cache: only requests of the
+ * same salt share cached blocks. usage.prompt_tokens_details is {cached_tokens} with
+ * --enable-prompt-tokens-details and a prefix-cache hit (as vLLM), else null. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,8 +72,6 @@ static int vl_refuse(const cJSON *body, const cJSON *sp, srv_err *e)
     const cJSON *pr = fld(body, "priority");
     if (pr && !(cJSON_IsNumber(pr) && pr->valuedouble == 0))
         return srv_errf(e, 400, "priority", "priority must be 0: this server does not use priority scheduling");
-    const cJSON *salt = fld(body, "cache_salt");
-    if (salt && !cJSON_IsString(salt)) return srv_errf(e, 400, "cache_salt", "cache_salt must be a string");
     return 0;
 }
 
@@ -108,6 +108,8 @@ static int vl_parse(srv_state *s, const cJSON *body, srv_job *j, vl_req *q, srv_
     if (!canon) return srv_errf(e, 500, NULL, "out of memory");
     cJSON_AddItemToObject(canon, "prompt", cJSON_Duplicate(ids, 1));
     if (model) cJSON_AddStringToObject(canon, "model", model->valuestring);
+    const cJSON *salt = fld(body, "cache_salt"); /* validated and hashed by srv_parse_gen */
+    if (salt) cJSON_AddItemToObject(canon, "cache_salt", cJSON_Duplicate(salt, 1));
     if (!fld(sp, "max_tokens")) { /* vLLM serving: the rest of the context */
         const int room = s->max_model_len < s->kv_tokens ? s->max_model_len : s->kv_tokens;
         const int left = room - cJSON_GetArraySize(ids);
@@ -169,6 +171,9 @@ static const char *vl_finish(const srv_choice *ch)
     }
 }
 
+/* details: 0 no prompt_tokens_details (continuous stream usage), 1 the whole answer's (null without a
+ * hit or the flag), 2 the stream's final usage chunk (vLLM drops it there when null: exclude_none).
+ * 1 and 2 read the settled job. */
 static cJSON *vl_usage(const srv_job *j, int completion, int details)
 {
     cJSON *u = cJSON_CreateObject();
@@ -176,7 +181,13 @@ static cJSON *vl_usage(const srv_job *j, int completion, int details)
     cJSON_AddNumberToObject(u, "prompt_tokens", p);
     cJSON_AddNumberToObject(u, "total_tokens", p + completion);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
-    if (details) cJSON_AddNullToObject(u, "prompt_tokens_details");
+    const long cached = details ? srv_job_cached_tokens(j) : 0;
+    if (details && j->s->prompt_tokens_details && cached > 0) { /* vLLM: only with the flag and a hit */
+        cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+        cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
+    } else if (details == 1) {
+        cJSON_AddNullToObject(u, "prompt_tokens_details");
+    }
     return u;
 }
 
@@ -263,7 +274,7 @@ static int vl_stream(srv_state *s, struct mg_connection *c, srv_job *j, const vl
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "request_id", q->request_id);
             cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", vl_usage(j, total, 0));
+            cJSON_AddItemToObject(o, "usage", vl_usage(j, total, 2));
             srv_sse_event(&b, o);
         }
         srv_buf_add(&b, "data: [DONE]\n\n", 14);

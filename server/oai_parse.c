@@ -1216,5 +1216,15 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     }
     const cJSON *user = field(body, "user");
     if (user && !cJSON_IsString(user)) return srv_errf(e, 400, "user", "user must be a string");
+    /* vLLM's cache_salt (null: none): the prefix cache is shared only among requests of one salt */
+    const cJSON *salt = field(body, "cache_salt");
+    if (salt) {
+        if (!cJSON_IsString(salt) || !salt->valuestring[0])
+            return srv_errf(e, 400, "cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.");
+        const size_t len = strlen(salt->valuestring);
+        if (len > SRV_MAX_CACHE_SALT)
+            return srv_errf(e, 400, "cache_salt", "cache_salt is longer than %d bytes", SRV_MAX_CACHE_SALT);
+        g->cache_salt = eng_cache_salt_hash(salt->valuestring, len);
+    }
     return 0;
 }

@@ -310,6 +310,7 @@ static int job_choices(srv_job *j, const char *id_prefix, srv_err *e)
             r->stop_ids = g->stop_ids;
             r->n_stop_ids = g->n_stop_ids;
             r->sp = g->sp;
+            r->cache_salt = g->cache_salt;
             /* seeded: sample i uses seed + i (so n > 1 gives n different, reproducible samples);
              * unseeded: a per-process random stream */
             r->sp.seed = g->seed_set ? g->sp.seed + (uint64_t)i
@@ -608,6 +609,14 @@ cJSON *srv_job_versions_json(const srv_job *j, int only)
     return srv_weight_version_json(j->s, vs, nv);
 }
 
+long srv_job_cached_tokens(const srv_job *j)
+{
+    long n = 0; /* per prompt, as prompt_tokens counts it: its first sample's hit */
+    for (int i = 0; i < j->n_ch; i++)
+        if (j->ch[i].index % j->g.n == 0) n += j->ch[i].r.n_cached;
+    return n;
+}
+
 static void add_usage(cJSON *o, const srv_job *j)
 {
     long p = 0, c = 0;
@@ -617,6 +626,11 @@ static void add_usage(cJSON *o, const srv_job *j)
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)p);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)c);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(p + c));
+    const long cached = srv_job_cached_tokens(j);
+    if (j->s->prompt_tokens_details && cached > 0) { /* vLLM: only with the flag and a hit */
+        cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+        cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
+    }
     if (j->s->rt.draft) { /* speculative decoding: the job is settled, its counters are final */
         uint64_t d = 0, dt = 0, a = 0;
         for (int i = 0; i < j->n_ch; i++) {

@@ -364,6 +364,8 @@ static const char help[] =
     "                         defaults of requests that do not set them and its max_new_tokens\n"
     "                         caps max_tokens.\n"
     "                         vllm: OpenAI's defaults. Its eos_token_id ids stop generation either way.\n"
+    "  --enable-prompt-tokens-details  usage.prompt_tokens_details {cached_tokens} on the OpenAI and\n"
+    "                         vLLM routes when prompt tokens came from the prefix cache (as vLLM's flag)\n"
     "\n"
     "Weight updates (POST /v1/weights/{begin,bucket,finish,abort,load}, GET /v1/weights,\n"
     "GET /v1/weights/checksums, and the vLLM / SGLang routes; see README):\n"
@@ -404,7 +406,7 @@ int srv_cmd_serve(int argc, char **argv)
     const char *admin_allow_env = getenv("GRAPHSWAP_ADMIN_ALLOW"), *admin_allow = admin_allow_env;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     const char *log_format = "text";
-    int access_log = 0, log_interval = 10, weights_cpu_backup = 0;
+    int access_log = 0, log_interval = 10, weights_cpu_backup = 0, prompt_tokens_details = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -432,6 +434,7 @@ int srv_cmd_serve(int argc, char **argv)
             srv_arg_str(argc, argv, &i, "--log-format", &log_format) ||
             srv_arg_flag(argc, argv, &i, "--access-log", &access_log) ||
             srv_arg_flag(argc, argv, &i, "--enable-weights-cpu-backup", &weights_cpu_backup) ||
+            srv_arg_flag(argc, argv, &i, "--enable-prompt-tokens-details", &prompt_tokens_details) ||
             srv_arg_int(argc, argv, &i, "--log-interval", 0, 1 << 20, &log_interval) ||
             srv_arg_str(argc, argv, &i, "--generation-config", &gen_cfg))
             continue;
@@ -540,6 +543,7 @@ int srv_cmd_serve(int argc, char **argv)
     srv_dialect_vllm_routes(s);
     srv_dialect_trl_routes(s);
     s->weights_cpu_backup = weights_cpu_backup;
+    s->prompt_tokens_details = prompt_tokens_details;
     srv_memory_routes(s);
 
     struct sigaction sa;

@@ -40,6 +40,7 @@
 #define SRV_MAX_STOP 8          /* stop strings per request */
 #define SRV_MAX_STOP_BYTES 256  /* bytes per stop string */
 #define SRV_MAX_N 16            /* samples per prompt */
+#define SRV_MAX_CACHE_SALT 1024 /* bytes of a cache_salt */
 #define SRV_MAX_ROUTES 160 /* every dialect, the weight and memory routes */
 
 typedef struct srv_state srv_state;
@@ -215,6 +216,8 @@ struct srv_state {
     int is_paused_pub;
     /* engine closures (serve.c srv_engine_call), guarded by `mu` */
     srv_closure *clo_head, *clo_tail;
+    int prompt_tokens_details;  /* --enable-prompt-tokens-details (vLLM): usage.prompt_tokens_details
+                                   {cached_tokens} when some prompt tokens came from the prefix cache */
     /* memory release (memory_api.c) */
     int weights_cpu_backup;     /* --enable-weights-cpu-backup: SGLang's release keeps a host copy of
                                    the weights (sleep level 1) instead of discarding them (level 2) */
@@ -269,6 +272,7 @@ typedef struct {
     int echo, include_stop, skip_special, return_token_ids, tokens_as_ids;
     int prompt_logprobs; /* -1: off; else vLLM's prompt_logprobs (alternatives per prompt token) */
     int stream, include_usage;
+    uint64_t cache_salt; /* vLLM's cache_salt, eng_cache_salt_hash of the string (0: none) */
 } srv_gen;
 
 /* Parses and validates a request body into g (zeroed first). Returns 0, or -1 with e filled. */
@@ -375,6 +379,9 @@ int srv_job_abort(srv_state *s, const char *rid);
 cJSON *srv_job_versions_json(const srv_job *j, int only);
 /* The visible text end of a choice (stop string cut, or everything). Settled jobs. */
 size_t srv_choice_text_end(const srv_choice *ch);
+/* Prompt tokens taken from the prefix cache, summed over the prompts (each prompt's first sample);
+ * settled jobs. */
+long srv_job_cached_tokens(const srv_job *j);
 /* A JSON array of ids. */
 cJSON *srv_ids_json(const int32_t *ids, int n);
 /* vLLM's prompt_logprobs of a choice whose prompt was scored (g.prompt_logprobs >= 0): [null,

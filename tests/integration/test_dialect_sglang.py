@@ -268,6 +268,24 @@ def test_prompt_logprobs(C, srv):
             "return_text_in_logprobs: %r" % r)
 
 
+def test_cached_tokens(C, srv):
+    # meta_info.cached_tokens: the prompt tokens taken from the prefix cache (full 16-token blocks shared at
+    # admission; the last prompt token is always computed). A prompt-logprobs request never reuses the cache.
+    ids = [(i * 53 + 29) % 1000 for i in range(50)]  # 3 full blocks + 2
+    sp = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+    got = []
+    for _ in range(2):
+        r = T.post(srv, "/generate", {"input_ids": ids, "sampling_params": sp})
+        got.append(r.json["meta_info"]["cached_tokens"] if r.status == 200 else r)
+    C.check(got == [0, 48], "cached_tokens of two identical prompts %r" % got)
+    r = T.post(srv, "/generate", {"input_ids": ids, "sampling_params": sp, "return_logprob": True,
+                                  "logprob_start_len": 0})
+    C.check(r.status == 200 and r.json["meta_info"]["cached_tokens"] == 0, "prompt logprobs cached_tokens %r" % r)
+    _, evs, _ = T.stream_all(srv, "/generate", {"input_ids": ids, "sampling_params": sp, "stream": True})
+    last = [e for e in evs if isinstance(e, dict)][-1:]
+    C.check(last and last[0]["meta_info"]["cached_tokens"] == 48, "stream cached_tokens %r" % last)
+
+
 def long_request(srv, out, key, body):
     def run():
         out[key] = T.post(srv, "/generate", body)
@@ -441,6 +459,7 @@ def main():
         test_stops(C, srv)
         test_stream(C, srv)
         test_prompt_logprobs(C, srv)
+        test_cached_tokens(C, srv)
         test_abort(C, srv)
         test_errors(C, srv)
     finally:

@@ -210,6 +210,44 @@ def test_errors(C, srv, model):
     C.check(r.status == 200, "served model name: %r" % r)
 
 
+def test_cached_tokens(C, binary, model, srv):
+    # usage.prompt_tokens_details: {cached_tokens} with --enable-prompt-tokens-details and a prefix-cache
+    # hit, else null (serving.py serve_tokens_full_generator); cache_salt salts the prefix cache.
+    ids = [(i * 71 + 13) % 1000 for i in range(50)]  # 3 full 16-token blocks + 2
+    sp = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+
+    def details(s, salt=None, **extra):
+        body = {"token_ids": ids, "sampling_params": dict(sp, **extra)}
+        if salt is not None:
+            body["cache_salt"] = salt
+        r = gen(s, body)
+        return r.json["usage"]["prompt_tokens_details"] if r.status == 200 else r
+
+    got = [details(srv), details(srv)]  # the flag is off here: null even on a hit
+    C.check(got == [None, None], "prompt_tokens_details without the flag %r" % got)
+    d = T.Server(C, binary, model, args=["--max-model-len", str(MAX_LEN), "--enable-prompt-tokens-details"])
+    try:
+        got = [details(d), details(d)]
+        C.check(got == [None, {"cached_tokens": 48}], "prompt_tokens_details of two identical prompts %r" % got)
+        C.check(details(d, prompt_logprobs=0) is None, "prompt_logprobs reuses the cache")
+        st, evs, _ = T.stream_all(d, "/inference/v1/generate", {"token_ids": ids, "sampling_params": sp, "stream": True,
+                                                                "stream_options": {"include_usage": True}})
+        u = [e["usage"] for e in evs if isinstance(e, dict) and not e.get("choices")]
+        C.check(st == 200 and len(u) == 1 and u[0].get("prompt_tokens_details") == {"cached_tokens": 48},
+                "stream usage chunk %r" % u)
+        ids = [(i * 37 + 5) % 1000 for i in range(40)]  # 2 full blocks + 8
+        got = [details(d, "A"), details(d, "A"), details(d, "B"), details(d), details(d, "B")]
+        C.check(got == [None, {"cached_tokens": 32}, None, None, {"cached_tokens": 32}], "cache_salt A A B - B %r" % got)
+        for bad in ("", 5, ["A"], "x" * 1025):
+            r = gen(d, {"token_ids": ids, "sampling_params": sp, "cache_salt": bad})
+            T.error_ok(C, "cache_salt %r" % (bad if not isinstance(bad, str) else bad[:8]), r, 400, "cache_salt")
+        r = gen(d, {"token_ids": ids, "sampling_params": sp, "cache_salt": None})
+        C.check(r.status == 200 and r.json["usage"]["prompt_tokens_details"] == {"cached_tokens": 32},
+                "cache_salt null is no salt: %r" % r)
+    finally:
+        T.stop_clean(C, d)
+
+
 def main():
     C = T.Checker("dialect_vllm")
     binary = T.gs_bin(C)
@@ -222,6 +260,7 @@ def main():
         test_areal(C, srv)
         test_defaults_stream(C, srv)
         test_errors(C, srv, model)
+        test_cached_tokens(C, binary, model, srv)
     finally:
         T.stop_clean(C, srv)
         T._kill_all()

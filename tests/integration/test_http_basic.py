@@ -836,6 +836,53 @@ def test_no_chat_template(C, binary, tmp):
         C.check(rc == 0, "no-tokenizer server exit %r: %s" % (rc, srv.stderr_text()[-2000:]))
 
 
+def test_cached_tokens(C, binary, model, srv):
+    # vLLM: usage.prompt_tokens_details {cached_tokens} only with --enable-prompt-tokens-details and a
+    # prefix-cache hit (full 16-token blocks shared at admission); cache_salt salts the prefix cache.
+    P = [(i * 53 + 7) % 1000 for i in range(50)]  # 3 full blocks + 2
+    body = {"prompt": P, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    r = [post(srv, "/v1/completions", body) for _ in range(2)]
+    C.check(all(x.status == 200 and "prompt_tokens_details" not in x.json["usage"] for x in r),
+            "prompt_tokens_details without the flag: %r" % r)
+    d = Server(C, binary, model, args=["--enable-prompt-tokens-details"])
+
+    def cached(path, b):
+        x = post(d, path, b)
+        if x.status != 200:
+            return x
+        return ((x.json["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0), x.json["usage"])
+
+    try:
+        got = [cached("/v1/completions", body)[0] for _ in range(2)]
+        C.check(got == [0, 48], "completions cached_tokens of two identical prompts %r" % got)
+        C.check(cached("/v1/completions", dict(body, prompt_logprobs=0))[0] == 0, "prompt_logprobs reuses the cache")
+        _, evs, _ = stream_all(d, "/v1/completions", dict(body, stream=True, stream_options={"include_usage": True}))
+        u = [e["usage"] for e in evs if isinstance(e, dict) and e.get("usage")]
+        C.check(u and u[-1].get("prompt_tokens_details") == {"cached_tokens": 48}, "stream usage %r" % u)
+        # two prompts, n = 2: per prompt once (as prompt_tokens counts them)
+        two = cached("/v1/completions", dict(body, prompt=[P, P[:40]], n=2))
+        C.check(two[0] == 48 + 32, "two prompts, n=2: %r" % (two,))
+        msgs = [{"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 6}]
+        chat = {"messages": msgs, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        c1, c2 = cached("/v1/chat/completions", chat), cached("/v1/chat/completions", chat)
+        n = c1[1]["prompt_tokens"] if isinstance(c1, tuple) else 0
+        C.check(n > 17 and c1[0] == 0 and c2[0] == (n - 1) // 16 * 16, "chat cached_tokens %r %r" % (c1, c2))
+        # cache_salt: equal salts share blocks, different salts and no salt do not
+        Q = [(i * 29 + 3) % 1000 for i in range(40)]  # 2 full blocks + 8
+        got = [cached("/v1/completions", dict(body, prompt=Q, **({"cache_salt": s} if s else {})))[0]
+               for s in ("A", "A", "B", None, "B")]
+        C.check(got == [0, 32, 0, 0, 32], "cache_salt A A B - B: %r" % got)
+        salted = dict(chat, cache_salt="chat-salt")
+        c1, c2 = cached("/v1/chat/completions", salted), cached("/v1/chat/completions", salted)
+        C.check(c1[0] == 0 and c2[0] > 0, "chat cache_salt %r %r" % (c1, c2))
+        for bad in ("", 5, {"a": 1}, "x" * 1025):
+            error_ok(C, "cache_salt %r" % (bad if not isinstance(bad, str) else bad[:8]),
+                     post(d, "/v1/completions", dict(body, cache_salt=bad)), 400, "cache_salt")
+        C.check(cached("/v1/completions", dict(body, cache_salt=None))[0] == 48, "cache_salt null is no salt")
+    finally:
+        stop_clean(C, d)
+
+
 def main():
     C = Checker("http_basic")
     binary = gs_bin(C)
@@ -849,6 +896,7 @@ def main():
         test_completions(C, srv, binary, model)
         test_prompt_logprobs(C, srv, binary, model)
         test_chat(C, srv, model)
+        test_cached_tokens(C, binary, model, srv)
     finally:
         stop_clean(C, srv)
         _kill_all()

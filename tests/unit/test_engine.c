@@ -205,6 +205,74 @@ static int setup(void **state)
     return 0;
 }
 
+/* n_cached: the prompt tokens taken from the prefix cache at admission (full shared blocks times
+ * the block size); a prompt-logprobs request never reuses the cache and reports 0. */
+static void test_cached_tokens_per_request(void **state)
+{
+    (void)state;
+    rt x;
+    open_rt(&x, 1, 64);
+    req a, b, c;
+    make_req(&a, 60, 1, 4);
+    make_req(&b, 60, 1, 4); /* the same 60 tokens: 3 full blocks of 16 (the 4th is partial) */
+    submit(x.e, &a);
+    eng_run_until_idle(x.e);
+    assert_int_equal(a.r.n_cached, 0);
+    submit(x.e, &b);
+    eng_run_until_idle(x.e);
+    assert_int_equal(b.r.n_cached, 48);
+    assert_memory_equal(a.out, b.out, sizeof a.out);
+    static float plp[100];
+    static int32_t prank[100];
+    make_req(&c, 60, 1, 4);
+    c.r.out_prompt_logprobs = plp;
+    c.r.out_prompt_rank = prank;
+    submit(x.e, &c);
+    eng_run_until_idle(x.e);
+    assert_int_equal(c.r.n_cached, 0);
+    /* prefix caching off: always 0 */
+    rt plain;
+    open_rt(&plain, 0, 64);
+    req d, d2;
+    make_req(&d, 60, 1, 4);
+    make_req(&d2, 60, 1, 4);
+    submit(plain.e, &d);
+    eng_run_until_idle(plain.e);
+    submit(plain.e, &d2);
+    eng_run_until_idle(plain.e);
+    assert_int_equal(d2.r.n_cached, 0);
+    close_rt(&plain);
+    close_rt(&x);
+}
+
+/* cache_salt: equal salts share blocks, different salts (and salted vs unsalted) never do; the
+ * output does not depend on the salt. */
+static void test_cache_salt(void **state)
+{
+    (void)state;
+    assert_true(eng_cache_salt_hash("", 0) != 0);
+    assert_true(eng_cache_salt_hash("a", 1) != eng_cache_salt_hash("b", 1));
+    assert_true(eng_kvpool_root(0) == ENG_KV_ROOT_HASH);
+    assert_true(eng_kvpool_root(eng_cache_salt_hash("a", 1)) != ENG_KV_ROOT_HASH);
+    rt x;
+    open_rt(&x, 1, 64);
+    const uint64_t sa = eng_cache_salt_hash("salt-A", 6), sb = eng_cache_salt_hash("salt-B", 6);
+    req q[6];
+    const uint64_t salts[6] = {sa, sa, sb, 0, 0, sb};
+    const int want[6] = {0, 48, 0, 0, 48, 48};
+    for (int i = 0; i < 6; i++) {
+        make_req(&q[i], 60, 1, 4);
+        q[i].r.cache_salt = salts[i];
+        submit(x.e, &q[i]);
+        eng_run_until_idle(x.e);
+        assert_int_equal(q[i].r.n_cached, want[i]);
+        assert_memory_equal(q[i].out, q[0].out, sizeof q[0].out);
+        assert_memory_equal(q[i].lp, q[0].lp, sizeof q[0].lp);
+    }
+    assert_int_equal(eng_kv_blocks_in_use(x.e), 0);
+    close_rt(&x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -212,6 +280,8 @@ int main(void)
         cmocka_unit_test(test_prefix_hits_are_invisible),
         cmocka_unit_test(test_sharing_and_eviction),
         cmocka_unit_test(test_cancel_frees_blocks),
+        cmocka_unit_test(test_cached_tokens_per_request),
+        cmocka_unit_test(test_cache_salt),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
