@@ -226,8 +226,8 @@ static int vl_stream(srv_state *s, struct mg_connection *c, srv_job *j, const vl
     srv_sse_begin(&so, c);
     srv_buf b = {0};
     srv_choice_view *v = calloc((size_t)j->n_ch, sizeof *v);
-    int *sent = calloc((size_t)j->n_ch, sizeof *sent);
-    if (!v || !sent) so.broken = 1;
+    int *sent = calloc((size_t)j->n_ch, sizeof *sent), *fin_sent = calloc((size_t)j->n_ch, sizeof *fin_sent);
+    if (!v || !sent || !fin_sent) so.broken = 1;
     int timed_out = 0;
     while (!so.broken) {
         uint64_t seen = 0;
@@ -235,8 +235,11 @@ static int vl_stream(srv_state *s, struct mg_connection *c, srv_job *j, const vl
         int all = 1;
         for (int i = 0; i < j->n_ch; i++) {
             srv_choice *ch = &j->ch[i];
-            /* serving.py: a choice with no new token sends nothing (also when it just finished) */
-            if (v[i].n_pub > sent[i]) {
+            /* serving.py: a choice with no new token sends nothing, and its last token carries the
+             * finish reason. Here a choice's last tokens and its finish are published by two
+             * callbacks of one engine step, so a snapshot can fall between them: then the finish
+             * goes out in a chunk of its own, with no token (fin_sent), rather than being lost. */
+            if (v[i].n_pub > sent[i] || (v[i].finished && !fin_sent[i])) {
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddStringToObject(o, "request_id", q->request_id);
                 cJSON *cc = cJSON_CreateObject();
@@ -246,6 +249,7 @@ static int vl_stream(srv_state *s, struct mg_connection *c, srv_job *j, const vl
                 else cJSON_AddNullToObject(cc, "logprobs");
                 if (v[i].finished) cJSON_AddStringToObject(cc, "finish_reason", vl_finish(ch));
                 else cJSON_AddNullToObject(cc, "finish_reason");
+                fin_sent[i] = v[i].finished;
                 cJSON_AddItemToObject(cc, "token_ids", srv_ids_json(ch->r.out_tokens + sent[i], v[i].n_pub - sent[i]));
                 cJSON_AddNullToObject(cc, "routed_experts");
                 if (q->continuous_usage) cJSON_AddItemToObject(o, "usage", vl_usage(j, v[i].n_pub, 0));
@@ -284,6 +288,7 @@ static int vl_stream(srv_state *s, struct mg_connection *c, srv_job *j, const vl
     for (int i = 0; v && i < j->n_ch; i++) free(v[i].text.p);
     free(v);
     free(sent);
+    free(fin_sent);
     free(b.p);
     return 200;
 }
