@@ -124,7 +124,10 @@ int srv_send_err(struct mg_connection *c, const srv_err *e)
 {
     cJSON *o = srv_err_json(e);
     char extra[128] = "";
-    if ((e->status == 503 && !e->type) || e->status == 429) snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
+    /* Retry-After follows the error's type: "overloaded" (a full queue: 503, 429) invites a retry; a
+     * 503 of another type (unusable weights: service_unavailable) does not */
+    if (strcmp(e->type ? e->type : srv_err_type(e->status), "overloaded") == 0)
+        snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
     if (e->status == 401) snprintf(extra, sizeof extra, "WWW-Authenticate: Bearer\r\n");
     char *txt = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
