@@ -95,8 +95,8 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
 typedef int (*srv_route_fn)(srv_state *s, struct mg_connection *c);
 typedef struct {
     const char *method; /* "GET", "POST" */
-    const char *path;   /* exact path, or a prefix when it ends in '*' (/v1/models/{id} is "/v1/models/" + star: one more
-                           non-empty part) */
+    const char *path;   /* an exact path; one ending in '*' is a prefix that matches any path with at
+                           least one more character (GET /v1/models/{id}) */
     srv_route_fn fn;
     int auth;           /* 1: needs the API key when one is configured; 2: an admin (weights) route:
                            open to clients inside --admin-allow, else needs the admin key when one is
