@@ -95,6 +95,9 @@ def test_generate(C, srv):
     r, out = client_generate(srv, [[5, 6, 7]], temperature=1.0, max_tokens=12, logprobs=2,
                              generation_kwargs={"seed": 3, "ignore_eos": True})
     if C.check(out is not None, "logprobs 2: %r" % r):
+        # zip() stops at the shortest list: without this, missing rows would skip the row checks
+        C.check(len(out["logprobs"][0]) == len(out["logprob_token_ids"][0]) == len(out["completion_ids"][0]) == 12,
+                "logprobs 2: one row per completion token: %r" % (out,))
         for lp, ids, tok in zip(out["logprobs"][0], out["logprob_token_ids"][0], out["completion_ids"][0]):
             C.check(len(lp) == len(ids) and len(lp) in (2, 3) and tok in ids and
                     all(lp[k] >= lp[k + 1] for k in range(len(lp) - 1)), "logprobs row %r %r (token %d)" % (lp, ids, tok))

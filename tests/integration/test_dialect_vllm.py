@@ -91,7 +91,9 @@ def test_skyrl(C, srv, binary, model):
     r = gen(srv, {"token_ids": [5, 6], "sampling_params": {"max_tokens": 4, "temperature": 0.8, "seed": 1,
                                                             "logprobs": 3}})
     if C.check(r.status == 200, "logprobs 3: %r" % r):
-        for e in r.json["choices"][0]["logprobs"]["content"]:
+        content = r.json["choices"][0]["logprobs"]["content"]
+        C.check(len(content) == 4, "logprobs 3: %d content entries for 4 tokens" % len(content))  # else no row is checked
+        for e in content:
             tops = e["top_logprobs"]
             C.check(len(tops) == 3 and tops[0]["token"] == e["token"] and len({t["token"] for t in tops}) == 3,
                     "top_logprobs %r" % tops)

@@ -180,6 +180,8 @@ def sglang_cpu_backup(C, binary, model):
     srv = H.Server(C, binary, model, args=["--kv-cache-mb", "64", "--threads", "1", "--enable-weights-cpu-backup"])
     try:
         ref = gen(srv)
+        C.check(all(isinstance(g, list) and len(g) == 12 for g in ref), "CPU backup: reference generation failed: %r"
+                % (ref,))
         r = H.post(srv, "/release_memory_occupation", {"tags": ["kv_cache", "weights"]})
         C.check(r.status == 200 and r.json.get("weights_level") == 1 and r.json.get("weights_backup_bytes", 0) > 0,
                 "release with the CPU backup: %r" % r)
@@ -206,6 +208,10 @@ def main():
         C.check(is_sleeping(srv) is False, "is_sleeping at start")
         ref = gen(srv)
         sums = W.checksums(srv, "target")
+        # every "identical after wake-up" check compares with these: an error tuple / "_error" here
+        # would equal the same error later and pass them all
+        C.check(all(isinstance(g, list) and len(g) == 12 for g in ref), "reference generation failed: %r" % (ref,))
+        C.check(sums and "_error" not in sums, "reference checksums failed: %r" % (sums,))
         fig["before"] = rss(srv)
         vllm_level1(C, srv, ref, sums, fig)
         vllm_level2(C, srv, model, ref, sums, fig, weight_bytes)

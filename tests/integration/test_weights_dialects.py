@@ -44,8 +44,15 @@ def sums(srv):
     return r.json.get("tensors") if r.status == 200 and isinstance(r.json, dict) else {"_error": repr(r)}
 
 
+def baseline(C, srv, what):
+    """The checksums later ones must equal: a failed read ({"_error": ...}) would equal a later failed one."""
+    s = sums(srv)
+    C.check(bool(s) and "_error" not in s, "%s: checksums before: %r" % (what, s))
+    return s
+
+
 def test_prime_rl(C, srv, root, t0, t1):
-    before = sums(srv)
+    before = baseline(C, srv, "prime-rl")
     v0 = H.get(srv, "/v1/weights").json["version_number"]
     # the orchestrator's sequence (client.py _pause_engines / update_weights / _resume_engines)
     r = H.post(srv, "/pause?mode=keep&clear_cache=false", None)
@@ -94,7 +101,7 @@ def is_501(C, what, r):
 
 
 def test_trl(C, srv, hidden):
-    before = sums(srv)
+    before = baseline(C, srv, "TRL")
     # vllm_client.py reset_prefix_cache(): self.session.post(url) (no body)
     r = H.post(srv, "/reset_prefix_cache/", None)
     C.check(r.status == 200 and r.json == {"message": "Request received, resetting prefix cache status: True"},

@@ -259,6 +259,11 @@ static void test_inv_freq_derived(void **state)
     float *const table = m->inv_freq;
     for (int i = 0; i < half; i++) assert_true(table[i] == (float)want[i]);
     assert_true(table[half - 1] < (float)(1.0 / pow(10000.0, (double)(half - 1) * 2 / cfg.head_dim))); /* scaled */
+    /* want[] comes from the code under test; yarn's ends do not: the fastest band (wavelength 2 pi,
+     * beta_fast 32 over 64 positions) is extrapolated as is, the slowest interpolated by the factor */
+    assert_true(table[0] == 1.0f);
+    assert_float_equal(table[half - 1], 1.0 / pow(10000.0, (double)(half - 1) * 2 / cfg.head_dim) / 4.0,
+                       1e-6 * table[half - 1]);
     memset(table, 0, (size_t)half * sizeof(float));
     mdl_st_file f;
     char path[1200];

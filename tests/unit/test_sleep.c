@@ -114,19 +114,31 @@ static void plan_ptrs(test_rt *x, void **out)
     for (int b = 0; b < x->e->n_buckets; b++) out[b] = eng_plan_for_rows(x->e, x->e->bucket_rows[b]);
 }
 
+/* A checked runtime and what sleep + wake must reproduce: the greedy output (a), the target's
+ * checksums (s0; s1 allocated for the later read) and the plan pointers (p0). */
+static void open_with_baseline(test_rt *x, req *a, test_sums **s0, test_sums **s1, void **p0)
+{
+    char err[512];
+    open_rt(x, 1);
+    assert_int_equal(generate(x, a, err, sizeof err), 0);
+    *s0 = malloc(sizeof **s0);
+    *s1 = malloc(sizeof **s1);
+    assert_non_null(*s0);
+    assert_non_null(*s1);
+    test_checksums(x, 0, *s0);
+    plan_ptrs(x, p0);
+}
+
 static void test_level1_identical(void **state)
 {
     (void)state;
     test_rt x;
-    open_rt(&x, 1);
     char err[512];
     int st;
     req a, b;
-    assert_int_equal(generate(&x, &a, err, sizeof err), 0);
-    test_sums *s0 = malloc(sizeof *s0), *s1 = malloc(sizeof *s1);
-    test_checksums(&x, 0, s0);
+    test_sums *s0, *s1;
     void *p0[MAX_BUCKETS], *p1[MAX_BUCKETS];
-    plan_ptrs(&x, p0);
+    open_with_baseline(&x, &a, &s0, &s1, p0);
     const int nb0 = x.e->n_buckets;
     const uint64_t launches0 = eng_get_stats(x.e)->plan_launches;
     assert_true(launches0 > 0);
@@ -182,15 +194,12 @@ static void test_level2_needs_full_update(void **state)
 {
     (void)state;
     test_rt x;
-    open_rt(&x, 1);
     char err[512];
     int st;
     req a, b;
-    assert_int_equal(generate(&x, &a, err, sizeof err), 0);
-    test_sums *s0 = malloc(sizeof *s0), *s1 = malloc(sizeof *s1);
-    test_checksums(&x, 0, s0);
+    test_sums *s0, *s1;
     void *p0[MAX_BUCKETS], *p1[MAX_BUCKETS];
-    plan_ptrs(&x, p0);
+    open_with_baseline(&x, &a, &s0, &s1, p0);
 
     const size_t r0 = rss_bytes();
     assert_int_equal(eng_sleep(x.e, 2, ENG_MEM_ALL, err, sizeof err, &st), 0);
