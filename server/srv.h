@@ -277,6 +277,8 @@ typedef struct {
 
 /* Parses and validates a request body into g (zeroed first). Returns 0, or -1 with e filled. */
 int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g, srv_err *e);
+/* o's member key, or NULL when o is NULL, the member is absent or it is JSON null. */
+const cJSON *srv_field(const cJSON *o, const char *key);
 void srv_gen_free(srv_gen *g);
 /* logit_bias (NULL / JSON null / {}: none): keys token ids as decimal strings in [0, vocab), values
  * numbers clamped to [-100, 100] (vLLM), at most ENG_MAX_LOGIT_BIAS; *out (malloc, ids ascending and
