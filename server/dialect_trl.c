@@ -209,15 +209,9 @@ static int route_gen(srv_state *s, struct mg_connection *c, int chat)
 {
     const double t0 = srv_now(), deadline = t0 + s->request_timeout;
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
-    if (!body) return trl_send_err(c, &e);
-    srv_job *j = srv_job_new(s, t0);
-    if (!j) {
-        cJSON_Delete(body);
-        e.status = 500;
-        snprintf(e.msg, sizeof e.msg, "out of memory");
-        return trl_send_err(c, &e);
-    }
+    cJSON *body;
+    srv_job *j = srv_job_from_request(s, c, t0, &body, &e);
+    if (!j) return trl_send_err(c, &e);
     int want_lp = 1;
     int rc = trl_parse(s, body, chat, j, &want_lp, &e);
     cJSON_Delete(body);

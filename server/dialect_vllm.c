@@ -291,13 +291,9 @@ static int route_generate(srv_state *s, struct mg_connection *c)
 {
     const double t0 = srv_now(), deadline = t0 + s->request_timeout;
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
-    if (!body) return srv_send_err(c, &e);
-    srv_job *j = srv_job_new(s, t0);
-    if (!j) {
-        cJSON_Delete(body);
-        return srv_send_error(c, 500, NULL, "out of memory");
-    }
+    cJSON *body;
+    srv_job *j = srv_job_from_request(s, c, t0, &body, &e);
+    if (!j) return srv_send_err(c, &e);
     vl_req q;
     int rc = vl_parse(s, body, j, &q, &e);
     cJSON_Delete(body);

@@ -358,6 +358,9 @@ struct srv_job {
 
 /* A job for a request that arrived at t_arrival (srv_now()); j->g is zeroed. NULL: out of memory. */
 srv_job *srv_job_new(srv_state *s, double t_arrival);
+/* A generation route's first steps: reads the JSON body (*body, the caller's to delete) and makes the
+ * job. NULL with e filled (the body's error, or 500 out of memory) and nothing to free. */
+srv_job *srv_job_from_request(srv_state *s, struct mg_connection *c, double t_arrival, cJSON **body, srv_err *e);
 /* Unregisters and frees a job that is settled (or was never submitted). */
 void srv_job_free(srv_job *j);
 /* After j->g is filled: the checks every dialect shares (stop strings need a tokenizer) and one choice
