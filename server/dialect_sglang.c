@@ -360,8 +360,7 @@ static int sg_stream(srv_state *s, struct mg_connection *c, srv_job *j, const sg
     srv_job_cancel_settle(j);
     if (!so.broken) {
         if (timed_out) {
-            srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                     s->request_timeout);
+            srv_err_timed_out(s, &e);
             srv_sse_event(&b, srv_err_json(&e));
         }
         srv_buf_add(&b, "data: [DONE]\n\n", 14);

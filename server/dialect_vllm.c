@@ -263,8 +263,7 @@ static int vl_stream(srv_state *s, struct mg_connection *c, srv_job *j, const vl
     srv_job_cancel_settle(j);
     if (!so.broken) {
         if (timed_out) {
-            srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                     s->request_timeout);
+            srv_err_timed_out(s, &e);
             srv_sse_event(&b, srv_err_json(&e));
         } else if (q->include_usage) {
             int total = 0;

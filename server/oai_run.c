@@ -954,8 +954,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
     if (!so.broken) {
         if (timed_out) {
             srv_err e;
-            srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                     s->request_timeout);
+            srv_err_timed_out(s, &e);
             srv_sse_event(&b, srv_err_json(&e));
         } else if (j->g.include_usage) {
             cJSON *o = head_json(j, j->g.api == SRV_API_CHAT ? "chat.completion.chunk" : "text_completion");
@@ -1010,6 +1009,12 @@ int srv_job_submit(srv_job *j, srv_err *e)
     return 0;
 }
 
+int srv_err_timed_out(const srv_state *s, srv_err *e)
+{
+    return srv_errf(e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
+                    s->request_timeout);
+}
+
 int srv_job_wait(srv_job *j, double deadline, srv_err *e)
 {
     pthread_mutex_lock(&j->mu);
@@ -1020,8 +1025,7 @@ int srv_job_wait(srv_job *j, double deadline, srv_err *e)
         *e = j->rej;
         rc = -1;
     } else if (timed_out) {
-        srv_errf(e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                 j->s->request_timeout);
+        srv_err_timed_out(j->s, e);
         rc = -1;
     } else {
         for (int i = 0; i < j->n_ch; i++)

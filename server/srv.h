@@ -372,6 +372,8 @@ int srv_job_submit(srv_job *j, srv_err *e);
 /* Waits until the job settled. 0: its choices are final. -1 with e: rejected by the engine (its
  * error), or the deadline passed (504; generation cancelled, the job settled). */
 int srv_job_wait(srv_job *j, double deadline, srv_err *e);
+/* e: the 504 of a request that ran past --request-timeout (its generation cancelled). Returns -1. */
+int srv_err_timed_out(const srv_state *s, srv_err *e);
 /* Streaming, before the response head: waits until the engine accepted or rejected the job. 0, or -1
  * with e (the job is settled then). */
 int srv_job_wait_accepted(srv_job *j, double deadline, srv_err *e);
