@@ -102,12 +102,12 @@ static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
     const int busy = s->store_busy || s->store_group;
     if (!busy && c->rendezvous) s->store_busy = 1;
     pthread_mutex_unlock(&s->store_mu);
-    if (c->rendezvous || busy) {
-        if (busy) {
-            free(c);
-            return send_sglang(conn, 409, "a weights update group is already joined (or being joined): POST "
-                                          "/destroy_weights_update_group first");
-        }
+    if (busy) {
+        free(c);
+        return send_sglang(conn, 409, "a weights update group is already joined (or being joined): POST "
+                                      "/destroy_weights_update_group first");
+    }
+    if (c->rendezvous) {
         srv_store_group *g = NULL;
         int rc = srv_nccl_store_join(c, &g, &e);
         char msg[1024]; /* written before c is shared: an update may take it at once */
