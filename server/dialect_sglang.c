@@ -61,32 +61,26 @@ typedef struct {
     char rid[128];       /* a single rid, or generated */
 } sg_req;
 
-static const cJSON *fld(const cJSON *o, const char *k)
-{
-    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, k) : NULL;
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 /* Fields SGLang accepts that would change the answer and that graphswap does not implement. */
 static int sg_refuse(const cJSON *body, const cJSON *sp, srv_err *e)
 {
     static const char *top[] = {"image_data", "video_data", "audio_data", "input_embeds", "lora_path", "lora_id",
                                 "session_params", "custom_logit_processor", "token_ids_logprob"};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
-        const cJSON *v = fld(body, top[i]);
+        const cJSON *v = srv_field(body, top[i]);
         if (v && !(cJSON_IsArray(v) && !v->child)) /* AReaL sends "image_data": null */
             return srv_errf(e, 400, top[i], "%s is not supported by this server", top[i]);
     }
     static const char *flags[] = {"return_hidden_states", "return_routed_experts"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
-        if (cJSON_IsTrue(fld(body, flags[i])))
+        if (cJSON_IsTrue(srv_field(body, flags[i])))
             return srv_errf(e, 400, flags[i], "%s is not supported by this server", flags[i]);
     static const char *grammar[] = {"regex", "json_schema", "ebnf", "structural_tag", "stop_regex"};
     for (size_t i = 0; i < sizeof grammar / sizeof grammar[0]; i++)
-        if (fld(sp, grammar[i]))
+        if (srv_field(sp, grammar[i]))
             return srv_errf(e, 400, grammar[i], "sampling_params.%s is not supported (no constrained decoding)",
                             grammar[i]);
-    const cJSON *v = fld(sp, "spaces_between_special_tokens");
+    const cJSON *v = srv_field(sp, "spaces_between_special_tokens");
     if (v && !cJSON_IsBool(v))
         return srv_errf(e, 400, "spaces_between_special_tokens", "spaces_between_special_tokens must be a boolean");
     return 0;
@@ -94,7 +88,7 @@ static int sg_refuse(const cJSON *body, const cJSON *sp, srv_err *e)
 
 static int get_flag(const cJSON *o, const char *k, int *out, srv_err *e)
 {
-    const cJSON *v = fld(o, k);
+    const cJSON *v = srv_field(o, k);
     if (!v) return 0;
     if (!cJSON_IsBool(v)) return srv_errf(e, 400, k, "%s must be a boolean", k);
     *out = cJSON_IsTrue(v);
@@ -103,7 +97,7 @@ static int get_flag(const cJSON *o, const char *k, int *out, srv_err *e)
 
 static int get_integer(const cJSON *o, const char *k, double lo, double hi, int *out, srv_err *e)
 {
-    const cJSON *v = fld(o, k);
+    const cJSON *v = srv_field(o, k);
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi)
         return srv_errf(e, 400, k, "%s must be an integer in [%.0f, %.0f]", k, lo, hi);
@@ -116,7 +110,7 @@ static int sg_parse(srv_state *s, const cJSON *body, srv_job *j, sg_req *q, srv_
 {
     memset(q, 0, sizeof *q);
     q->start_len = -1;
-    const cJSON *ids = fld(body, "input_ids"), *text = fld(body, "text");
+    const cJSON *ids = srv_field(body, "input_ids"), *text = srv_field(body, "text");
     if (!ids == !text)
         return srv_errf(e, 400, ids ? "text" : "input_ids", "Either text or input_ids should be provided (exactly one).");
     const char *pname = ids ? "input_ids" : "text";
@@ -128,7 +122,7 @@ static int sg_parse(srv_state *s, const cJSON *body, srv_job *j, sg_req *q, srv_
     q->batch = ids ? (ids->child && cJSON_IsArray(ids->child)) : cJSON_IsArray(text);
 
     /* sampling_params: an object, or (batch) a list of equal objects */
-    const cJSON *sp = fld(body, "sampling_params");
+    const cJSON *sp = srv_field(body, "sampling_params");
     if (sp && cJSON_IsArray(sp)) {
         for (const cJSON *x = sp->child; x; x = x->next)
             if (!cJSON_Compare(x, sp->child, 1))
@@ -145,7 +139,7 @@ static int sg_parse(srv_state *s, const cJSON *body, srv_job *j, sg_req *q, srv_
         return -1;
     int stream = j->g.stream;
 
-    const cJSON *rid = fld(body, "rid");
+    const cJSON *rid = srv_field(body, "rid");
     if (rid && cJSON_IsString(rid)) snprintf(q->rid, sizeof q->rid, "%s", rid->valuestring);
     else if (rid && cJSON_IsArray(rid) && q->batch) {
         for (const cJSON *x = rid->child; x; x = x->next)
@@ -161,7 +155,7 @@ static int sg_parse(srv_state *s, const cJSON *body, srv_job *j, sg_req *q, srv_
     if (!canon) return srv_errf(e, 500, NULL, "out of memory");
     cJSON_AddItemToObject(canon, "prompt", cJSON_Duplicate(prompt, 1));
     cJSON_AddNumberToObject(canon, "max_tokens", SG_DEFAULT_MAX_NEW);
-    const cJSON *tk = fld(sp, "top_k");
+    const cJSON *tk = srv_field(sp, "top_k");
     if (tk) {
         if (!cJSON_IsNumber(tk) || tk->valuedouble != floor(tk->valuedouble) ||
             (tk->valuedouble < 1 && tk->valuedouble != -1)) {
@@ -366,8 +360,7 @@ static int sg_stream(srv_state *s, struct mg_connection *c, srv_job *j, const sg
     srv_job_cancel_settle(j);
     if (!so.broken) {
         if (timed_out) {
-            srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                     s->request_timeout);
+            srv_err_timed_out(s, &e);
             srv_sse_event(&b, srv_err_json(&e));
         }
         srv_buf_add(&b, "data: [DONE]\n\n", 14);
@@ -385,13 +378,9 @@ static int route_generate(srv_state *s, struct mg_connection *c)
 {
     const double t0 = srv_now(), deadline = t0 + s->request_timeout;
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
-    if (!body) return srv_send_err(c, &e);
-    srv_job *j = srv_job_new(s, t0);
-    if (!j) {
-        cJSON_Delete(body);
-        return srv_send_error(c, 500, NULL, "out of memory");
-    }
+    cJSON *body;
+    srv_job *j = srv_job_from_request(s, c, t0, &body, &e);
+    if (!j) return srv_send_err(c, &e);
     sg_req q;
     int rc = sg_parse(s, body, j, &q, &e);
     if (rc == 0) rc = srv_job_prepare(j, "sglang", &e);
@@ -429,8 +418,8 @@ static int route_abort(srv_state *s, struct mg_connection *c)
     srv_err e;
     cJSON *body = srv_read_json(s, c, &e);
     if (!body) return srv_send_err(c, &e);
-    const cJSON *rid = fld(body, "rid");
-    const cJSON *all = fld(body, "abort_all");
+    const cJSON *rid = srv_field(body, "rid");
+    const cJSON *all = srv_field(body, "abort_all");
     int rc = 0;
     if (rid && !cJSON_IsString(rid)) rc = srv_errf(&e, 400, "rid", "rid must be a string");
     else if (all && !cJSON_IsBool(all)) rc = srv_errf(&e, 400, "abort_all", "abort_all must be a boolean");

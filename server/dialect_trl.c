@@ -50,12 +50,6 @@ static const srv_field_map TRL_MAP[] = {
 };
 #define TRL_NMAP ((int)(sizeof TRL_MAP / sizeof TRL_MAP[0]))
 
-static const cJSON *fld(const cJSON *o, const char *k)
-{
-    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, k) : NULL;
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 /* FastAPI's shapes: 422 with a validation-error list for request errors, {"detail": msg} for others */
 static int trl_send_err(struct mg_connection *c, const srv_err *e)
 {
@@ -86,7 +80,7 @@ static cJSON *merged_params(const cJSON *body, srv_err *e)
         srv_errf(e, 500, NULL, "out of memory");
         return NULL;
     }
-    const cJSON *gk = fld(body, "generation_kwargs");
+    const cJSON *gk = srv_field(body, "generation_kwargs");
     if (gk && !cJSON_IsObject(gk)) {
         cJSON_Delete(m);
         srv_errf(e, 400, "generation_kwargs", "generation_kwargs must be an object");
@@ -103,7 +97,7 @@ static cJSON *merged_params(const cJSON *body, srv_err *e)
 /* images: null, or a list of nulls (no VLM support) */
 static int refuse_images(const cJSON *body, srv_err *e)
 {
-    const cJSON *im = fld(body, "images");
+    const cJSON *im = srv_field(body, "images");
     if (!im) return 0;
     if (!cJSON_IsArray(im)) return srv_errf(e, 400, "images", "images must be a list");
     for (const cJSON *x = im->child; x; x = x->next)
@@ -119,7 +113,7 @@ static int trl_parse(srv_state *s, const cJSON *body, int chat, srv_job *j, int 
     if (!canon) return srv_errf(e, 500, NULL, "out of memory");
     const char *pname = chat ? "messages" : "prompts";
     if (!chat) {
-        const cJSON *p = fld(body, "prompts");
+        const cJSON *p = srv_field(body, "prompts");
         if (!p) {
             cJSON_Delete(canon);
             return srv_errf(e, 400, "prompts", "Field required: prompts");
@@ -132,7 +126,7 @@ static int trl_parse(srv_state *s, const cJSON *body, int chat, srv_job *j, int 
          * prompt_token_ids */
         cJSON_AddItemToObject(canon, "prompt", cJSON_Duplicate(p, 1));
     } else {
-        const cJSON *ms = fld(body, "messages");
+        const cJSON *ms = srv_field(body, "messages");
         if (!ms || !cJSON_IsArray(ms) || !ms->child || !cJSON_IsArray(ms->child)) {
             cJSON_Delete(canon);
             return srv_errf(e, 400, "messages", "messages must be a non-empty list of conversations (lists of messages)");
@@ -144,7 +138,7 @@ static int trl_parse(srv_state *s, const cJSON *body, int chat, srv_job *j, int 
             cJSON_Delete(canon);
             return -1;
         }
-        const cJSON *tools = fld(body, "tools");
+        const cJSON *tools = srv_field(body, "tools");
         if (tools && !(cJSON_IsArray(tools) && !tools->child)) {
             cJSON_Delete(canon);
             return srv_errf(e, 400, "tools", "tools are not supported");
@@ -215,15 +209,9 @@ static int route_gen(srv_state *s, struct mg_connection *c, int chat)
 {
     const double t0 = srv_now(), deadline = t0 + s->request_timeout;
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
-    if (!body) return trl_send_err(c, &e);
-    srv_job *j = srv_job_new(s, t0);
-    if (!j) {
-        cJSON_Delete(body);
-        e.status = 500;
-        snprintf(e.msg, sizeof e.msg, "out of memory");
-        return trl_send_err(c, &e);
-    }
+    cJSON *body;
+    srv_job *j = srv_job_from_request(s, c, t0, &body, &e);
+    if (!j) return trl_send_err(c, &e);
     int want_lp = 1;
     int rc = trl_parse(s, body, chat, j, &want_lp, &e);
     cJSON_Delete(body);

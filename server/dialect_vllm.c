@@ -50,26 +50,20 @@ static const srv_field_map VL_MAP[] = {
 };
 #define VL_NMAP ((int)(sizeof VL_MAP / sizeof VL_MAP[0]))
 
-static const cJSON *fld(const cJSON *o, const char *k)
-{
-    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, k) : NULL;
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 /* Fields of SamplingParams that change the output and are not implemented (beyond srv_parse_gen's). */
 static int vl_refuse(const cJSON *body, const cJSON *sp, srv_err *e)
 {
     static const char *sps[] = {"bad_words", "allowed_token_ids", "truncate_prompt_tokens", "logits_processors",
                                 "extra_args"};
     for (size_t i = 0; i < sizeof sps / sizeof sps[0]; i++) {
-        const cJSON *v = fld(sp, sps[i]);
+        const cJSON *v = srv_field(sp, sps[i]);
         if (v && !(cJSON_IsArray(v) && !v->child) && !(cJSON_IsObject(v) && !v->child))
             return srv_errf(e, 400, sps[i], "sampling_params.%s is not supported", sps[i]);
     }
     static const char *tops[] = {"features", "kv_transfer_params"};
     for (size_t i = 0; i < sizeof tops / sizeof tops[0]; i++)
-        if (fld(body, tops[i])) return srv_errf(e, 400, tops[i], "%s is not supported", tops[i]);
-    const cJSON *pr = fld(body, "priority");
+        if (srv_field(body, tops[i])) return srv_errf(e, 400, tops[i], "%s is not supported", tops[i]);
+    const cJSON *pr = srv_field(body, "priority");
     if (pr && !(cJSON_IsNumber(pr) && pr->valuedouble == 0))
         return srv_errf(e, 400, "priority", "priority must be 0: this server does not use priority scheduling");
     return 0;
@@ -83,34 +77,34 @@ typedef struct {
 static int vl_parse(srv_state *s, const cJSON *body, srv_job *j, vl_req *q, srv_err *e)
 {
     memset(q, 0, sizeof *q);
-    const cJSON *ids = fld(body, "token_ids");
+    const cJSON *ids = srv_field(body, "token_ids");
     if (!ids) return srv_errf(e, 400, "token_ids", "token_ids is required");
     if (!cJSON_IsArray(ids) || (ids->child && !cJSON_IsNumber(ids->child)))
         return srv_errf(e, 400, "token_ids", "token_ids must be a list of token ids");
-    const cJSON *sp = fld(body, "sampling_params");
+    const cJSON *sp = srv_field(body, "sampling_params");
     if (!sp) return srv_errf(e, 400, "sampling_params", "sampling_params is required");
     if (!cJSON_IsObject(sp)) return srv_errf(e, 400, "sampling_params", "sampling_params must be an object");
     if (vl_refuse(body, sp, e)) return -1;
-    const cJSON *rid = fld(body, "request_id");
+    const cJSON *rid = srv_field(body, "request_id");
     if (rid && !cJSON_IsString(rid)) return srv_errf(e, 400, "request_id", "request_id must be a string");
-    const cJSON *model = fld(body, "model");
+    const cJSON *model = srv_field(body, "model");
     if (model && !cJSON_IsString(model)) return srv_errf(e, 400, "model", "model must be a string");
-    const cJSON *st = fld(body, "stream");
+    const cJSON *st = srv_field(body, "stream");
     if (st && !cJSON_IsBool(st)) return srv_errf(e, 400, "stream", "stream must be a boolean");
-    const cJSON *so = fld(body, "stream_options");
+    const cJSON *so = srv_field(body, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so)) return srv_errf(e, 400, "stream_options", "stream_options must be an object");
-        q->include_usage = cJSON_IsTrue(fld(so, "include_usage"));
-        q->continuous_usage = cJSON_IsTrue(fld(so, "continuous_usage_stats"));
+        q->include_usage = cJSON_IsTrue(srv_field(so, "include_usage"));
+        q->continuous_usage = cJSON_IsTrue(srv_field(so, "continuous_usage_stats"));
     }
 
     cJSON *canon = cJSON_CreateObject();
     if (!canon) return srv_errf(e, 500, NULL, "out of memory");
     cJSON_AddItemToObject(canon, "prompt", cJSON_Duplicate(ids, 1));
     if (model) cJSON_AddStringToObject(canon, "model", model->valuestring);
-    const cJSON *salt = fld(body, "cache_salt"); /* validated and hashed by srv_parse_gen */
+    const cJSON *salt = srv_field(body, "cache_salt"); /* validated and hashed by srv_parse_gen */
     if (salt) cJSON_AddItemToObject(canon, "cache_salt", cJSON_Duplicate(salt, 1));
-    if (!fld(sp, "max_tokens")) { /* vLLM serving: the rest of the context */
+    if (!srv_field(sp, "max_tokens")) { /* vLLM serving: the rest of the context */
         const int room = s->max_model_len < s->kv_tokens ? s->max_model_len : s->kv_tokens;
         const int left = room - cJSON_GetArraySize(ids);
         cJSON_AddNumberToObject(canon, "max_tokens", left > 0 ? left : 1);
@@ -269,8 +263,7 @@ static int vl_stream(srv_state *s, struct mg_connection *c, srv_job *j, const vl
     srv_job_cancel_settle(j);
     if (!so.broken) {
         if (timed_out) {
-            srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                     s->request_timeout);
+            srv_err_timed_out(s, &e);
             srv_sse_event(&b, srv_err_json(&e));
         } else if (q->include_usage) {
             int total = 0;
@@ -297,13 +290,9 @@ static int route_generate(srv_state *s, struct mg_connection *c)
 {
     const double t0 = srv_now(), deadline = t0 + s->request_timeout;
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
-    if (!body) return srv_send_err(c, &e);
-    srv_job *j = srv_job_new(s, t0);
-    if (!j) {
-        cJSON_Delete(body);
-        return srv_send_error(c, 500, NULL, "out of memory");
-    }
+    cJSON *body;
+    srv_job *j = srv_job_from_request(s, c, t0, &body, &e);
+    if (!j) return srv_send_err(c, &e);
     vl_req q;
     int rc = vl_parse(s, body, j, &q, &e);
     cJSON_Delete(body);

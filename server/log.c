@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
-#include "server/srv.h" /* srv_utf8_valid */
+#include "server/srv.h" /* srv_utf8_valid, srv_now */
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int log_format = SRV_LOG_TEXT;
@@ -244,24 +244,17 @@ int __wrap_mg_write(struct mg_connection *c, const void *buf, size_t len)
     return w;
 }
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 double srv_log_access_begin(void)
 {
     if (!srv_log_access_enabled()) return 0;
     tl_bytes = 0;
-    return mono_now();
+    return srv_now();
 }
 
 void srv_log_access_end(const struct mg_connection *c, int status, double t0)
 {
     if (t0 == 0) return;
-    const double ms = (mono_now() - t0) * 1e3;
+    const double ms = (srv_now() - t0) * 1e3;
     const struct mg_request_info *ri = mg_get_request_info(c);
     const char *method = ri && ri->request_method ? ri->request_method : "-";
     const char *path = ri && ri->local_uri ? ri->local_uri : "-";
@@ -289,7 +282,7 @@ void srv_log_weight_cmd(const eng_engine *e, int status, const char *err)
 {
     eng_weights_info w;
     eng_weights_get_info(e, &w);
-    const double now = mono_now();
+    const double now = srv_now();
     if (w.session_open && !seen_open) session_t0 = now;
     const int ok = w.updates_ok != seen_ok, failed = w.updates_failed != seen_failed;
     const int aborted = !ok && !failed && seen_open && !w.session_open;

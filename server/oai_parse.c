@@ -17,8 +17,7 @@
 
 #include "server/srv.h"
 
-/* The field, or NULL when absent or JSON null. */
-static const cJSON *field(const cJSON *o, const char *key)
+const cJSON *srv_field(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return v && !cJSON_IsNull(v) ? v : NULL;
@@ -26,7 +25,7 @@ static const cJSON *field(const cJSON *o, const char *key)
 
 static int get_bool(const cJSON *o, const char *key, int *out, srv_err *e)
 {
-    const cJSON *v = field(o, key);
+    const cJSON *v = srv_field(o, key);
     if (!v) return 0;
     if (!cJSON_IsBool(v)) return srv_errf(e, 400, key, "%s must be a boolean", key);
     *out = cJSON_IsTrue(v);
@@ -36,7 +35,7 @@ static int get_bool(const cJSON *o, const char *key, int *out, srv_err *e)
 /* Integral number in [lo, hi]; *set = 1 when given. */
 static int get_int(const cJSON *o, const char *key, double lo, double hi, double *out, int *set, srv_err *e)
 {
-    const cJSON *v = field(o, key);
+    const cJSON *v = srv_field(o, key);
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
         return srv_errf(e, 400, key, "%s must be an integer", key);
@@ -50,7 +49,7 @@ static int get_int(const cJSON *o, const char *key, double lo, double hi, double
 /* Number in [lo, hi] (lo excluded when lo_open). */
 static int get_num(const cJSON *o, const char *key, double lo, double hi, int lo_open, float *out, srv_err *e)
 {
-    const cJSON *v = field(o, key);
+    const cJSON *v = srv_field(o, key);
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return srv_errf(e, 400, key, "%s must be a number", key);
     double x = v->valuedouble;
@@ -784,15 +783,15 @@ int srv_chat_opts_parse(const cJSON *body, srv_chat_opts *o, srv_err *e)
         return srv_errf(e, 400, "continue_final_message",
                         "Cannot set both continue_final_message and add_generation_prompt to true (set "
                         "add_generation_prompt to false)");
-    const cJSON *kw = field(body, "chat_template_kwargs");
+    const cJSON *kw = srv_field(body, "chat_template_kwargs");
     if (kw) {
         if (!cJSON_IsObject(kw))
             return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
-        const cJSON *et = field(kw, "enable_thinking");
+        const cJSON *et = srv_field(kw, "enable_thinking");
         if (et && !cJSON_IsBool(et))
             return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be a boolean");
         if (et) o->enable_thinking = cJSON_IsTrue(et);
-        const cJSON *ds = field(kw, "date_string");
+        const cJSON *ds = srv_field(kw, "date_string");
         if (ds && (!cJSON_IsString(ds) || !srv_utf8_valid(ds->valuestring, strlen(ds->valuestring))))
             return srv_errf(e, 400, "chat_template_kwargs", "chat_template_kwargs.date_string must be a string");
         if (ds) o->date_string = ds->valuestring;
@@ -961,7 +960,7 @@ void srv_gen_free(srv_gen *g)
 
 static int parse_stop(const cJSON *body, srv_gen *g, srv_err *e)
 {
-    const cJSON *v = field(body, "stop");
+    const cJSON *v = srv_field(body, "stop");
     if (!v) return 0;
     const cJSON *one = cJSON_IsString(v) ? v : NULL;
     if (!one && !cJSON_IsArray(v)) return srv_errf(e, 400, "stop", "stop must be a string or a list of strings");
@@ -985,7 +984,7 @@ static int parse_stop(const cJSON *body, srv_gen *g, srv_err *e)
 
 static int parse_stop_ids(const srv_state *s, const cJSON *body, srv_gen *g, srv_err *e)
 {
-    const cJSON *v = field(body, "stop_token_ids");
+    const cJSON *v = srv_field(body, "stop_token_ids");
     if (!v) return 0;
     if (!cJSON_IsArray(v)) return srv_errf(e, 400, "stop_token_ids", "stop_token_ids must be a list of token ids");
     int n = cJSON_GetArraySize(v);
@@ -1013,22 +1012,22 @@ static int refuse_unsupported(const cJSON *body, const srv_gen *g, srv_err *e)
         double neutral;
     } nums[] = {{"length_penalty", 1}};
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-        const cJSON *v = field(body, nums[i].key);
+        const cJSON *v = srv_field(body, nums[i].key);
         if (v && !(cJSON_IsNumber(v) && v->valuedouble == nums[i].neutral))
             return srv_errf(e, 400, nums[i].key, "%s is not supported (only %g)", nums[i].key, nums[i].neutral);
     }
-    const cJSON *v = field(body, "best_of");
+    const cJSON *v = srv_field(body, "best_of");
     if (v && !(cJSON_IsNumber(v) && (v->valuedouble == 1 || v->valuedouble == g->n)))
         return srv_errf(e, 400, "best_of", "best_of is not supported (only best_of == n)");
-    v = field(body, "use_beam_search");
+    v = srv_field(body, "use_beam_search");
     if (v && cJSON_IsTrue(v)) return srv_errf(e, 400, "use_beam_search", "beam search is not supported");
-    v = field(body, "suffix");
+    v = srv_field(body, "suffix");
     if (v && !(cJSON_IsString(v) && !v->valuestring[0])) return srv_errf(e, 400, "suffix", "suffix is not supported");
-    v = field(body, "tools");
+    v = srv_field(body, "tools");
     if (v && !(cJSON_IsArray(v) && !v->child)) return srv_errf(e, 400, "tools", "tools are not supported");
     /* constrained decoding is not built: answering unconstrained text to a client that asked for
      * JSON would be a silent wrong answer */
-    v = field(body, "response_format");
+    v = srv_field(body, "response_format");
     if (v) {
         const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
         if (!cJSON_IsString(t))
@@ -1041,14 +1040,14 @@ static int refuse_unsupported(const cJSON *body, const srv_gen *g, srv_err *e)
     static const char *guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
                                    "structured_outputs"};
     for (size_t i = 0; i < sizeof guided / sizeof guided[0]; i++)
-        if (field(body, guided[i]))
+        if (srv_field(body, guided[i]))
             return srv_errf(e, 400, guided[i], "%s is not supported (no constrained decoding)", guided[i]);
     if (g->api == SRV_API_CHAT) {
-        v = field(body, "echo");
+        v = srv_field(body, "echo");
         if (v && !cJSON_IsBool(v)) return srv_errf(e, 400, "echo", "echo must be a boolean");
         if (v && cJSON_IsTrue(v))
             return srv_errf(e, 400, "echo", "echo is not supported on chat completions (use /v1/completions)");
-        v = field(body, "chat_template");
+        v = srv_field(body, "chat_template");
         if (v && !cJSON_IsString(v)) return srv_errf(e, 400, "chat_template", "chat_template must be a string");
         if (v)
             return srv_errf(e, 400, "chat_template",
@@ -1068,7 +1067,7 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     double v = 0;
     int set = 0, max_set = 0;
 
-    const cJSON *model = field(body, "model");
+    const cJSON *model = srv_field(body, "model");
     if (model && !cJSON_IsString(model)) return srv_errf(e, 400, "model", "model must be a string");
     /* vLLM: a name other than the served one is 404 NotFoundError (absent: the served model) */
     if (model && strcmp(model->valuestring, s->model_name) != 0) {
@@ -1079,7 +1078,7 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     }
 
     if (get_int(body, "n", 1, SRV_MAX_N, &v, NULL, e)) return -1;
-    if (field(body, "n")) g->n = (int)v;
+    if (srv_field(body, "n")) g->n = (int)v;
     if (refuse_unsupported(body, g, e)) return -1;
 
     /* prompt(s) */
@@ -1091,8 +1090,8 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
         g->prompts = calloc(1, sizeof *g->prompts);
         if (!g->prompts) return srv_errf(e, 500, NULL, "out of memory");
         g->n_prompts = 1;
-        if (srv_chat_encode(s, field(body, "messages"), &co, &g->prompts[0], e)) return -1;
-    } else if (parse_prompts(s, field(body, "prompt"), add_special, g, e))
+        if (srv_chat_encode(s, srv_field(body, "messages"), &co, &g->prompts[0], e)) return -1;
+    } else if (parse_prompts(s, srv_field(body, "prompt"), add_special, g, e))
         return -1;
     if (g->n_prompts * g->n > s->max_choices)
         return srv_errf(e, 400, "n", "%d prompts x n %d = %d sequences exceed the limit of %d per request",
@@ -1103,7 +1102,7 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
 
     /* lengths */
     const char *mt_key = "max_tokens";
-    if (chat && field(body, "max_completion_tokens")) mt_key = "max_completion_tokens";
+    if (chat && srv_field(body, "max_completion_tokens")) mt_key = "max_completion_tokens";
     if (get_int(body, mt_key, 1, 1 << 30, &v, &max_set, e)) return -1;
     if (max_set) g->max_tokens = (int)v;
     else if (!chat) g->max_tokens = 16;
@@ -1146,7 +1145,7 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
      * else OpenAI's */
     const mdl_gen_defaults *gd = &s->gen;
     if (get_num(body, "temperature", 0, 100, 0, &g->sp.temperature, e)) return -1;
-    if (!field(body, "temperature")) g->sp.temperature = gd->set & MDL_GEN_TEMPERATURE ? gd->temperature : 1.0f;
+    if (!srv_field(body, "temperature")) g->sp.temperature = gd->set & MDL_GEN_TEMPERATURE ? gd->temperature : 1.0f;
     if (gd->set & MDL_GEN_TOP_P) g->sp.top_p = gd->top_p;
     if (gd->set & MDL_GEN_MIN_P) g->sp.min_p = gd->min_p;
     if (get_num(body, "top_p", 0, 1, 1, &g->sp.top_p, e)) return -1;
@@ -1159,11 +1158,11 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     if (get_num(body, "frequency_penalty", -2, 2, 0, &g->sp.frequency_penalty, e)) return -1;
     if (get_num(body, "repetition_penalty", 0, 1e30, 1, &g->sp.repetition_penalty, e)) return -1;
     /* vLLM's --generation-config auto: the file's repetition_penalty when the request sets none */
-    if (!field(body, "repetition_penalty"))
+    if (!srv_field(body, "repetition_penalty"))
         g->sp.repetition_penalty = gd->set & MDL_GEN_REPETITION_PENALTY ? (float)gd->repetition_penalty : 1.0f;
     {
         eng_logit_bias *lb;
-        if (srv_parse_logit_bias(field(body, "logit_bias"), s->vocab, &lb, &g->sp.n_logit_bias, e)) return -1;
+        if (srv_parse_logit_bias(srv_field(body, "logit_bias"), s->vocab, &lb, &g->sp.n_logit_bias, e)) return -1;
         g->sp.logit_bias = lb;
     }
     if (get_int(body, "seed", -9223372036854775808.0, 18446744073709551615.0, &v, &g->seed_set, e)) return -1;
@@ -1184,7 +1183,7 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
             g->sp.logprobs = (int)v;
         }
     } else {
-        const cJSON *lp = field(body, "logprobs");
+        const cJSON *lp = srv_field(body, "logprobs");
         if (lp && cJSON_IsBool(lp))
             return srv_errf(e, 400, "logprobs", "logprobs must be an integer in [0, %d] for completions",
                             ENG_MAX_LOGPROBS);
@@ -1197,7 +1196,7 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     }
     /* vLLM's prompt_logprobs: the prompt tokens' logprobs with this many alternatives (null: none) */
     g->prompt_logprobs = -1;
-    const cJSON *plp = field(body, "prompt_logprobs");
+    const cJSON *plp = srv_field(body, "prompt_logprobs");
     if (plp && !cJSON_IsNull(plp)) {
         if (get_int(body, "prompt_logprobs", 0, ENG_MAX_LOGPROBS, &v, NULL, e)) return -1;
         g->prompt_logprobs = (int)v;
@@ -1206,18 +1205,18 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
         get_bool(body, "return_token_ids", &g->return_token_ids, e) ||
         get_bool(body, "return_tokens_as_token_ids", &g->tokens_as_ids, e) || get_bool(body, "stream", &g->stream, e))
         return -1;
-    const cJSON *so = field(body, "stream_options");
+    const cJSON *so = srv_field(body, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so)) return srv_errf(e, 400, "stream_options", "stream_options must be an object");
-        const cJSON *iu = field(so, "include_usage");
+        const cJSON *iu = srv_field(so, "include_usage");
         if (iu && !cJSON_IsBool(iu))
             return srv_errf(e, 400, "stream_options", "stream_options.include_usage must be a boolean");
         g->include_usage = iu && cJSON_IsTrue(iu);
     }
-    const cJSON *user = field(body, "user");
+    const cJSON *user = srv_field(body, "user");
     if (user && !cJSON_IsString(user)) return srv_errf(e, 400, "user", "user must be a string");
     /* vLLM's cache_salt (null: none): the prefix cache is shared only among requests of one salt */
-    const cJSON *salt = field(body, "cache_salt");
+    const cJSON *salt = srv_field(body, "cache_salt");
     if (salt) {
         if (!cJSON_IsString(salt) || !salt->valuestring[0])
             return srv_errf(e, 400, "cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.");

@@ -274,6 +274,19 @@ srv_job *srv_job_new(srv_state *s, double t_arrival)
     return j;
 }
 
+srv_job *srv_job_from_request(srv_state *s, struct mg_connection *c, double t_arrival, cJSON **body, srv_err *e)
+{
+    *body = srv_read_json(s, c, e);
+    if (!*body) return NULL;
+    srv_job *j = srv_job_new(s, t_arrival);
+    if (!j) {
+        cJSON_Delete(*body);
+        *body = NULL;
+        srv_errf(e, 500, NULL, "out of memory");
+    }
+    return j;
+}
+
 /* Alternatives the engine reports per prompt token: the larger of echo+logprobs' count and
  * prompt_logprobs; -1: the prompt is not scored. */
 static int prompt_top_of(const srv_gen *g)
@@ -941,8 +954,7 @@ static int stream_job(srv_state *s, struct mg_connection *c, srv_job *j, double 
     if (!so.broken) {
         if (timed_out) {
             srv_err e;
-            srv_errf(&e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                     s->request_timeout);
+            srv_err_timed_out(s, &e);
             srv_sse_event(&b, srv_err_json(&e));
         } else if (j->g.include_usage) {
             cJSON *o = head_json(j, j->g.api == SRV_API_CHAT ? "chat.completion.chunk" : "text_completion");
@@ -997,6 +1009,12 @@ int srv_job_submit(srv_job *j, srv_err *e)
     return 0;
 }
 
+int srv_err_timed_out(const srv_state *s, srv_err *e)
+{
+    return srv_errf(e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
+                    s->request_timeout);
+}
+
 int srv_job_wait(srv_job *j, double deadline, srv_err *e)
 {
     pthread_mutex_lock(&j->mu);
@@ -1007,8 +1025,7 @@ int srv_job_wait(srv_job *j, double deadline, srv_err *e)
         *e = j->rej;
         rc = -1;
     } else if (timed_out) {
-        srv_errf(e, 504, NULL, "request timed out after %.0f s (--request-timeout); generation was cancelled",
-                 j->s->request_timeout);
+        srv_err_timed_out(j->s, e);
         rc = -1;
     } else {
         for (int i = 0; i < j->n_ch; i++)
@@ -1100,13 +1117,9 @@ static int route_gen(srv_state *s, struct mg_connection *c, srv_api api)
 {
     const double t0 = srv_now(), deadline = t0 + s->request_timeout;
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
-    if (!body) return srv_send_err(c, &e);
-    srv_job *j = srv_job_new(s, t0);
-    if (!j) {
-        cJSON_Delete(body);
-        return srv_send_error(c, 500, NULL, "out of memory");
-    }
+    cJSON *body;
+    srv_job *j = srv_job_from_request(s, c, t0, &body, &e);
+    if (!j) return srv_send_err(c, &e);
     int rc = srv_parse_gen(s, body, api, &j->g, &e);
     cJSON_Delete(body);
     if (rc == 0) rc = srv_job_prepare(j, api == SRV_API_CHAT ? "chatcmpl" : "cmpl", &e);

@@ -73,30 +73,27 @@ static void stats_tick(stats_log *sl, const eng_engine *e, double now)
     const int kv_total = eng_kv_blocks_total(e), kv_used = eng_kv_blocks_in_use(e);
     const double kv_pct = kv_total ? 100.0 * kv_used / kv_total : 0;
     srv_logline l;
+    uint64_t dd = 0;
+    double rate = 0, mal = 0;
+    char spec[96] = "";
     if (sl->has_drafter) {
-        const uint64_t dd = st->spec_drafts - sl->drafts, dtok = st->spec_draft_tokens - sl->draft_tokens,
-                       acc = st->spec_accepted - sl->accepted;
-        const double rate = dtok ? 100.0 * (double)acc / (double)dtok : 0, mal = dd ? 1.0 + (double)acc / (double)dd : 0;
-        srv_log_begin(&l, "info", "stats",
-                      "prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV %.1f%%, "
-                      "spec acceptance %.1f%% (mean length %.2f)",
-                      ptps, gtps, eng_num_running(e), eng_num_waiting(e), kv_pct, rate, mal);
-        srv_log_num(&l, "prompt_tok_s", ptps, 1);
-        srv_log_num(&l, "gen_tok_s", gtps, 1);
-        srv_log_int(&l, "running", eng_num_running(e));
-        srv_log_int(&l, "waiting", eng_num_waiting(e));
-        srv_log_num(&l, "kv_usage_pct", kv_pct, 1);
+        const uint64_t dtok = st->spec_draft_tokens - sl->draft_tokens, acc = st->spec_accepted - sl->accepted;
+        dd = st->spec_drafts - sl->drafts;
+        rate = dtok ? 100.0 * (double)acc / (double)dtok : 0;
+        mal = dd ? 1.0 + (double)acc / (double)dd : 0;
+        snprintf(spec, sizeof spec, ", spec acceptance %.1f%% (mean length %.2f)", rate, mal);
+    }
+    srv_log_begin(&l, "info", "stats", "prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV %.1f%%%s",
+                  ptps, gtps, eng_num_running(e), eng_num_waiting(e), kv_pct, spec);
+    srv_log_num(&l, "prompt_tok_s", ptps, 1);
+    srv_log_num(&l, "gen_tok_s", gtps, 1);
+    srv_log_int(&l, "running", eng_num_running(e));
+    srv_log_int(&l, "waiting", eng_num_waiting(e));
+    srv_log_num(&l, "kv_usage_pct", kv_pct, 1);
+    if (sl->has_drafter) {
         srv_log_num(&l, "spec_acceptance_pct", rate, 1);
         srv_log_num(&l, "spec_mean_acceptance_length", mal, 2);
         srv_log_int(&l, "spec_drafts", (long long)dd);
-    } else {
-        srv_log_begin(&l, "info", "stats", "prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV %.1f%%",
-                      ptps, gtps, eng_num_running(e), eng_num_waiting(e), kv_pct);
-        srv_log_num(&l, "prompt_tok_s", ptps, 1);
-        srv_log_num(&l, "gen_tok_s", gtps, 1);
-        srv_log_int(&l, "running", eng_num_running(e));
-        srv_log_int(&l, "waiting", eng_num_waiting(e));
-        srv_log_num(&l, "kv_usage_pct", kv_pct, 1);
     }
     srv_log_num(&l, "interval_s", dt, 2);
     srv_log_end(&l);

@@ -277,6 +277,8 @@ typedef struct {
 
 /* Parses and validates a request body into g (zeroed first). Returns 0, or -1 with e filled. */
 int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g, srv_err *e);
+/* o's member key, or NULL when o is NULL, the member is absent or it is JSON null. */
+const cJSON *srv_field(const cJSON *o, const char *key);
 void srv_gen_free(srv_gen *g);
 /* logit_bias (NULL / JSON null / {}: none): keys token ids as decimal strings in [0, vocab), values
  * numbers clamped to [-100, 100] (vLLM), at most ENG_MAX_LOGIT_BIAS; *out (malloc, ids ascending and
@@ -356,6 +358,9 @@ struct srv_job {
 
 /* A job for a request that arrived at t_arrival (srv_now()); j->g is zeroed. NULL: out of memory. */
 srv_job *srv_job_new(srv_state *s, double t_arrival);
+/* A generation route's first steps: reads the JSON body (*body, the caller's to delete) and makes the
+ * job. NULL with e filled (the body's error, or 500 out of memory) and nothing to free. */
+srv_job *srv_job_from_request(srv_state *s, struct mg_connection *c, double t_arrival, cJSON **body, srv_err *e);
 /* Unregisters and frees a job that is settled (or was never submitted). */
 void srv_job_free(srv_job *j);
 /* After j->g is filled: the checks every dialect shares (stop strings need a tokenizer) and one choice
@@ -367,6 +372,8 @@ int srv_job_submit(srv_job *j, srv_err *e);
 /* Waits until the job settled. 0: its choices are final. -1 with e: rejected by the engine (its
  * error), or the deadline passed (504; generation cancelled, the job settled). */
 int srv_job_wait(srv_job *j, double deadline, srv_err *e);
+/* e: the 504 of a request that ran past --request-timeout (its generation cancelled). Returns -1. */
+int srv_err_timed_out(const srv_state *s, srv_err *e);
 /* Streaming, before the response head: waits until the engine accepted or rejected the job. 0, or -1
  * with e (the job is settled then). */
 int srv_job_wait_accepted(srv_job *j, double deadline, srv_err *e);

@@ -307,6 +307,19 @@ static int all_exist(srv_store_server *sv, char **ks, size_t n)
     return 1;
 }
 
+/* Caller holds sv->mu: sleeps on sv->cv until a change or TICK_MS (to look at sv->stop again) */
+static void wait_tick(srv_store_server *sv)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* sv->cv has the default clock */
+    ts.tv_nsec += (long)TICK_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&sv->cv, &sv->mu, &ts);
+}
+
 /* WAIT: reply STOP_WAITING once the keys exist; the client may CANCEL_WAIT meanwhile */
 static int do_wait(conn *c, char **ks, size_t n)
 {
@@ -315,14 +328,7 @@ static int do_wait(conn *c, char **ks, size_t n)
         pthread_mutex_lock(&sv->mu);
         int ok = all_exist(sv, ks, n), stop = sv->stop;
         if (!ok && !stop) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += (long)TICK_MS * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&sv->cv, &sv->mu, &ts);
+            wait_tick(sv);
             ok = all_exist(sv, ks, n);
             stop = sv->stop;
         }
@@ -649,14 +655,7 @@ int srv_store_server_wait_count(srv_store_server *sv, const char *key, int64_t t
             pthread_mutex_unlock(&sv->mu);
             return SRV_STORE_TIMEOUT;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&sv->cv, &sv->mu, &ts);
+        wait_tick(sv);
     }
     pthread_mutex_unlock(&sv->mu);
     return 0;

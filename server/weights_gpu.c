@@ -626,6 +626,22 @@ int srv_nccl_store_fetch(srv_store_group *g, srv_cmd *c, srv_err *e)
 
 int srv_gpu_available(const srv_state *s) { return gpu_xport(s) != NULL; }
 
+srv_cmd *srv_nccl_init_request(srv_state *s, struct mg_connection *conn, srv_store_kind kind, srv_err *e)
+{
+    cJSON *b = srv_read_json(s, conn, e);
+    if (!b) return NULL;
+    srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_INIT);
+    int rc = c ? srv_nccl_init_parse(b, kind, c, e) : srv_errf(e, 500, NULL, "out of memory");
+    cJSON_Delete(b);
+    /* on the CPU backend: 501 before any network I/O */
+    if (rc == 0 && !srv_gpu_available(s)) rc = srv_errf(e, 501, NULL, SRV_GPU_NEEDS_CUDA);
+    if (rc != 0) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
 /* POST /v1/weights/ipc/open {"handle_b64", "bytes"[, "offset"]}: maps the trainer's reusable bucket
  * buffer (a cudaIpcMemHandle_t of its allocation; offset: where the buffer starts in it) once per
  * session; it is unmapped at finish / abort. */

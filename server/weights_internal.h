@@ -181,6 +181,9 @@ int srv_parse_nccl_init(const cJSON *o, const char *pfx, srv_cmd *c, srv_err *e)
  * c->warmup per srv_store_warmup_allreduce. Network-free: the routes answer 501 after it on the
  * CPU backend. */
 int srv_nccl_init_parse(const cJSON *b, srv_store_kind kind, srv_cmd *c, srv_err *e);
+/* The NCCL init routes' first steps: the body read and parsed (srv_nccl_init_parse) into a new
+ * SRV_CMD_NCCL_INIT, then 501 on the CPU backend. The command, or NULL with e filled. */
+srv_cmd *srv_nccl_init_request(srv_state *s, struct mg_connection *conn, srv_store_kind kind, srv_err *e);
 /* Handler thread, c->rendezvous: the store rendezvous of c (server/tcpstore.h), bounded by
  * c->timeout (or GRAPHSWAP_NCCL_TIMEOUT_S, or 300 s). Failures: 504 when a deadline passed, else
  * 502, with the rendezvous' message. vLLM: join + fetch + close into c->blob. */

@@ -96,29 +96,20 @@ void srv_weights_sglang_destroy(srv_state *s)
 static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    SRV_NEW_CMD(c, SRV_CMD_NCCL_INIT);
-    int rc = srv_nccl_init_parse(b, SRV_STORE_SGLANG, c, &e);
-    cJSON_Delete(b);
-    /* on the CPU backend: 501 before any network I/O */
-    if (rc == 0 && !srv_gpu_available(s)) rc = (srv_errf(&e, 501, NULL, SRV_GPU_NEEDS_CUDA), -1);
-    if (rc != 0) {
-        free(c);
-        return e.status >= 500 ? send_sglang(conn, e.status, e.msg) : srv_send_err(conn, &e);
-    }
+    srv_cmd *c = srv_nccl_init_request(s, conn, SRV_STORE_SGLANG, &e);
+    if (!c) return e.status >= 500 ? send_sglang(conn, e.status, e.msg) : srv_send_err(conn, &e);
     pthread_mutex_lock(&s->store_mu);
     const int busy = s->store_busy || s->store_group;
     if (!busy && c->rendezvous) s->store_busy = 1;
     pthread_mutex_unlock(&s->store_mu);
-    if (c->rendezvous || busy) {
-        if (busy) {
-            free(c);
-            return send_sglang(conn, 409, "a weights update group is already joined (or being joined): POST "
-                                          "/destroy_weights_update_group first");
-        }
+    if (busy) {
+        free(c);
+        return send_sglang(conn, 409, "a weights update group is already joined (or being joined): POST "
+                                      "/destroy_weights_update_group first");
+    }
+    if (c->rendezvous) {
         srv_store_group *g = NULL;
-        rc = srv_nccl_store_join(c, &g, &e);
+        int rc = srv_nccl_store_join(c, &g, &e);
         char msg[1024]; /* written before c is shared: an update may take it at once */
         if (rc == 0)
             snprintf(msg, sizeof msg, "joined the trainer's TCPStore at %s:%d as rank %d of %d (group %s); the "

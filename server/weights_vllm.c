@@ -38,15 +38,9 @@ static int route_is_paused(srv_state *s, struct mg_connection *conn)
 static int route_nccl_init_vllm(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    SRV_NEW_CMD(c, SRV_CMD_NCCL_INIT);
-    int rc = srv_nccl_init_parse(b, SRV_STORE_VLLM, c, &e);
-    cJSON_Delete(b);
-    /* on the CPU backend: 501 before any network I/O */
-    if (rc == 0 && !srv_gpu_available(s)) rc = (srv_errf(&e, 501, NULL, SRV_GPU_NEEDS_CUDA), -1);
-    if (rc == 0 && c->rendezvous) rc = srv_nccl_rendezvous(c, SRV_STORE_VLLM, &e);
-    if (rc != 0) {
+    srv_cmd *c = srv_nccl_init_request(s, conn, SRV_STORE_VLLM, &e);
+    if (!c) return srv_send_err(conn, &e);
+    if (c->rendezvous && srv_nccl_rendezvous(c, SRV_STORE_VLLM, &e) != 0) {
         free(c);
         return srv_send_err(conn, &e);
     }
