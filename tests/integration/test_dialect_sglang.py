@@ -224,7 +224,9 @@ def test_stream(C, srv):
         return
     C.check(evs and evs[-1] == "[DONE]", "stream does not end with [DONE]")
     chunks = [e for e in evs if isinstance(e, dict)]
-    C.check(len(chunks) >= 2, "stream has %d chunks" % len(chunks))
+    # how many chunks 15 tokens make is timing (a fast engine may publish them all before the first
+    # snapshot): the cumulative shape is checked on whatever came; incremental delivery below
+    C.check(len(chunks) >= 1, "stream has no chunk")
     fins = [c["meta_info"].get("finish_reason") for c in chunks]
     C.check(all(f is None for f in fins[:-1]) and fins[-1] == {"type": "length", "length": 15},
             "stream finish_reason sequence %r" % fins)
@@ -234,6 +236,11 @@ def test_stream(C, srv):
         C.check(n >= prev and c["output_ids"] == [x[1] for x in c["meta_info"]["output_token_logprobs"]],
                 "stream chunks not cumulative")
         prev = n
+    # incremental delivery: a long generation reaches the client in more than one chunk
+    long_body = dict(body, sampling_params=dict(slime_sampling_params(1000), ignore_eos=True), return_logprob=False)
+    lst, levs, _ = T.stream_all(srv, "/generate", long_body)
+    lchunks = [e for e in levs if isinstance(e, dict)]
+    C.check(lst == 200 and len(lchunks) >= 2, "a 1000-token stream came in %d chunk(s)" % len(lchunks))
     full = T.post(srv, "/generate", dict(body, stream=False))
     last = chunks[-1]
     C.check(last["text"] == full.json["text"] and last["output_ids"] == full.json["output_ids"] and
