@@ -68,29 +68,8 @@ static int is_banned(const row_ctx *c, int32_t id)
 static float lg(const row_ctx *c, int32_t i)
 {
     if (!c->adj) return c->l[i];
-    int has = 0;
-    float b = 0;
-    if (c->nbias > 0 && i >= c->bias[0].id && i <= c->bias[c->nbias - 1].id) {
-        int lo = 0, hi = c->nbias;
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (c->bias[mid].id < i) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo < c->nbias && c->bias[lo].id == i) {
-            has = 1;
-            b = c->bias[lo].bias;
-        }
-    }
-    int32_t cnt = 0, ex = 0;
-    if (c->pen) {
-        cnt = c->cnt[i];
-        for (int k = 0; k < c->nextra; k++) ex += c->extra[k] == i;
-        /* an id never seen keeps a nonzero logit exactly (x - freq * 0 - pres * 0 == x); a zero may
-         * change sign, so it takes the full path */
-        if (!has && cnt == 0 && ex == 0 && c->l[i] != 0) return c->l[i];
-    }
-    return kern_penalized_logit(c->l[i], has, b, c->pen, cnt, ex, c->rep, c->freq, c->pres);
+    return kern_row_penalized_logit(c->l[i], i, c->bias, c->nbias, c->pen, c->cnt, c->extra, c->nextra, c->rep,
+                                    c->freq, c->pres);
 }
 
 static float weight(const row_ctx *c, int32_t i) { return (float)exp(((double)lg(c, i) - c->lmax) * c->inv_t); }
