@@ -146,3 +146,40 @@ int eng_arena_release_spans(const eng_arena *a, void *const *ptrs, size_t n, siz
     free(next_lo);
     return 0;
 }
+
+void eng_range_list_add(eng_range_list *l, void *p, size_t bytes)
+{
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 64;
+        void **np = realloc(l->ptr, nc * sizeof *np);
+        if (np) l->ptr = np;
+        size_t *nb = realloc(l->bytes, nc * sizeof *nb);
+        if (nb) l->bytes = nb;
+        if (!np || !nb) {
+            l->oom = 1;
+            return;
+        }
+        l->cap = nc;
+    }
+    l->ptr[l->n] = p;
+    l->bytes[l->n++] = bytes;
+}
+
+void eng_range_list_free(eng_range_list *l)
+{
+    free(l->ptr);
+    free(l->bytes);
+    memset(l, 0, sizeof *l);
+}
+
+static void add_span(uint8_t *span, size_t bytes, void *u) { eng_range_list_add(u, span, bytes); }
+
+int eng_arena_collect_spans(const eng_arena *a, void *const *ptrs, size_t n, size_t granule, eng_range_list *out)
+{
+    out->n = 0;
+    out->oom = 0;
+    int rc = eng_arena_release_spans(a, ptrs, n, granule, add_span, out);
+    if (rc == 0 && out->oom) rc = -2;
+    if (rc != 0) out->n = 0;
+    return rc;
+}

@@ -48,6 +48,21 @@ int eng_arena_info(const eng_arena *a, const void *ptr, eng_alloc_info *out);
 int eng_arena_release_spans(const eng_arena *a, void *const *ptrs, size_t n, size_t granule,
                             void (*fn)(uint8_t *span, size_t bytes, void *u), void *u);
 
+/* A growable list of (pointer, bytes) ranges: the spans a sleeping group gave up (backends), the
+ * allocations of a sleep tag (engine/sleep.c). */
+typedef struct {
+    void **ptr;
+    size_t *bytes;
+    size_t n, cap;
+    int oom; /* an add ran out of host memory (that range was dropped) */
+} eng_range_list;
+
+void eng_range_list_add(eng_range_list *l, void *p, size_t bytes);
+void eng_range_list_free(eng_range_list *l);
+/* eng_arena_release_spans into out (emptied first): 0, -1 (some ptr starts no live range) or -2
+ * (out of host memory). */
+int eng_arena_collect_spans(const eng_arena *a, void *const *ptrs, size_t n, size_t granule, eng_range_list *out);
+
 #ifdef __cplusplus
 }
 #endif

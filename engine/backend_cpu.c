@@ -23,10 +23,7 @@
 /* The page spans one sleeping group gave up (mem_release), to restore them. */
 typedef struct {
     int released;
-    uint8_t **ptr;
-    size_t *bytes;
-    size_t n, cap;
-    int oom;
+    eng_range_list spans;
 } cpu_group;
 
 typedef struct {
@@ -155,25 +152,6 @@ static void cpu_synchronize(eng_backend *be) { (void)be; }
 
 #define CPU_PAGE ((size_t)4096)
 
-static void group_add_span(uint8_t *p, size_t bytes, void *u)
-{
-    cpu_group *g = u;
-    if (g->n == g->cap) {
-        size_t nc = g->cap ? 2 * g->cap : 64;
-        uint8_t **np = realloc(g->ptr, nc * sizeof *np);
-        if (np) g->ptr = np;
-        size_t *nb = realloc(g->bytes, nc * sizeof *nb);
-        if (nb) g->bytes = nb;
-        if (!np || !nb) {
-            g->oom = 1;
-            return;
-        }
-        g->cap = nc;
-    }
-    g->ptr[g->n] = p;
-    g->bytes[g->n++] = bytes;
-}
-
 static int cpu_mem_release(eng_backend *be, int group, void *const *ptrs, size_t n, size_t *released, char *err,
                            size_t errlen)
 {
@@ -184,25 +162,23 @@ static int cpu_mem_release(eng_backend *be, int group, void *const *ptrs, size_t
         return -1;
     }
     cpu_group *g = &c->groups[group];
-    g->n = 0;
-    g->oom = 0;
-    int rc = eng_arena_release_spans(&c->arena, ptrs, n, CPU_PAGE, group_add_span, g);
-    if (rc != 0 || g->oom) {
+    const int rc = eng_arena_collect_spans(&c->arena, ptrs, n, CPU_PAGE, &g->spans);
+    if (rc != 0) {
         snprintf(err, errlen, rc == -1 ? "release of a pointer that starts no live arena allocation"
                                        : "out of host memory");
-        g->n = 0;
         return -1;
     }
-    for (size_t i = 0; i < g->n; i++) {
+    const eng_range_list *sp = &g->spans;
+    for (size_t i = 0; i < sp->n; i++) {
         /* private anonymous pages: the next touch maps a zero page (what mem_restore promises) */
-        if (madvise(g->ptr[i], g->bytes[i], MADV_DONTNEED) != 0) {
-            snprintf(err, errlen, "madvise(MADV_DONTNEED) of %zu bytes at %p failed", g->bytes[i], (void *)g->ptr[i]);
+        if (madvise(sp->ptr[i], sp->bytes[i], MADV_DONTNEED) != 0) {
+            snprintf(err, errlen, "madvise(MADV_DONTNEED) of %zu bytes at %p failed", sp->bytes[i], sp->ptr[i]);
             return -1; /* (the pages released so far are zero: the caller treats the group as lost) */
         }
         /* checked mode: a stray read or write of released memory faults at once, as it would on
          * unmapped device memory, instead of silently paging zeros back in */
-        if (be->checked) (void)mprotect(g->ptr[i], g->bytes[i], PROT_NONE);
-        *released += g->bytes[i];
+        if (be->checked) (void)mprotect(sp->ptr[i], sp->bytes[i], PROT_NONE);
+        *released += sp->bytes[i];
     }
     g->released = 1;
     return 0;
@@ -216,13 +192,14 @@ static int cpu_mem_restore(eng_backend *be, int group, char *err, size_t errlen)
         return -1;
     }
     cpu_group *g = &c->groups[group];
-    for (size_t i = 0; i < g->n; i++)
-        if (be->checked && mprotect(g->ptr[i], g->bytes[i], PROT_READ | PROT_WRITE) != 0) {
-            snprintf(err, errlen, "mprotect of %zu bytes at %p failed", g->bytes[i], (void *)g->ptr[i]);
+    const eng_range_list *sp = &g->spans;
+    for (size_t i = 0; i < sp->n; i++)
+        if (be->checked && mprotect(sp->ptr[i], sp->bytes[i], PROT_READ | PROT_WRITE) != 0) {
+            snprintf(err, errlen, "mprotect of %zu bytes at %p failed", sp->bytes[i], sp->ptr[i]);
             return -1;
         }
     g->released = 0;
-    g->n = 0;
+    g->spans.n = 0;
     return 0;
 }
 
@@ -233,10 +210,7 @@ static void cpu_destroy(eng_backend *be)
         kern_pool_destroy(c->pool);
         if (c->region) munmap(c->region, c->region_bytes);
         eng_arena_release(&c->arena);
-        for (int i = 0; i < ENG_MEM_GROUPS; i++) {
-            free(c->groups[i].ptr);
-            free(c->groups[i].bytes);
-        }
+        for (int i = 0; i < ENG_MEM_GROUPS; i++) eng_range_list_free(&c->groups[i].spans);
         free(c);
     }
     free(be);

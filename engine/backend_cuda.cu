@@ -19,10 +19,7 @@
 /* The granule spans one sleeping group gave up (mem_release), to back them again. */
 typedef struct {
     int released;
-    uint8_t **ptr;
-    size_t *bytes;
-    size_t n, cap;
-    int oom;
+    eng_range_list spans;
 } cu_group;
 
 /* Driver entry points of the virtual-memory API (no link against libcuda: the binary and the tests
@@ -448,25 +445,6 @@ static void cu_synchronize(eng_backend *be)
 
 /* ---- sleep: unmap granules, map fresh ones at the same addresses ----------------------------------- */
 
-static void cu_group_add(uint8_t *p, size_t bytes, void *u)
-{
-    cu_group *g = (cu_group *)u;
-    if (g->n == g->cap) {
-        size_t nc = g->cap ? 2 * g->cap : 64;
-        uint8_t **np = (uint8_t **)realloc(g->ptr, nc * sizeof *np);
-        if (np) g->ptr = np;
-        size_t *nb = (size_t *)realloc(g->bytes, nc * sizeof *nb);
-        if (nb) g->bytes = nb;
-        if (!np || !nb) {
-            g->oom = 1;
-            return;
-        }
-        g->cap = nc;
-    }
-    g->ptr[g->n] = p;
-    g->bytes[g->n++] = bytes;
-}
-
 static int cu_mem_release(eng_backend *be, int group, void *const *ptrs, size_t n, size_t *released, char *err,
                           size_t errlen)
 {
@@ -477,21 +455,19 @@ static int cu_mem_release(eng_backend *be, int group, void *const *ptrs, size_t 
         return -1;
     }
     cu_group *g = &c->groups[group];
-    g->n = 0;
-    g->oom = 0;
-    int rc = eng_arena_release_spans(&c->arena, ptrs, n, c->gran, cu_group_add, g);
-    if (rc != 0 || g->oom) {
+    const int rc = eng_arena_collect_spans(&c->arena, ptrs, n, c->gran, &g->spans);
+    if (rc != 0) {
         snprintf(err, errlen, rc == -1 ? "release of a pointer that starts no live arena allocation"
                                        : "out of host memory");
-        g->n = 0;
         return -1;
     }
+    const eng_range_list *sp = &g->spans;
     cu_enter(c);
     cu_sync(c); /* nothing in flight may still read or write what is unmapped */
-    for (size_t i = 0; i < g->n; i++) {
-        const size_t g0 = (size_t)(g->ptr[i] - c->base) / c->gran, g1 = g0 + g->bytes[i] / c->gran;
+    for (size_t i = 0; i < sp->n; i++) {
+        const size_t g0 = (size_t)((uint8_t *)sp->ptr[i] - c->base) / c->gran, g1 = g0 + sp->bytes[i] / c->gran;
         vmm_unback(c, g0, g1);
-        *released += g->bytes[i];
+        *released += sp->bytes[i];
     }
     g->released = 1;
     return 0;
@@ -505,21 +481,22 @@ static int cu_mem_restore(eng_backend *be, int group, char *err, size_t errlen)
         return -1;
     }
     cu_group *g = &c->groups[group];
+    const eng_range_list *sp = &g->spans;
     cu_enter(c);
-    for (size_t i = 0; i < g->n; i++) {
-        const size_t g0 = (size_t)(g->ptr[i] - c->base) / c->gran, g1 = g0 + g->bytes[i] / c->gran;
+    for (size_t i = 0; i < sp->n; i++) {
+        const size_t g0 = (size_t)((uint8_t *)sp->ptr[i] - c->base) / c->gran, g1 = g0 + sp->bytes[i] / c->gran;
         CUresult r = vmm_back(c, g0, g1); /* (skips granules a failed earlier try already backed) */
         if (r != CUDA_SUCCESS) {
             if (r != CUDA_ERROR_OUT_OF_MEMORY) vmm_die(r, "cuMemCreate / cuMemMap (wake-up)", __LINE__);
             snprintf(err, errlen, "out of device memory mapping %zu MiB back at wake-up (is the trainer still "
-                     "holding it?); try again", g->bytes[i] >> 20);
+                     "holding it?); try again", sp->bytes[i] >> 20);
             return -1; /* still released: a later wake-up retries */
         }
-        CU(cudaMemsetAsync(g->ptr[i], 0, g->bytes[i], c->stream)); /* zeroed, as alloc() promises */
+        CU(cudaMemsetAsync(sp->ptr[i], 0, sp->bytes[i], c->stream)); /* zeroed, as alloc() promises */
     }
     cu_sync(c);
     g->released = 0;
-    g->n = 0;
+    g->spans.n = 0;
     return 0;
 }
 
@@ -535,10 +512,7 @@ static void cu_destroy(eng_backend *be)
             free(c->h);
         }
         if (c->base) DRV(g_vmm.addr_free((CUdeviceptr)(uintptr_t)c->base, c->n_gran * c->gran));
-        for (int i = 0; i < ENG_MEM_GROUPS; i++) {
-            free(c->groups[i].ptr);
-            free(c->groups[i].bytes);
-        }
+        for (int i = 0; i < ENG_MEM_GROUPS; i++) eng_range_list_free(&c->groups[i].spans);
         if (c->dstage) cudaFree(c->dstage);
         if (c->pinned) cudaFreeHost(c->pinned);
         for (int i = 0; i < STAGE_SEGS; i++)

@@ -14,44 +14,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/arena.h"
 #include "engine/engine_internal.h"
 
 enum { GROUP_WEIGHTS = 0, GROUP_KV = 1 }; /* backend memory groups */
 
+/* A tag's allocations (each listed once) and their total bytes */
 typedef struct {
-    void **ptr;
-    size_t *bytes;
-    size_t n, cap, total;
-    int oom;
+    eng_range_list l;
+    size_t total;
 } ranges;
 
 static void ranges_add(ranges *r, void *p, size_t bytes)
 {
     if (!p || !bytes) return;
-    for (size_t i = 0; i < r->n; i++) /* (a tied or shared buffer is listed once) */
-        if (r->ptr[i] == p) return;
-    if (r->n == r->cap) {
-        size_t nc = r->cap ? 2 * r->cap : 128;
-        void **np = realloc(r->ptr, nc * sizeof *np);
-        if (np) r->ptr = np;
-        size_t *nb = realloc(r->bytes, nc * sizeof *nb);
-        if (nb) r->bytes = nb;
-        if (!np || !nb) {
-            r->oom = 1;
-            return;
-        }
-        r->cap = nc;
-    }
-    r->ptr[r->n] = p;
-    r->bytes[r->n++] = bytes;
-    r->total += bytes;
+    for (size_t i = 0; i < r->l.n; i++) /* (a tied or shared buffer is listed once) */
+        if (r->l.ptr[i] == p) return;
+    const size_t n0 = r->l.n;
+    eng_range_list_add(&r->l, p, bytes);
+    if (r->l.n > n0) r->total += bytes;
 }
 
 static void ranges_free(ranges *r)
 {
-    free(r->ptr);
-    free(r->bytes);
-    memset(r, 0, sizeof *r);
+    eng_range_list_free(&r->l);
+    r->total = 0;
 }
 
 static void add_model(ranges *r, const mdl_model *m)
@@ -80,7 +67,7 @@ static int tag_ranges(const eng_engine *e, unsigned tag, ranges *r)
                 ranges_add(r, e->dio.vcache[l], e->dio.kv_layer_bytes);
             }
     }
-    return r->oom ? -1 : 0;
+    return r->l.oom ? -1 : 0;
 }
 
 static int fail(char *err, size_t errlen, int *status, int st, const char *msg)
@@ -139,14 +126,14 @@ int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen,
                 return -1;
             }
             size_t off = 0;
-            for (size_t i = 0; i < r.n; i++) {
-                be->ops->download(be, e->w_backup + off, r.ptr[i], r.bytes[i]);
-                off += r.bytes[i];
+            for (size_t i = 0; i < r.l.n; i++) {
+                be->ops->download(be, e->w_backup + off, r.l.ptr[i], r.l.bytes[i]);
+                off += r.l.bytes[i];
             }
             e->sleep.backup_bytes = r.total;
         }
         size_t rel = 0;
-        if (be->ops->mem_release(be, GROUP_WEIGHTS, r.ptr, r.n, &rel, err, errlen) != 0) {
+        if (be->ops->mem_release(be, GROUP_WEIGHTS, r.l.ptr, r.l.n, &rel, err, errlen) != 0) {
             /* some memory may already be gone: the weights are only good again after a full update */
             free(e->w_backup);
             e->w_backup = NULL;
@@ -169,7 +156,7 @@ int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen,
             return fail(err, errlen, status, 500, "out of host memory");
         }
         size_t rel = 0;
-        int rc = be->ops->mem_release(be, GROUP_KV, r.ptr, r.n, &rel, err, errlen);
+        int rc = be->ops->mem_release(be, GROUP_KV, r.l.ptr, r.l.n, &rel, err, errlen);
         e->sleep.tag_bytes[1] = r.total;
         ranges_free(&r);
         if (rc != 0) {
@@ -208,9 +195,9 @@ int eng_wake(eng_engine *e, unsigned tags, char *err, size_t errlen, int *status
                 return fail(err, errlen, status, 500, "out of host memory");
             }
             size_t off = 0;
-            for (size_t i = 0; i < r.n; i++) {
-                be->ops->upload(be, r.ptr[i], e->w_backup + off, r.bytes[i]);
-                off += r.bytes[i];
+            for (size_t i = 0; i < r.l.n; i++) {
+                be->ops->upload(be, r.l.ptr[i], e->w_backup + off, r.l.bytes[i]);
+                off += r.l.bytes[i];
             }
             be->ops->synchronize(be); /* the uploads read the backup: done before it is freed */
             ranges_free(&r);

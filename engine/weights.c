@@ -440,33 +440,37 @@ void eng_weights_set_version(eng_engine *e, const char *version)
     snprintf(e->winfo.version, sizeof e->winfo.version, "%s", version);
 }
 
+/* Downloads p's stored bytes (its layout and dtype) into *buf, grown as needed, and reports their
+ * sha256 to fn. 0, or -1 out of host memory. */
+static int hash_stored(eng_backend *be, const mdl_param *p, uint8_t **buf, size_t *cap,
+                       void (*fn)(const char *name, const char *hex, void *u), void *u)
+{
+    if (p->bytes > *cap) {
+        uint8_t *nb = realloc(*buf, p->bytes);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = p->bytes;
+    }
+    be->ops->download(be, *buf, p->ptr, p->bytes);
+    be->ops->synchronize(be);
+    char hex[65];
+    eng_sha256_hex(*buf, p->bytes, hex);
+    fn(p->name, hex, u);
+    return 0;
+}
+
 int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u), void *u)
 {
     const mdl_model *m = draft ? e->draft : e->m;
     if (!m) return -1;
     if (e->sleep.asleep & ENG_MEM_WEIGHTS) return -3; /* released memory must not be read */
-    eng_backend *be = e->be;
     size_t cap = 0;
     uint8_t *buf = NULL;
-    for (int k = 0; k < m->n_params + m->n_derived; k++) {
-        const mdl_param *p = k < m->n_params ? &m->params[k] : &m->derived[k - m->n_params];
-        if (p->bytes > cap) {
-            uint8_t *nb = realloc(buf, p->bytes);
-            if (!nb) {
-                free(buf);
-                return -1;
-            }
-            buf = nb;
-            cap = p->bytes;
-        }
-        be->ops->download(be, buf, p->ptr, p->bytes); /* its stored layout and dtype */
-        be->ops->synchronize(be);
-        char hex[65];
-        eng_sha256_hex(buf, p->bytes, hex);
-        fn(p->name, hex, u);
-    }
+    int rc = 0;
+    for (int k = 0; k < m->n_params + m->n_derived && rc == 0; k++)
+        rc = hash_stored(e->be, k < m->n_params ? &m->params[k] : &m->derived[k - m->n_params], &buf, &cap, fn, u);
     free(buf);
-    return 0;
+    return rc;
 }
 
 /* Checkpoint-name checksums (see weights.h). Each checkpoint tensor is a contiguous row range
@@ -518,21 +522,12 @@ int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *
         eng_sha256_hex(src, n * mdl_dtype_size(hd), hex);
         fn(d->name, hex, u);
     }
+    /* derived buffers have no checkpoint name: their own entry, over their stored bytes */
+    for (int k = 0; k < m->n_derived && rc == 0; k++)
+        if (hash_stored(be, &m->derived[k], &buf, &cap, fn, u) != 0) rc = -2;
     free(buf);
     free(cbuf);
-    if (rc != 0) return rc;
-    /* derived buffers have no checkpoint name: their own entry, over their stored bytes */
-    for (int k = 0; k < m->n_derived; k++) {
-        const mdl_param *p = &m->derived[k];
-        uint8_t *b = malloc(p->bytes ? p->bytes : 1);
-        if (!b) return -2;
-        be->ops->download(be, b, p->ptr, p->bytes);
-        be->ops->synchronize(be);
-        eng_sha256_hex(b, p->bytes, hex);
-        free(b);
-        fn(p->name, hex, u);
-    }
-    return 0;
+    return rc;
 }
 
 /* ---- disk transport ------------------------------------------------------------------------------ */

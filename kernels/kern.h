@@ -277,6 +277,38 @@ static inline KERN_HD float kern_penalized_logit(float x, int has_bias, float bi
     return x;
 }
 
+/* l'[i] of one row from its lists (both backends' sample op): x the raw logit of id i; bias[0..nbias)
+ * the slot's logit_bias list (ids ascending, searched by bisection); with pen, cnt the slot's
+ * pen_state row and extra[0..nextra) the row's extra output ids. */
+static inline KERN_HD float kern_row_penalized_logit(float x, int32_t i, const kern_logit_bias *bias, int nbias,
+                                                     int pen, const int32_t *cnt, const int32_t *extra, int nextra,
+                                                     float rep, float freq, float pres)
+{
+    int has = 0;
+    float b = 0.0f;
+    if (nbias > 0 && i >= bias[0].id && i <= bias[nbias - 1].id) {
+        int lo = 0, hi = nbias;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (bias[mid].id < i) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < nbias && bias[lo].id == i) {
+            has = 1;
+            b = bias[lo].bias;
+        }
+    }
+    int32_t c = 0, ex = 0;
+    if (pen) {
+        c = cnt[i];
+        for (int k = 0; k < nextra; k++) ex += extra[k] == i;
+        /* an id never seen keeps a nonzero logit exactly (x - freq * 0 - pres * 0 == x); a zero may
+         * change sign, so it takes the full path */
+        if (!has && c == 0 && ex == 0 && x != 0.0f) return x;
+    }
+    return kern_penalized_logit(x, has, b, pen, c, ex, rep, freq, pres);
+}
+
 #define KERN_MAX_BUFS 8
 #define KERN_MAX_P 8
 

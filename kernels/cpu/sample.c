@@ -68,32 +68,12 @@ static int is_banned(const row_ctx *c, int32_t id)
 static float lg(const row_ctx *c, int32_t i)
 {
     if (!c->adj) return c->l[i];
-    int has = 0;
-    float b = 0;
-    if (c->nbias > 0 && i >= c->bias[0].id && i <= c->bias[c->nbias - 1].id) {
-        int lo = 0, hi = c->nbias;
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (c->bias[mid].id < i) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo < c->nbias && c->bias[lo].id == i) {
-            has = 1;
-            b = c->bias[lo].bias;
-        }
-    }
-    int32_t cnt = 0, ex = 0;
-    if (c->pen) {
-        cnt = c->cnt[i];
-        for (int k = 0; k < c->nextra; k++) ex += c->extra[k] == i;
-        /* an id never seen keeps a nonzero logit exactly (x - freq * 0 - pres * 0 == x); a zero may
-         * change sign, so it takes the full path */
-        if (!has && cnt == 0 && ex == 0 && c->l[i] != 0) return c->l[i];
-    }
-    return kern_penalized_logit(c->l[i], has, b, c->pen, cnt, ex, c->rep, c->freq, c->pres);
+    return kern_row_penalized_logit(c->l[i], i, c->bias, c->nbias, c->pen, c->cnt, c->extra, c->nextra, c->rep,
+                                    c->freq, c->pres);
 }
 
-static float weight(const row_ctx *c, int32_t i) { return (float)exp(((double)lg(c, i) - c->lmax) * c->inv_t); }
+/* The contract's weight of a choice logit x = lg(c, i) (the caller has it: lg is not recomputed). */
+static float weight(const row_ctx *c, float x) { return (float)exp(((double)x - c->lmax) * c->inv_t); }
 
 /* The key T of the candidate (not banned, key >= c->lo) at which the best-first running total of
  * counts (weighted = 0) or weights (weighted = 1) first reaches `target`: the candidates with
@@ -108,9 +88,10 @@ static uint64_t select_key(const row_ctx *c, int weighted, double target)
         memset(hist, 0, sizeof hist);
         const uint64_t hi_mask = shift == 56 ? 0 : ~0ull << (shift + 8);
         for (int32_t i = 0; i < c->V; i++) {
-            uint64_t k = kern_sample_key(lg(c, i), i);
+            const float x = lg(c, i);
+            uint64_t k = kern_sample_key(x, i);
             if (k < c->lo || (k & hi_mask) != prefix || is_banned(c, i)) continue;
-            hist[(k >> shift) & 255] += weighted ? (double)weight(c, i) : 1.0;
+            hist[(k >> shift) & 255] += weighted ? (double)weight(c, x) : 1.0;
         }
         int pick = -1, lowest = -1;
         for (int b = 255; b >= 0; b--) {
@@ -135,8 +116,9 @@ static uint64_t select_key(const row_ctx *c, int weighted, double target)
 /* C3 membership given the cut key T and min_p (weights relative to lmax) */
 static int in_c3(const row_ctx *c, int32_t i, uint64_t T, float min_p, float *w)
 {
-    if (kern_sample_key(lg(c, i), i) < T || is_banned(c, i)) return 0;
-    *w = weight(c, i);
+    const float x = lg(c, i);
+    if (kern_sample_key(x, i) < T || is_banned(c, i)) return 0;
+    *w = weight(c, x);
     return !(min_p > 0) || *w >= min_p;
 }
 
@@ -270,8 +252,10 @@ static void sample_row(const kern_op *op, int32_t j)
         if (sp->top_k > 0 && sp->top_k < n_c0) c.lo = select_key(&c, 0, (double)sp->top_k);
         if (sp->top_p > 0 && sp->top_p < 1) {
             double z1 = 0;
-            for (int32_t i = 0; i < V; i++)
-                if (kern_sample_key(lg(&c, i), i) >= c.lo && !is_banned(&c, i)) z1 += weight(&c, i);
+            for (int32_t i = 0; i < V; i++) {
+                const float x = lg(&c, i);
+                if (kern_sample_key(x, i) >= c.lo && !is_banned(&c, i)) z1 += weight(&c, x);
+            }
             c.lo = select_key(&c, 1, (double)sp->top_p * z1);
         }
         double zz = 0, wd = 0;

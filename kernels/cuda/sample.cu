@@ -129,27 +129,7 @@ __device__ __forceinline__ bool ks_banned(const ks_row &r, int32_t id)
 __device__ __forceinline__ float ks_lg(const ks_row &r, int32_t i, float x)
 {
     if (!r.adj) return x;
-    int has = 0;
-    float b = 0.0f;
-    if (r.nbias > 0 && i >= r.bias[0].id && i <= r.bias[r.nbias - 1].id) {
-        int lo = 0, hi = r.nbias;
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            if (r.bias[mid].id < i) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo < r.nbias && r.bias[lo].id == i) {
-            has = 1;
-            b = r.bias[lo].bias;
-        }
-    }
-    int32_t cnt = 0, ex = 0;
-    if (r.pen) {
-        cnt = r.cnt[i];
-        for (int k = 0; k < r.nextra; k++) ex += r.extra[k] == i;
-        if (!has && cnt == 0 && ex == 0 && x != 0.0f) return x; /* unseen: x - freq * 0 - pres * 0 == x */
-    }
-    return kern_penalized_logit(x, has, b, r.pen, cnt, ex, r.rep, r.freq, r.pres);
+    return kern_row_penalized_logit(x, i, r.bias, r.nbias, r.pen, r.cnt, r.extra, r.nextra, r.rep, r.freq, r.pres);
 }
 
 /* l'[i] read from the row */
