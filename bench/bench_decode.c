@@ -100,9 +100,11 @@ static decode_result run_decode(srv_runtime_opts *ro, int batch, int tokens)
         r->out_logprobs = lps + (size_t)b * (size_t)tokens;
         if (eng_submit(rt.e, r, NULL, err, sizeof err) != 0) srv_die("%s", err);
     }
-    eng_step(rt.e); /* prefill every prompt (batch * 16 rows fit one step) */
-    eng_step(rt.e); /* first decode step: warm caches */
     const eng_stats *st = eng_get_stats(rt.e);
+    /* prefill every prompt (one step, or more when batch * 16 rows exceed a step), then one decode
+     * step to warm the caches, all outside the timed part */
+    while (st->generated_tokens < (uint64_t)batch) eng_step(rt.e);
+    eng_step(rt.e);
     eng_stats s0 = *st;
     double t0 = now_s();
     eng_run_until_idle(rt.e);
@@ -128,17 +130,21 @@ static decode_result run_decode(srv_runtime_opts *ro, int batch, int tokens)
 }
 
 static const char help[] =
-    "usage: graphswap bench decode --model DIR [--tokens N] [--threads N]\n"
+    "usage: graphswap bench decode --model DIR [--tokens N] [--threads N] [--batches LIST]\n"
+    "                              [--modes plan|eager|plan,eager]\n"
     "\n"
-    "Decode tokens/s at batch 1, 4 and 16 with captured plans and eagerly, next to the memcpy and\n"
-    "read bandwidth measured in the same run and the floor they imply (weight bytes per step /\n"
-    "bandwidth).\n";
+    "Decode tokens/s at batch 1, 4, 16 and 32 (or --batches, e.g. 1,8) with captured plans and\n"
+    "eagerly (or --modes), next to the memcpy and read bandwidth measured in the same run and the\n"
+    "floor they imply (weight bytes per step / bandwidth). \"vs read\" is the weight bytes a step\n"
+    "reads per second as a share of the read bandwidth: 100% is the memory floor.\n";
 
 static int bench_decode(int argc, char **argv)
 {
     srv_runtime_opts ro;
     srv_runtime_defaults(&ro);
     int tokens = 64;
+    int batches[16] = {1, 4, 16, 32}, n_batches = 4;
+    int modes[2] = {1, 0}, n_modes = 2; /* 1: plan, 0: eager */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -147,6 +153,18 @@ static int bench_decode(int argc, char **argv)
         }
         if (srv_runtime_arg(argc, argv, &i, &ro) || srv_arg_int(argc, argv, &i, "--tokens", 4, 1 << 16, &tokens))
             continue;
+        if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
+            n_batches = bench_int_list("--batches", argv[++i], 1, 4096, batches, 16);
+            continue;
+        }
+        if (strcmp(argv[i], "--modes") == 0 && i + 1 < argc) {
+            const char *m = argv[++i];
+            if (strcmp(m, "plan") == 0) n_modes = 1, modes[0] = 1;
+            else if (strcmp(m, "eager") == 0) n_modes = 1, modes[0] = 0;
+            else if (strcmp(m, "plan,eager") == 0) n_modes = 2, modes[0] = 1, modes[1] = 0;
+            else srv_die("--modes: expected plan, eager or plan,eager, got \"%s\"", m);
+            continue;
+        }
         srv_die_usage("bench decode", argv[i]);
     }
     bench_preflight("decode", "decode tokens/s at batch 1, 4, 16 (plans and eager) against the memory-bandwidth floor");
@@ -173,15 +191,15 @@ static int bench_decode(int argc, char **argv)
     printf("memcpy bandwidth: %.2f GB/s   read bandwidth: %.2f GB/s\n", copy_bw, read_bw);
     printf("floor at batch 1: %.2f tok/s (memcpy)   %.2f tok/s (read)\n", floor_tok_s,
            read_bw * 1e9 / step_bytes);
-    printf("%-6s %-7s %10s %10s %12s %12s\n", "batch", "mode", "tok/s", "step ms", "GB/s weights", "vs floor");
-    const int batches[] = {1, 4, 16};
-    for (int bi = 0; bi < 3; bi++) {
-        for (int mode = 0; mode < 2; mode++) {
-            ro.ecfg.use_plans = mode == 0;
+    printf("%-6s %-7s %10s %10s %12s %12s %9s\n", "batch", "mode", "tok/s", "step ms", "GB/s weights", "vs floor",
+           "vs read");
+    for (int bi = 0; bi < n_batches; bi++) {
+        for (int mi = 0; mi < n_modes; mi++) {
+            ro.ecfg.use_plans = modes[mi];
             decode_result r = run_decode(&ro, batches[bi], tokens);
             double gbs = step_bytes / (r.step_ms * 1e-3) / 1e9;
-            printf("%-6d %-7s %10.2f %10.2f %12.2f %11.1f%%\n", batches[bi], mode == 0 ? "plan" : "eager",
-                   r.tok_s, r.step_ms, gbs, 100.0 * gbs / copy_bw);
+            printf("%-6d %-7s %10.2f %10.2f %12.2f %11.1f%% %8.1f%%\n", batches[bi], modes[mi] ? "plan" : "eager",
+                   r.tok_s, r.step_ms, gbs, 100.0 * gbs / copy_bw, 100.0 * gbs / read_bw);
             fflush(stdout);
         }
     }
@@ -261,7 +279,8 @@ static const char bench_help[] =
     "usage: graphswap bench <bench> [options]   (graphswap bench <bench> --help for its options)\n"
     "\n"
     "benches:\n"
-    "  decode     decode tokens/s at batch 1, 4, 16 (plans and eager) against the memcpy / read floor\n"
+    "  decode     decode tokens/s at batch 1, 4, 16, 32 (plans and eager) against the memcpy / read floor\n"
+    "  prefill    prompt tokens/s at lengths 128, 512, 2048 against the FMA peak of the same run\n"
     "  spec       speculative decoding with a drafter vs plain decoding: tok/s, acceptance per position\n"
     "  serve      a running (or started) server over loopback HTTP: req/s, tok/s, TTFT, HTTP overhead\n"
     "  update     weight-update throughput over loopback HTTP by bucket size (GB/s, hook, guard)\n"
@@ -271,6 +290,7 @@ int srv_cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "decode") == 0) return bench_decode(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "spec") == 0) return bench_spec(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "prefill") == 0) return srv_bench_prefill(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) return srv_bench_serve(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "update") == 0) return srv_bench_update(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "transfer") == 0) return srv_bench_transfer(argc - 1, argv + 1);

@@ -1,4 +1,5 @@
 #include "bench/bench_util.h"
+#include "server/cli.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -253,4 +254,21 @@ void bench_stop_server(bench_child *ch)
     pthread_join(ch->drain, NULL);
     close(ch->err_fd);
     ch->pid = -1;
+}
+
+int bench_int_list(const char *flag, const char *s, int lo, int hi, int *out, int cap)
+{
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < lo || v > hi || n == cap || (*end && *end != ','))
+            srv_die("%s: expected a comma-separated list of up to %d integers in [%d, %d], got \"%s\"", flag, cap, lo,
+                    hi, s);
+        out[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) srv_die("%s: empty list", flag);
+    return n;
 }

@@ -58,6 +58,8 @@ int srv_cmd_store_rendezvous(int argc, char **argv);
 int srv_bench_serve(int argc, char **argv);
 /* bench/bench_update.c: `graphswap bench update` (weight-update throughput over loopback HTTP) */
 int srv_bench_update(int argc, char **argv);
+/* bench/bench_prefill.c: `graphswap bench prefill` (prompt tokens/s against the FMA peak) */
+int srv_bench_prefill(int argc, char **argv);
 /* bench/bench_transfer.c: `graphswap bench transfer` (weight-update throughput in the process) */
 int srv_bench_transfer(int argc, char **argv);
 
