@@ -46,6 +46,32 @@ AI2 float V_HSUM(V v)
     return _mm_cvtss_f32(s1);
 }
 
+/* out[j] = V_HSUM(a[j]) for 16 accumulators at once: the same tree and the same adds, on vectors
+ * that each carry pieces of several accumulators. Step for step the network of simd_avx512.c, with
+ * the lo / hi ymm halves standing for its 128-bit units 0-1 / 2-3. */
+AI2 V hsum_pair_units(V p, V q) /* level 2: [P.u0 P.u2 Q.u0 Q.u2] + [P.u1 P.u3 Q.u1 Q.u3] */
+{
+    return (V){_mm256_add_ps(_mm256_permute2f128_ps(p.lo, p.hi, 0x20), _mm256_permute2f128_ps(p.lo, p.hi, 0x31)),
+               _mm256_add_ps(_mm256_permute2f128_ps(q.lo, q.hi, 0x20), _mm256_permute2f128_ps(q.lo, q.hi, 0x31))};
+}
+#define HSUM_SHUF_ADD(a, b, i0, i1)                                                                \
+    _mm256_add_ps(_mm256_shuffle_ps((a), (b), (i0)), _mm256_shuffle_ps((a), (b), (i1)))
+AI2 void V_HSUM16_STORE(float *out, const V *a)
+{
+    V p[8], r[4], t[2];
+    for (int i = 0; i < 8; i++) /* level 1: [s8 a[2i] | s8 a[2i+1]] */
+        p[i] = (V){_mm256_add_ps(a[2 * i].lo, a[2 * i].hi), _mm256_add_ps(a[2 * i + 1].lo, a[2 * i + 1].hi)};
+    for (int i = 0; i < 4; i++) r[i] = hsum_pair_units(p[2 * i], p[2 * i + 1]); /* s4 of a[4i .. 4i+3] */
+    for (int i = 0; i < 2; i++) /* level 3: per unit [s4_0 + s4_2, s4_1 + s4_3] of R and of S */
+        t[i] = (V){HSUM_SHUF_ADD(r[2 * i].lo, r[2 * i + 1].lo, _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2)),
+                   HSUM_SHUF_ADD(r[2 * i].hi, r[2 * i + 1].hi, _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2))};
+    /* level 4: per unit [s2_0 + s2_1] of both halves of T0, then of T1 */
+    float z[16];
+    _mm256_storeu_ps(z, HSUM_SHUF_ADD(t[0].lo, t[1].lo, _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm256_storeu_ps(z + 8, HSUM_SHUF_ADD(t[0].hi, t[1].hi, _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int j = 0; j < 16; j++) out[j] = z[4 * (j % 4) + j / 4]; /* lane 4u + v holds a[u + 4v] */
+}
+
 #include "kernels/cpu/simd_body.inc"
 
 const kern_simd_ops kern_simd_avx2 = {
@@ -53,7 +79,9 @@ const kern_simd_ops kern_simd_avx2 = {
     .name = "avx2",
     .mm_cols = simd_mm_cols_avx2,
     .dot = simd_dot_avx2,
+    .dots = simd_dots_avx2,
     .axpy = simd_axpy_avx2,
+    .axpys = simd_axpys_avx2,
     .scale = simd_scale_avx2,
 };
 #endif

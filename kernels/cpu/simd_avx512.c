@@ -37,6 +37,27 @@ static inline __attribute__((always_inline)) SIMD_TARGET float V_HSUM(V v)
     return _mm_cvtss_f32(s1);
 }
 
+/* out[j] = V_HSUM(a[j]) for 16 accumulators at once: the same tree and the same adds, on vectors
+ * that each carry pieces of several accumulators (u0..u3 are 128-bit units):
+ *   level 1  P_i = [a2i.u0 a2i.u1 a2i+1.u0 a2i+1.u1] + [a2i.u2 a2i.u3 a2i+1.u2 a2i+1.u3]
+ *            = [s8 of a[2i] | s8 of a[2i+1]]                                          (8 vectors)
+ *   level 2  R_i from (P_2i, P_2i+1): unit u = s4 of a[4i + u]                        (4 vectors)
+ *   level 3  T_i from (R_2i, R_2i+1): unit u = [s2 of a[8i+u] (2 lanes), s2 of a[8i+4+u]] (2)
+ *   level 4  Z from (T_0, T_1): unit u = final sums of a[u], a[u+4], a[u+8], a[u+12]
+ * so lane 4u + v of Z is the sum of a[u + 4v]; one permute puts them in order. */
+#define HSUM_ADD2(op, a, b, i0, i1) _mm512_add_ps(op((a), (b), (i0)), op((a), (b), (i1)))
+static inline __attribute__((always_inline)) SIMD_TARGET void V_HSUM16_STORE(float *out, const V *a)
+{
+    V p[8], r[4], t[2];
+    for (int i = 0; i < 8; i++) p[i] = HSUM_ADD2(_mm512_shuffle_f32x4, a[2 * i], a[2 * i + 1], 0x44, 0xEE);
+    for (int i = 0; i < 4; i++) r[i] = HSUM_ADD2(_mm512_shuffle_f32x4, p[2 * i], p[2 * i + 1], 0x88, 0xDD);
+    for (int i = 0; i < 2; i++)
+        t[i] = HSUM_ADD2(_mm512_shuffle_ps, r[2 * i], r[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
+    V z = HSUM_ADD2(_mm512_shuffle_ps, t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, z));
+}
+
 #include "kernels/cpu/simd_body.inc"
 
 const kern_simd_ops kern_simd_avx512 = {
@@ -44,7 +65,9 @@ const kern_simd_ops kern_simd_avx512 = {
     .name = "avx512",
     .mm_cols = simd_mm_cols_avx512,
     .dot = simd_dot_avx512,
+    .dots = simd_dots_avx512,
     .axpy = simd_axpy_avx512,
+    .axpys = simd_axpys_avx512,
     .scale = simd_scale_avx512,
 };
 #endif

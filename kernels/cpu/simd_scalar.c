@@ -65,6 +65,12 @@ AIS float V_HSUM(V v)
     return s2a + s2b;
 }
 
+/* out[j] = V_HSUM(a[j]) for j < 16 */
+AIS void V_HSUM16_STORE(float *out, const V *a)
+{
+    for (int j = 0; j < 16; j++) out[j] = V_HSUM(a[j]);
+}
+
 #include "kernels/cpu/simd_body.inc"
 
 const kern_simd_ops kern_simd_scalar = {
@@ -72,6 +78,8 @@ const kern_simd_ops kern_simd_scalar = {
     .name = "scalar",
     .mm_cols = simd_mm_cols_scalar,
     .dot = simd_dot_scalar,
+    .dots = simd_dots_scalar,
     .axpy = simd_axpy_scalar,
+    .axpys = simd_axpys_scalar,
     .scale = simd_scale_scalar,
 };

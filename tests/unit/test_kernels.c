@@ -755,6 +755,49 @@ static void test_attention_bitwise(void **state)
     kern_cpu_set_min_parallel_work(old);
 }
 
+/* simd->dots and simd->axpys (the batched forms attention uses) against dot and axpy called one
+ * at a time, bitwise, for every ISA, for every key count 1..16 and lengths with and without a
+ * k % 16 tail: they promise the same operations in the same order */
+static void test_simd_batched_bitwise(void **state)
+{
+    (void)state;
+    kern_isa isas[3];
+    int nisa = isa_list(isas);
+    enum { NMAX = 136 };
+    float *q = falloc(NMAX), *k = falloc(16 * NMAX), *y0 = falloc(NMAX), *y1 = falloc(NMAX), a[16];
+    fill(q, NMAX, -1, 1);
+    fill(k, 16 * NMAX, -1, 1);
+    fill(a, 16, -2, 2);
+    const float *kp[16];
+    for (int j = 0; j < 16; j++) kp[j] = k + (size_t)j * NMAX;
+    static const int lens[] = {16, 64, 71, 128, 136, 5};
+    for (int ii = 0; ii < nisa; ii++) {
+        assert_int_equal(kern_simd_force(isas[ii]), 0);
+        const kern_simd_ops *so = kern_simd();
+        for (int li = 0; li < 6; li++) {
+            const int n = lens[li];
+            for (int nk = 1; nk <= 16; nk++) {
+                float got[16];
+                so->dots(q, kp, nk, n, got);
+                for (int j = 0; j < nk; j++) {
+                    float want = so->dot(q, kp[j], n);
+                    if (memcmp(&got[j], &want, 4) != 0)
+                        fail_msg("dots[%d] of %d (n %d, isa %s): %.9g, dot gives %.9g", j, nk, n, so->name,
+                                 (double)got[j], (double)want);
+                }
+                fill(y0, NMAX, -1, 1);
+                memcpy(y1, y0, NMAX * 4);
+                so->axpys(y0, a, kp, nk, n);
+                for (int j = 0; j < nk; j++) so->axpy(y1, a[j], kp[j], n);
+                if (memcmp(y0, y1, (size_t)n * 4) != 0)
+                    fail_msg("axpys of %d rows (n %d, isa %s) differs from axpy one at a time", nk, n, so->name);
+            }
+        }
+    }
+    isa_reset();
+    free(q), free(k), free(y0), free(y1);
+}
+
 /* ---- elementwise -------------------------------------------------------------------------------- */
 
 static void test_silu_mul_add(void **state)
@@ -1093,6 +1136,7 @@ int main(void)
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_matmul_reference),
         cmocka_unit_test(test_matmul_bitwise),
+        cmocka_unit_test(test_simd_batched_bitwise),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_qk_norm_rope),
         cmocka_unit_test(test_attention),
