@@ -87,13 +87,17 @@ static void attn_one(const attn_task *t, int r, int h)
     const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK];
     for (int32_t j0 = 0; j0 < L; j0 += ATT_CHUNK) {
         const int c = L - j0 < ATT_CHUNK ? (int)(L - j0) : ATT_CHUNK;
-        for (int i = 0; i < c; i++) {
-            const int32_t j = j0 + i;
+        /* the chunk's key addresses, one block-table lookup per cache block (no division per key) */
+        for (int i = 0; i < c;) {
+            const int32_t j = j0 + i, in_blk = j % t->bs;
             const int32_t blk = table[j / t->bs];
             KERN_CHECK(t->op, blk >= 0 && blk < t->num_blocks);
-            const size_t at = ((size_t)blk * (size_t)t->bs + (size_t)(j % t->bs)) * t->head + kv_col;
-            krow[i] = t->kc + at;
-            vrow[i] = t->vc + at;
+            const size_t at = ((size_t)blk * (size_t)t->bs + (size_t)in_blk) * t->head + kv_col;
+            const int run = t->bs - in_blk < c - i ? t->bs - in_blk : c - i;
+            for (int u = 0; u < run; u++, i++) {
+                krow[i] = t->kc + at + (size_t)u * t->head;
+                vrow[i] = t->vc + at + (size_t)u * t->head;
+            }
         }
         for (int i = 0; i < c; i += 16) simd->dots(qv, krow + i, c - i < 16 ? c - i : 16, hd, s + i);
         float mc = -INFINITY;
