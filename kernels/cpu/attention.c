@@ -63,77 +63,105 @@ typedef struct {
     float scale;
 } attn_task;
 
-static void attn_one(const attn_task *t, int r, int h)
+/* Rows r0 .. r0+nr-1 (nr <= ATT_ROWS, all of one sequence slot >= 0), query head h. Each row runs
+ * exactly the operations it would run alone (the same chunks, in the same order, on its own m, l
+ * and acc); the rows of a tile only share the chunk's key addresses, and the chunk's keys and
+ * values stay in L1 from one row to the next instead of streaming from L3 once per row. */
+#define ATT_ROWS 8
+static void attn_rows(const attn_task *t, int r0, int nr, int h)
 {
     const int hd = t->hd;
-    float *o = t->out + (size_t)r * (size_t)t->nh * (size_t)hd + (size_t)h * (size_t)hd;
-    const int32_t slot = t->slot[r];
-    if (slot < 0) { /* masked padding row */
-        memset(o, 0, (size_t)hd * sizeof(float));
-        return;
-    }
-    const int32_t L = t->kv_len[r];
+    const int32_t slot = t->slot[r0];
     KERN_CHECK(t->op, slot < t->max_seqs);
-    KERN_CHECK(t->op, L >= 0 && (int64_t)L <= (int64_t)t->max_blocks * t->bs);
+    int32_t Lmax = 0, L[ATT_ROWS];
+    for (int i = 0; i < nr; i++) {
+        L[i] = t->kv_len[r0 + i];
+        KERN_CHECK(t->op, L[i] >= 0 && (int64_t)L[i] <= (int64_t)t->max_blocks * t->bs);
+        if (L[i] > Lmax) Lmax = L[i];
+    }
     const int32_t *table = t->bt + (int64_t)slot * t->max_blocks;
     const size_t kv_col = (size_t)(h / t->group) * (size_t)hd;
-    const float *qv = t->q + (size_t)r * (size_t)t->q_stride + (size_t)h * (size_t)hd;
     const kern_simd_ops *simd = t->simd;
 
-    float acc[KERN_MAX_HEAD_DIM];
-    memset(acc, 0, (size_t)hd * sizeof(float));
-    float m = -INFINITY, l = 0.0f;
+    float acc[ATT_ROWS][KERN_MAX_HEAD_DIM];
+    float m[ATT_ROWS], l[ATT_ROWS];
+    for (int i = 0; i < nr; i++) {
+        memset(acc[i], 0, (size_t)hd * sizeof(float));
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
     float s[ATT_CHUNK], pj[ATT_CHUNK];
     const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK];
-    for (int32_t j0 = 0; j0 < L; j0 += ATT_CHUNK) {
-        const int c = L - j0 < ATT_CHUNK ? (int)(L - j0) : ATT_CHUNK;
+    for (int32_t j0 = 0; j0 < Lmax; j0 += ATT_CHUNK) {
+        const int cmax = Lmax - j0 < ATT_CHUNK ? (int)(Lmax - j0) : ATT_CHUNK;
         /* the chunk's key addresses, one block-table lookup per cache block (no division per key) */
-        for (int i = 0; i < c;) {
+        for (int i = 0; i < cmax;) {
             const int32_t j = j0 + i, in_blk = j % t->bs;
             const int32_t blk = table[j / t->bs];
             KERN_CHECK(t->op, blk >= 0 && blk < t->num_blocks);
             const size_t at = ((size_t)blk * (size_t)t->bs + (size_t)in_blk) * t->head + kv_col;
-            const int run = t->bs - in_blk < c - i ? t->bs - in_blk : c - i;
+            const int run = t->bs - in_blk < cmax - i ? t->bs - in_blk : cmax - i;
             for (int u = 0; u < run; u++, i++) {
                 krow[i] = t->kc + at + (size_t)u * t->head;
                 vrow[i] = t->vc + at + (size_t)u * t->head;
             }
         }
-        for (int i = 0; i < c; i += 16) simd->dots(qv, krow + i, c - i < 16 ? c - i : 16, hd, s + i);
-        float mc = -INFINITY;
-        for (int i = 0; i < c; i++) {
-            s[i] = s[i] * t->scale;
-            if (s[i] > mc) mc = s[i];
-        }
-        if (mc > m) {
-            if (l > 0.0f) { /* nothing accumulated yet: nothing to rescale */
-                const float corr = expf(m - mc);
-                l = l * corr;
-                simd->scale(acc, corr, hd);
+        for (int ri = 0; ri < nr; ri++) {
+            if (L[ri] <= j0) continue;
+            const int c = L[ri] - j0 < ATT_CHUNK ? (int)(L[ri] - j0) : ATT_CHUNK;
+            const float *qv = t->q + (size_t)(r0 + ri) * (size_t)t->q_stride + (size_t)h * (size_t)hd;
+            for (int i = 0; i < c; i += 16) simd->dots(qv, krow + i, c - i < 16 ? c - i : 16, hd, s + i);
+            float mc = -INFINITY;
+            for (int i = 0; i < c; i++) {
+                s[i] = s[i] * t->scale;
+                if (s[i] > mc) mc = s[i];
             }
-            m = mc;
+            if (mc > m[ri]) {
+                if (l[ri] > 0.0f) { /* nothing accumulated yet: nothing to rescale */
+                    const float corr = expf(m[ri] - mc);
+                    l[ri] = l[ri] * corr;
+                    simd->scale(acc[ri], corr, hd);
+                }
+                m[ri] = mc;
+            }
+            for (int i = 0; i < c; i++) {
+                pj[i] = expf(s[i] - m[ri]);
+                l[ri] = l[ri] + pj[i];
+            }
+            simd->axpys(acc[ri], pj, vrow, c, hd);
         }
-        for (int i = 0; i < c; i++) {
-            pj[i] = expf(s[i] - m);
-            l = l + pj[i];
+    }
+    for (int ri = 0; ri < nr; ri++) {
+        float *o = t->out + (size_t)(r0 + ri) * (size_t)t->nh * (size_t)hd + (size_t)h * (size_t)hd;
+        if (L[ri] == 0) { /* no keys: define the empty softmax as zeros */
+            memset(o, 0, (size_t)hd * sizeof(float));
+            continue;
         }
-        simd->axpys(acc, pj, vrow, c, hd);
+        for (int d = 0; d < hd; d++) o[d] = acc[ri][d] / l[ri];
     }
-    if (L == 0) { /* no keys: define the empty softmax as zeros */
-        memset(o, 0, (size_t)hd * sizeof(float));
-        return;
-    }
-    for (int d = 0; d < hd; d++) o[d] = acc[d] / l;
 }
 
-/* Rows are dealt to threads in turn (row r to thread r % nt), not in contiguous ranges: in a
- * causal prefill a row's keys grow with its position, so contiguous ranges would hand the last
- * thread most of the work. Each (row, head) is computed whole by one thread either way. */
+/* Consecutive rows of one sequence form tiles of up to ATT_ROWS rows; tiles are dealt to threads
+ * in turn (tile k to thread k % nt), not in contiguous ranges: in a causal prefill a row's keys
+ * grow with its position, so contiguous ranges would hand the last thread most of the work. Every
+ * thread walks the same rows and finds the same tiles. */
 static void attn_run(void *ctx, int tid, int nt)
 {
     const attn_task *t = ctx;
-    for (int r = tid; r < t->n_rows; r += nt)
-        for (int h = 0; h < t->nh; h++) attn_one(t, r, h);
+    int k = 0;
+    for (int r = 0; r < t->n_rows;) {
+        int e = r + 1;
+        while (e < t->n_rows && e - r < ATT_ROWS && t->slot[e] == t->slot[r]) e++;
+        if (k++ % nt == tid) {
+            if (t->slot[r] < 0) { /* masked padding rows */
+                memset(t->out + (size_t)r * (size_t)t->nh * (size_t)t->hd, 0,
+                       (size_t)(e - r) * (size_t)t->nh * (size_t)t->hd * sizeof(float));
+            } else {
+                for (int h = 0; h < t->nh; h++) attn_rows(t, r, e - r, h);
+            }
+        }
+        r = e;
+    }
 }
 
 void kern_cpu_attention(kern_pool *pool, const kern_op *op)

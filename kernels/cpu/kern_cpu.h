@@ -78,6 +78,16 @@ const kern_simd_ops *kern_simd(void);
  * kernels; call between ops. */
 int kern_simd_force(kern_isa isa);
 
+/* Full unrolling of the small fixed loops of the reduction networks (their arrays of vectors must
+ * stay in registers; GCC does not unroll at -O2 without being asked). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define HSUM_UNROLL _Pragma("GCC unroll 8")
+#elif defined(__clang__)
+#define HSUM_UNROLL _Pragma("unroll")
+#else
+#define HSUM_UNROLL
+#endif
+
 /* ---- parallel helpers ------------------------------------------------------------------------- */
 /* Runs fn on the pool, or inline as (tid 0, nthreads 1) when pool is NULL or work (roughly, the
  * number of scalar operations) is below the threshold where waking workers costs more than it
