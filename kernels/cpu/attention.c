@@ -46,8 +46,8 @@ void kern_cpu_kv_write(kern_pool *pool, const kern_op *op)
  * to the chunk max once (rescaling the running sum l and accumulator acc by exp(old m - new m)),
  * then each key adds p = exp(s - m) to l and p * V[j] to acc. out = acc / l. All in f32; the dot
  * products and axpys use the 16-lane scheme, so results do not depend on the ISA or the threads.
- * A chunk's 32 dot products go through simd->dots (16 keys per reduction network) and its 32 axpys
- * through simd->axpys (acc held in registers): bitwise the per-key calls, a few times faster.
+ * The dot products go through simd->dots4x4 (4 queries x 4 keys per reduction network) and a
+ * chunk's axpys through simd->axpys (acc held in registers): bitwise the per-key calls, faster.
  */
 #define ATT_CHUNK 32
 
@@ -63,34 +63,40 @@ typedef struct {
     float scale;
 } attn_task;
 
-/* Rows r0 .. r0+nr-1 (nr <= ATT_ROWS, all of one sequence slot >= 0), query head h. Each row runs
- * exactly the operations it would run alone (the same chunks, in the same order, on its own m, l
- * and acc); the rows of a tile only share the chunk's key addresses, and the chunk's keys and
- * values stay in L1 from one row to the next instead of streaming from L3 once per row. */
-#define ATT_ROWS 8
-static void attn_rows(const attn_task *t, int r0, int nr, int h)
+/* One tile of queries: rows r0 .. r0+nr-1 (one sequence slot >= 0) times query heads hb ..
+ * hb+nhq-1 (all reading one KV head), nr * nhq <= ATT_Q. Each query runs exactly the operations it
+ * would run alone (the same chunks, in the same order, on its own m, l and acc); the tile only
+ * shares work that gives the same bits: the chunk's key addresses, and the loads of its keys, which
+ * feed 4 x 4 blocks of dot products (simd->dots4x4) instead of one dot product each. */
+#define ATT_Q 16
+static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
 {
-    const int hd = t->hd;
+    const int hd = t->hd, nq = nr * nhq;
     const int32_t slot = t->slot[r0];
     KERN_CHECK(t->op, slot < t->max_seqs);
-    int32_t Lmax = 0, L[ATT_ROWS];
-    for (int i = 0; i < nr; i++) {
-        L[i] = t->kv_len[r0 + i];
-        KERN_CHECK(t->op, L[i] >= 0 && (int64_t)L[i] <= (int64_t)t->max_blocks * t->bs);
-        if (L[i] > Lmax) Lmax = L[i];
+    int32_t Lmax = 0, L[ATT_Q];
+    const float *qp[ATT_Q];
+    for (int ri = 0; ri < nr; ri++) {
+        const int32_t len = t->kv_len[r0 + ri];
+        KERN_CHECK(t->op, len >= 0 && (int64_t)len <= (int64_t)t->max_blocks * t->bs);
+        if (len > Lmax) Lmax = len;
+        for (int hi = 0; hi < nhq; hi++) {
+            L[ri * nhq + hi] = len;
+            qp[ri * nhq + hi] = t->q + (size_t)(r0 + ri) * (size_t)t->q_stride + (size_t)(hb + hi) * (size_t)hd;
+        }
     }
     const int32_t *table = t->bt + (int64_t)slot * t->max_blocks;
-    const size_t kv_col = (size_t)(h / t->group) * (size_t)hd;
+    const size_t kv_col = (size_t)(hb / t->group) * (size_t)hd;
     const kern_simd_ops *simd = t->simd;
 
-    float acc[ATT_ROWS][KERN_MAX_HEAD_DIM];
-    float m[ATT_ROWS], l[ATT_ROWS];
-    for (int i = 0; i < nr; i++) {
-        memset(acc[i], 0, (size_t)hd * sizeof(float));
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
+    float acc[ATT_Q][KERN_MAX_HEAD_DIM];
+    float m[ATT_Q], l[ATT_Q];
+    for (int qi = 0; qi < nq; qi++) {
+        memset(acc[qi], 0, (size_t)hd * sizeof(float));
+        m[qi] = -INFINITY;
+        l[qi] = 0.0f;
     }
-    float s[ATT_CHUNK], pj[ATT_CHUNK];
+    float S[ATT_Q][ATT_CHUNK], pj[ATT_CHUNK];
     const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK];
     for (int32_t j0 = 0; j0 < Lmax; j0 += ATT_CHUNK) {
         const int cmax = Lmax - j0 < ATT_CHUNK ? (int)(Lmax - j0) : ATT_CHUNK;
@@ -106,59 +112,76 @@ static void attn_rows(const attn_task *t, int r0, int nr, int h)
                 vrow[i] = t->vc + at + (size_t)u * t->head;
             }
         }
-        for (int ri = 0; ri < nr; ri++) {
-            if (L[ri] <= j0) continue;
-            const int c = L[ri] - j0 < ATT_CHUNK ? (int)(L[ri] - j0) : ATT_CHUNK;
-            const float *qv = t->q + (size_t)(r0 + ri) * (size_t)t->q_stride + (size_t)h * (size_t)hd;
-            for (int i = 0; i < c; i += 16) simd->dots(qv, krow + i, c - i < 16 ? c - i : 16, hd, s + i);
+        /* scores: blocks of 4 queries x 4 keys; a block whose keys lie past all its queries' lengths
+         * is skipped (scores past a query's length are computed in partial blocks, never read) */
+        for (int q0 = 0; q0 < nq; q0 += 4) {
+            const int bq = nq - q0 < 4 ? nq - q0 : 4;
+            int32_t lb = 0;
+            for (int i = 0; i < bq; i++) lb = L[q0 + i] > lb ? L[q0 + i] : lb;
+            for (int i0 = 0; i0 < cmax && j0 + i0 < lb; i0 += 4)
+                simd->dots4x4(qp + q0, bq, krow + i0, cmax - i0 < 4 ? cmax - i0 : 4, hd, &S[q0][i0], ATT_CHUNK);
+        }
+        for (int qi = 0; qi < nq; qi++) {
+            if (L[qi] <= j0) continue;
+            const int c = L[qi] - j0 < ATT_CHUNK ? (int)(L[qi] - j0) : ATT_CHUNK;
+            float *s = S[qi];
             float mc = -INFINITY;
             for (int i = 0; i < c; i++) {
                 s[i] = s[i] * t->scale;
                 if (s[i] > mc) mc = s[i];
             }
-            if (mc > m[ri]) {
-                if (l[ri] > 0.0f) { /* nothing accumulated yet: nothing to rescale */
-                    const float corr = expf(m[ri] - mc);
-                    l[ri] = l[ri] * corr;
-                    simd->scale(acc[ri], corr, hd);
+            if (mc > m[qi]) {
+                if (l[qi] > 0.0f) { /* nothing accumulated yet: nothing to rescale */
+                    const float corr = expf(m[qi] - mc);
+                    l[qi] = l[qi] * corr;
+                    simd->scale(acc[qi], corr, hd);
                 }
-                m[ri] = mc;
+                m[qi] = mc;
             }
             for (int i = 0; i < c; i++) {
-                pj[i] = expf(s[i] - m[ri]);
-                l[ri] = l[ri] + pj[i];
+                pj[i] = expf(s[i] - m[qi]);
+                l[qi] = l[qi] + pj[i];
             }
-            simd->axpys(acc[ri], pj, vrow, c, hd);
+            simd->axpys(acc[qi], pj, vrow, c, hd);
         }
     }
-    for (int ri = 0; ri < nr; ri++) {
+    for (int qi = 0; qi < nq; qi++) {
+        const int ri = qi / nhq, h = hb + qi % nhq;
         float *o = t->out + (size_t)(r0 + ri) * (size_t)t->nh * (size_t)hd + (size_t)h * (size_t)hd;
-        if (L[ri] == 0) { /* no keys: define the empty softmax as zeros */
+        if (L[qi] == 0) { /* no keys: define the empty softmax as zeros */
             memset(o, 0, (size_t)hd * sizeof(float));
             continue;
         }
-        for (int d = 0; d < hd; d++) o[d] = acc[ri][d] / l[ri];
+        for (int d = 0; d < hd; d++) o[d] = acc[qi][d] / l[qi];
     }
 }
 
-/* Consecutive rows of one sequence form tiles of up to ATT_ROWS rows; tiles are dealt to threads
- * in turn (tile k to thread k % nt), not in contiguous ranges: in a causal prefill a row's keys
- * grow with its position, so contiguous ranges would hand the last thread most of the work. Every
- * thread walks the same rows and finds the same tiles. */
+/* Consecutive rows of one sequence form row tiles (up to ATT_Q / group rows, at least 1, at most 8);
+ * each row tile is cut into query tiles by KV head (and by ATT_Q when a group has more heads). Query
+ * tiles are dealt to threads in turn (tile k to thread k % nt), not in contiguous ranges: in a causal
+ * prefill a row's keys grow with its position, so contiguous ranges would hand the last thread most
+ * of the work. Every thread walks the same rows and finds the same tiles. */
 static void attn_run(void *ctx, int tid, int nt)
 {
     const attn_task *t = ctx;
+    const int group = t->group, nkv = t->nh / t->group;
+    int rows_per = ATT_Q / group;
+    rows_per = rows_per < 1 ? 1 : rows_per > 8 ? 8 : rows_per;
     int k = 0;
     for (int r = 0; r < t->n_rows;) {
         int e = r + 1;
-        while (e < t->n_rows && e - r < ATT_ROWS && t->slot[e] == t->slot[r]) e++;
-        if (k++ % nt == tid) {
-            if (t->slot[r] < 0) { /* masked padding rows */
+        while (e < t->n_rows && e - r < rows_per && t->slot[e] == t->slot[r]) e++;
+        const int nr = e - r;
+        if (t->slot[r] < 0) { /* masked padding rows */
+            if (k++ % nt == tid)
                 memset(t->out + (size_t)r * (size_t)t->nh * (size_t)t->hd, 0,
-                       (size_t)(e - r) * (size_t)t->nh * (size_t)t->hd * sizeof(float));
-            } else {
-                for (int h = 0; h < t->nh; h++) attn_rows(t, r, e - r, h);
-            }
+                       (size_t)nr * (size_t)t->nh * (size_t)t->hd * sizeof(float));
+        } else {
+            const int per = ATT_Q / nr < group ? ATT_Q / nr : group; /* query heads per tile */
+            for (int g = 0; g < nkv; g++)
+                for (int hb = g * group; hb < (g + 1) * group; hb += per)
+                    if (k++ % nt == tid)
+                        attn_tile(t, r, nr, hb, (g + 1) * group - hb < per ? (g + 1) * group - hb : per);
         }
         r = e;
     }

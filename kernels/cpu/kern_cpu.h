@@ -54,8 +54,9 @@ typedef struct {
     void (*mm_cols)(const kern_mm_args *a, int n0, int n1);
     /* sum_i a[i]*b[i] in the 16-lane scheme */
     float (*dot)(const float *a, const float *b, int n);
-    /* out[j] = dot(q, k[j], n) for j < nk <= 16: bitwise as nk calls of dot, faster */
-    void (*dots)(const float *q, const float *const *k, int nk, int n, float *out);
+    /* out[i * ldo + j] = dot(q[i], k[j], n) for i < nq <= 4, j < nk <= 4: bitwise as nq * nk calls
+     * of dot, faster */
+    void (*dots4x4)(const float *const *q, int nq, const float *const *k, int nk, int n, float *out, int ldo);
     /* y[i] = y[i] + alpha * x[i] */
     void (*axpy)(float *y, float alpha, const float *x, int n);
     /* axpy with alpha a[j] and x[j] for j = 0 .. nx-1 in order: bitwise as nx calls of axpy */

@@ -501,9 +501,9 @@ typedef struct {
     float *K, *V; /* logical [max_seqs][max_blocks*bs][nkv*hd], what the cache should hold */
 } paged;
 
-static void paged_init(paged *pg, int nh, int nkv, int hd)
+static void paged_init_geom(paged *pg, int nh, int nkv, int hd, int bs, int max_blocks)
 {
-    *pg = (paged){.nh = nh, .nkv = nkv, .hd = hd, .bs = 4, .max_blocks = 6, .max_seqs = 3};
+    *pg = (paged){.nh = nh, .nkv = nkv, .hd = hd, .bs = bs, .max_blocks = max_blocks, .max_seqs = 3};
     pg->num_blocks = pg->max_blocks * pg->max_seqs + 5;
     size_t cache = (size_t)pg->num_blocks * pg->bs * nkv * hd;
     pg->kc = falloc(cache);
@@ -528,6 +528,7 @@ static void paged_init(paged *pg, int nh, int nkv, int hd)
     fill(pg->K, logical, -1.0f, 1.0f);
     fill(pg->V, logical, -1.0f, 1.0f);
 }
+static void paged_init(paged *pg, int nh, int nkv, int hd) { paged_init_geom(pg, nh, nkv, hd, 4, 6); }
 static void paged_free(paged *pg)
 {
     free(pg->kc), free(pg->vc), free(pg->bt), free(pg->K), free(pg->V);
@@ -755,8 +756,66 @@ static void test_attention_bitwise(void **state)
     kern_cpu_set_min_parallel_work(old);
 }
 
-/* simd->dots and simd->axpys (the batched forms attention uses) against dot and axpy called one
- * at a time, bitwise, for every ISA, for every key count 1..16 and lengths with and without a
+/* attention as a chunked prefill runs it: 40 rows, most of them consecutive positions of one
+ * sequence (so they share query tiles), a few of another sequence and masked rows between them,
+ * contexts over several 32-key chunks, GQA groups of 3 and 6, head dims with and without a k % 16
+ * tail. Every row must equal the same row computed alone, bitwise, for every ISA and pool size. */
+static void test_attention_prefill_bitwise(void **state)
+{
+    (void)state;
+    kern_isa isas[3];
+    int nisa = isa_list(isas);
+    size_t old = kern_cpu_set_min_parallel_work(0);
+    static const int geom[2][5] = {{12, 4, 64, 16, 8}, {6, 1, 20, 8, 13}}; /* nh nkv hd bs max_blocks */
+    for (int gi = 0; gi < 2; gi++) {
+        paged pg;
+        paged_init_geom(&pg, geom[gi][0], geom[gi][1], geom[gi][2], geom[gi][3], geom[gi][4]);
+        paged_fill_via_kv_write(NULL, &pg);
+        const int n = 40, cap = pg.max_blocks * pg.bs;
+        attn_rows a;
+        attn_rows_init(&a, &pg, n, n);
+        for (int r = 0; r < n; r++) {
+            a.slot[r] = r == 7 || r == 30 ? -1 : r >= 12 && r < 16 ? 0 : 1;
+            a.kv_len[r] = a.slot[r] == 1 ? cap - n + 1 + r : 1 + rnd_int(cap);
+        }
+        const size_t row = (size_t)pg.nh * pg.hd;
+        float *golden = falloc((size_t)n * row);
+        attn_rows one = a;
+        one.max_rows = 1;
+        one.n = 1;
+        for (int r = 0; r < n; r++) {
+            one.q = a.q + (size_t)r * a.q_stride;
+            one.out = golden + (size_t)r * row;
+            one.slot = a.slot + r;
+            one.kv_len = a.kv_len + r;
+            kern_op op1 = attn_op(&pg, &one, 0.13f);
+            kern_cpu_exec(NULL, &op1);
+        }
+        kern_op op = attn_op(&pg, &a, 0.13f);
+        for (int ii = 0; ii < nisa; ii++) {
+            assert_int_equal(kern_simd_force(isas[ii]), 0);
+            for (int nt = 1; nt <= 3; nt++) {
+                kern_pool *pool = kern_pool_create(nt);
+                poison(a.out, (size_t)n * row);
+                kern_cpu_exec(pool, &op);
+                for (int r = 0; r < n; r++)
+                    if (memcmp(a.out + (size_t)r * row, golden + (size_t)r * row, row * 4) != 0)
+                        fail_msg("prefill attention row %d (slot %d, kv_len %d) differs from the row alone: isa %d "
+                                 "threads %d geometry %d",
+                                 r, a.slot[r], a.kv_len[r], (int)isas[ii], nt, gi);
+                kern_pool_destroy(pool);
+            }
+        }
+        isa_reset();
+        free(golden);
+        attn_rows_free(&a);
+        paged_free(&pg);
+    }
+    kern_cpu_set_min_parallel_work(old);
+}
+
+/* simd->dots4x4 and simd->axpys (the batched forms attention uses) against dot and axpy called one
+ * at a time, bitwise, for every ISA, for every block shape (queries x keys up to 4 x 4) and lengths with and without a
  * k % 16 tail: they promise the same operations in the same order */
 static void test_simd_batched_bitwise(void **state)
 {
@@ -764,8 +823,7 @@ static void test_simd_batched_bitwise(void **state)
     kern_isa isas[3];
     int nisa = isa_list(isas);
     enum { NMAX = 136 };
-    float *q = falloc(NMAX), *k = falloc(16 * NMAX), *y0 = falloc(NMAX), *y1 = falloc(NMAX), a[16];
-    fill(q, NMAX, -1, 1);
+    float *k = falloc(16 * NMAX), *y0 = falloc(NMAX), *y1 = falloc(NMAX), a[16];
     fill(k, 16 * NMAX, -1, 1);
     fill(a, 16, -2, 2);
     const float *kp[16];
@@ -777,14 +835,16 @@ static void test_simd_batched_bitwise(void **state)
         for (int li = 0; li < 6; li++) {
             const int n = lens[li];
             for (int nk = 1; nk <= 16; nk++) {
-                float got[16];
-                so->dots(q, kp, nk, n, got);
-                for (int j = 0; j < nk; j++) {
-                    float want = so->dot(q, kp[j], n);
-                    if (memcmp(&got[j], &want, 4) != 0)
-                        fail_msg("dots[%d] of %d (n %d, isa %s): %.9g, dot gives %.9g", j, nk, n, so->name,
-                                 (double)got[j], (double)want);
-                }
+                const int nq = 1 + (nk - 1) % 4, nkb = 1 + (nk - 1) / 4; /* every 4 x 4 shape */
+                float got[4 * 5];
+                so->dots4x4(kp + 12, nq, kp, nkb, n, got, 5);
+                for (int i = 0; i < nq; i++)
+                    for (int j = 0; j < nkb; j++) {
+                        float want = so->dot(kp[12 + i], kp[j], n);
+                        if (memcmp(&got[i * 5 + j], &want, 4) != 0)
+                            fail_msg("dots4x4[%d][%d] of %dx%d (n %d, isa %s): %.9g, dot gives %.9g", i, j, nq, nkb,
+                                     n, so->name, (double)got[i * 5 + j], (double)want);
+                    }
                 fill(y0, NMAX, -1, 1);
                 memcpy(y1, y0, NMAX * 4);
                 so->axpys(y0, a, kp, nk, n);
@@ -795,7 +855,7 @@ static void test_simd_batched_bitwise(void **state)
         }
     }
     isa_reset();
-    free(q), free(k), free(y0), free(y1);
+    free(k), free(y0), free(y1);
 }
 
 /* ---- elementwise -------------------------------------------------------------------------------- */
@@ -1137,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_matmul_reference),
         cmocka_unit_test(test_matmul_bitwise),
         cmocka_unit_test(test_simd_batched_bitwise),
+        cmocka_unit_test(test_attention_prefill_bitwise),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_qk_norm_rope),
         cmocka_unit_test(test_attention),
