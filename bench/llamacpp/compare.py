@@ -1,0 +1,787 @@
+#!/usr/bin/env python3
+"""graphswap vs llama.cpp: CPU decode and prefill speed on the same Qwen3 checkpoint.
+
+    bench/llamacpp/setup.sh                       # once: the venv with llama-cpp-python, gguf, numpy
+    /tmp/llvenv/bin/python bench/llamacpp/compare.py --graphswap build/graphswap --out results/
+
+Makes (or reuses) an F32 and a BF16 random-init Qwen3 checkpoint with `graphswap mkmodel`,
+converts each to GGUF with hf_to_gguf.py, checks that both engines generate the same greedy
+tokens at F32 (and that their logprobs agree), then measures each figure several times,
+alternating the engines, and prints min / median / max per engine and the ratio of medians
+graphswap / llama.cpp. See README.md in this folder.
+
+llama.cpp runs through llama-cpp-python's low-level ctypes API in a child process of this script
+(one per measurement, like graphswap's CLI), so the two engines never share a process or run
+at the same time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+CONVERTER = HERE / "hf_to_gguf.py"
+
+P_DECODE = 16  # prompt tokens per sequence before decode (as graphswap bench decode)
+MKMODEL_GEOMETRY = ["--arch", "qwen3", "--hidden", "768", "--layers", "12", "--heads", "12",
+                    "--kv-heads", "4", "--head-dim", "64", "--intermediate", "2048",
+                    "--vocab", "32000", "--no-tie", "--seed", "1"]
+RESULT_TAG = "@@RESULT "
+
+
+def die(msg: str, code: int = 1):
+    print(f"compare.py: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def log(msg: str):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# =============================================================== llama.cpp worker (child process)
+
+
+class Llama:
+    """A llama.cpp model + context through llama-cpp-python's ctypes bindings."""
+
+    def __init__(self, gguf: str, threads: int, n_ctx: int, n_batch: int, n_ubatch: int,
+                 n_seq_max: int, kv_type: str, flash_attn: str, verbose: bool):
+        import ctypes
+        import numpy as np
+        import llama_cpp as L
+        self.L, self.np, self.ct = L, np, ctypes
+        if not verbose:
+            self._log_cb = L.llama_log_callback(lambda level, text, user: None)
+            L.llama_log_set(self._log_cb, ctypes.c_void_p())
+        L.llama_backend_init()
+
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        fields = {f[0] for f in type(mp)._fields_}
+        if "use_mmap" in fields:  # read the weights into memory, as graphswap does
+            mp.use_mmap = False
+        if "load_mode" in fields:
+            mp.load_mode = getattr(L, "LLAMA_LOAD_MODE_NONE", 0)
+        load = getattr(L, "llama_model_load_from_file", None) or L.llama_load_model_from_file
+        self.model = load(gguf.encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {gguf}")
+
+        cp = L.llama_context_default_params()
+        cfields = {f[0] for f in type(cp)._fields_}
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_batch
+        cp.n_ubatch = n_ubatch
+        cp.n_seq_max = n_seq_max
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        kv = {"f16": 1, "f32": 0, "bf16": 30}[kv_type]  # GGML_TYPE_*
+        cp.type_k = kv
+        cp.type_v = kv
+        if "flash_attn_type" in cfields:
+            cp.flash_attn_type = {"auto": -1, "off": 0, "on": 1}[flash_attn]
+        elif "flash_attn" in cfields:
+            cp.flash_attn = flash_attn == "on"
+        if "no_perf" in cfields:
+            cp.no_perf = True
+        cp.embeddings = False
+        init = getattr(L, "llama_init_from_model", None) or L.llama_new_context_with_model
+        self.ctx = init(self.model, cp)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context "
+                               f"(n_ctx {n_ctx}, n_batch {n_batch}, n_seq_max {n_seq_max})")
+        if hasattr(L, "llama_model_get_vocab") and hasattr(L, "llama_vocab_n_tokens"):
+            self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        else:
+            self.n_vocab = L.llama_n_vocab(self.model)
+        self.cap = max(n_batch, n_seq_max)
+        self.batch = L.llama_batch_init(self.cap, 0, 1)
+
+    def clear(self):
+        L = self.L
+        if hasattr(L, "llama_memory_clear") and hasattr(L, "llama_get_memory"):
+            L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        elif hasattr(L, "llama_kv_self_clear"):
+            L.llama_kv_self_clear(self.ctx)
+        else:
+            L.llama_kv_cache_clear(self.ctx)
+
+    def fill(self, toks, poss, seqs, outs):
+        b = self.batch
+        n = len(toks)
+        if n > self.cap:
+            raise RuntimeError(f"batch of {n} > capacity {self.cap}")
+        for i in range(n):
+            b.token[i] = toks[i]
+            b.pos[i] = poss[i]
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seqs[i]
+            b.logits[i] = 1 if outs[i] else 0
+        b.n_tokens = n
+        return sum(1 for o in outs if o)
+
+    def decode(self, n_out):
+        rc = self.L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        ptr = self.L.llama_get_logits(self.ctx)
+        return self.np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def close(self):
+        L = self.L
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        (getattr(L, "llama_model_free", None) or L.llama_free_model)(self.model)
+
+
+def llama_info() -> dict:
+    import ctypes
+    import llama_cpp as L
+    info = {"llama_cpp_python": getattr(L, "__version__", None)}
+    try:
+        info["system_info"] = L.llama_print_system_info().decode().strip()
+    except Exception:  # noqa: BLE001
+        pass
+    libdir = Path(L.__file__).resolve().parent / "lib"
+    for lib in ("libggml-base.so", "libggml.so", "libllama.so"):
+        p = libdir / lib
+        if not p.exists():
+            continue
+        try:
+            h = ctypes.CDLL(str(p))
+        except OSError:
+            continue
+        for fn in ("ggml_version", "ggml_commit"):
+            if fn not in info and hasattr(h, fn):
+                f = getattr(h, fn)
+                f.restype = ctypes.c_char_p
+                f.argtypes = []
+                v = f()
+                info[fn] = v.decode() if v else None
+    return info
+
+
+def worker_decode(s: dict) -> dict:
+    B, N = s["batch"], s["tokens"]
+    lm = Llama(s["gguf"], s["threads"], n_ctx=B * (P_DECODE + N + 8), n_batch=max(512, B * P_DECODE),
+               n_ubatch=max(512, B * P_DECODE), n_seq_max=B, kv_type=s["kv_type"],
+               flash_attn=s["flash_attn"], verbose=s["verbose"])
+    V = lm.n_vocab
+    # the prompts graphswap bench decode uses: one batch with every sequence's 16 tokens
+    toks, poss, seqs, outs = [], [], [], []
+    for b in range(B):
+        for i in range(P_DECODE):
+            toks.append((b * 7919 + i * 104729) % V)
+            poss.append(i)
+            seqs.append(b)
+            outs.append(i == P_DECODE - 1)
+    n_out = lm.fill(toks, poss, seqs, outs)
+    nxt = lm.decode(n_out).argmax(axis=1)
+
+    def step(pos):
+        nonlocal nxt
+        lm.fill([int(t) for t in nxt], [pos] * B, list(range(B)), [True] * B)
+        nxt = lm.decode(B).argmax(axis=1)  # greedy, logits for every sequence
+
+    step(P_DECODE)  # warm-up step, untimed (graphswap: prefill + one decode step untimed)
+    timed = N - 2
+    t0 = time.perf_counter()
+    for k in range(timed):
+        step(P_DECODE + 1 + k)
+    dt = time.perf_counter() - t0
+    lm.close()
+    return {"tok_s": B * timed / dt, "step_ms": 1e3 * dt / timed, "n_vocab": V}
+
+
+def worker_prefill(s: dict) -> dict:
+    Lp, reps = s["length"], s["reps"]
+    lm = Llama(s["gguf"], s["threads"], n_ctx=Lp + 8, n_batch=Lp, n_ubatch=Lp, n_seq_max=1,
+               kv_type=s["kv_type"], flash_attn=s["flash_attn"], verbose=s["verbose"])
+    V = lm.n_vocab
+    prompt = [(i * 104729 + 17) % V for i in range(Lp)]  # as graphswap bench prefill
+
+    def once():
+        lm.clear()
+        n_out = lm.fill(prompt, list(range(Lp)), [0] * Lp, [i == Lp - 1 for i in range(Lp)])
+        t0 = time.perf_counter()
+        lm.decode(n_out).argmax(axis=1)  # logits of the last position only, one sampled token
+        return time.perf_counter() - t0
+
+    once()  # warm-up
+    ts = sorted(once() for _ in range(reps))
+    lm.close()
+    med = statistics.median(ts)
+    return {"tok_s": Lp / med, "ms": 1e3 * med, "min_ms": 1e3 * ts[0], "max_ms": 1e3 * ts[-1]}
+
+
+def worker_check(s: dict) -> dict:
+    """Teacher-forced on graphswap's tokens: llama.cpp's argmax and logprobs at each step."""
+    prompt, gs_tokens, gs_top = s["prompt"], s["gs_tokens"], s["gs_top"]
+    n = len(gs_tokens)
+    lm = Llama(s["gguf"], s["threads"], n_ctx=len(prompt) + n + 8, n_batch=max(512, len(prompt)),
+               n_ubatch=max(512, len(prompt)), n_seq_max=1, kv_type=s["kv_type"],
+               flash_attn=s["flash_attn"], verbose=s["verbose"])
+    np = lm.np
+    n_out = lm.fill(prompt, list(range(len(prompt))), [0] * len(prompt),
+                    [i == len(prompt) - 1 for i in range(len(prompt))])
+    logits = lm.decode(n_out)[0].astype(np.float64)
+    steps = []
+    for i in range(n):
+        lp = logits - logits.max()
+        lp = lp - np.log(np.exp(lp).sum())
+        order = np.argsort(-lp)
+        top1, top2 = int(order[0]), int(order[1])
+        g = int(gs_tokens[i])
+        diffs = [abs(float(lp[int(t)]) - float(l)) for t, l in (gs_top[i] if i < len(gs_top) else [])]
+        steps.append({"llama_argmax": top1, "graphswap": g,
+                      "llama_gap_top1_top2": float(lp[top1] - lp[top2]),
+                      "llama_lp_of_graphswap_token": float(lp[g]),
+                      "llama_lp_top1": float(lp[top1]),
+                      "max_abs_dlogprob_topk": max(diffs) if diffs else None})
+        if i + 1 < n:
+            lm.fill([g], [len(prompt) + i], [0], [True])
+            logits = lm.decode(1)[0].astype(np.float64)
+    lm.close()
+    return {"steps": steps, "n_vocab": lm.n_vocab}
+
+
+def worker_main() -> int:
+    spec = json.loads(sys.stdin.read())
+    kind = spec["kind"]
+    try:
+        if kind == "info":
+            res = llama_info()
+        elif kind == "decode":
+            res = worker_decode(spec)
+        elif kind == "prefill":
+            res = worker_prefill(spec)
+        elif kind == "check":
+            res = worker_check(spec)
+        else:
+            raise ValueError(f"unknown worker kind {kind}")
+    except Exception as e:  # noqa: BLE001
+        print(RESULT_TAG + json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        return 1
+    print(RESULT_TAG + json.dumps(res), flush=True)
+    return 0
+
+
+# =============================================================== driver side
+
+
+def run_llama(spec: dict, timeout: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker"]
+    try:
+        p = subprocess.run(cmd, input=json.dumps(spec), stdout=subprocess.PIPE,
+                           stderr=None if spec.get("verbose") else subprocess.PIPE, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        die(f"llama.cpp worker ({spec['kind']}) ran past {timeout:.0f}s")
+    res = None
+    for line in p.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            res = json.loads(line[len(RESULT_TAG):])
+    if res is None or "error" in res or p.returncode != 0:
+        why = res.get("error") if res else f"exit status {p.returncode}, no result"
+        tail = "\n".join((p.stderr or "").splitlines()[-25:])
+        die(f"llama.cpp {spec['kind']} on {spec.get('gguf')} failed: {why}\n--- worker stderr (tail) ---\n{tail}")
+    return res
+
+
+def run_cmd(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        die(f"cannot run {cmd[0]}: not found")
+    except subprocess.TimeoutExpired:
+        die(f"`{' '.join(cmd)}` ran past {timeout:.0f}s")
+
+
+# ---- graphswap output parsers (also used by the self-test)
+
+DECODE_ROW = re.compile(r"^\s*(\d+)\s+(plan|eager)\s+([0-9]+(?:\.[0-9]+)?)\s+([0-9]+(?:\.[0-9]+)?)\b",
+                        re.MULTILINE)
+PREFILL_HEADER = re.compile(r"^\s*len\b", re.MULTILINE)
+PREFILL_ROW = re.compile(r"^\s*(\d+)\s+([0-9]+(?:\.[0-9]+)?)(?:\s|$)")
+
+
+def parse_gs_decode(text: str, batch: int, mode: str = "plan") -> dict | None:
+    """tok/s (and step ms) of the row `batch mode tok/s step-ms ...`; None when absent."""
+    for m in DECODE_ROW.finditer(text):
+        if int(m.group(1)) == batch and m.group(2) == mode:
+            return {"tok_s": float(m.group(3)), "step_ms": float(m.group(4))}
+    return None
+
+
+def parse_gs_prefill(text: str, length: int) -> dict | None:
+    """tok/s of the row `len tok/s ...` under the header line starting with `len`."""
+    h = PREFILL_HEADER.search(text)
+    if not h:
+        return None
+    for line in text[h.end():].splitlines():
+        m = PREFILL_ROW.match(line)
+        if m and int(m.group(1)) == length:
+            return {"tok_s": float(m.group(2))}
+    return None
+
+
+def gs_fail(what: str, cmd: list[str], p: subprocess.CompletedProcess):
+    out = ((p.stdout or "") + (p.stderr or "")).strip().splitlines()
+    die(f"graphswap {what}: no result (exit status {p.returncode}) from\n  {' '.join(cmd)}\n"
+        "--- output (tail) ---\n" + "\n".join(out[-25:]))
+
+
+class Graphswap:
+    def __init__(self, binary: str, threads: int, timeout: float):
+        self.bin, self.threads, self.timeout = binary, threads, timeout
+        self.new_flags = True  # --batches / --modes
+
+    def decode(self, model: str, batch: int, tokens: int) -> dict:
+        base = [self.bin, "bench", "decode", "--model", model, "--threads", str(self.threads),
+                "--tokens", str(tokens)]
+        cmd = base + (["--batches", str(batch), "--modes", "plan"] if self.new_flags else [])
+        p = run_cmd(cmd, self.timeout)
+        if p.returncode != 0 and self.new_flags and re.search(r"--batches|--modes|unknown|usage",
+                                                              (p.stdout or "") + (p.stderr or "")):
+            log("compare.py: this graphswap has no --batches/--modes; running every batch and mode")
+            self.new_flags = False
+            cmd = base
+            p = run_cmd(cmd, self.timeout)
+        r = parse_gs_decode(p.stdout or "", batch, "plan") if p.returncode == 0 else None
+        if r is None:
+            gs_fail(f"decode batch {batch} (row `{batch} plan ...`)", cmd, p)
+        return r
+
+    def prefill(self, model: str, length: int, reps: int) -> dict:
+        cmd = [self.bin, "bench", "prefill", "--model", model, "--threads", str(self.threads),
+               "--lengths", str(length), "--reps", str(reps)]
+        p = run_cmd(cmd, self.timeout)
+        r = parse_gs_prefill(p.stdout or "", length) if p.returncode == 0 else None
+        if r is None:
+            gs_fail(f"prefill length {length} (row `{length} tok/s ...` under a `len` header)", cmd, p)
+        return r
+
+    def generate(self, model: str, prompt: list[int], n: int, logprobs: int) -> dict:
+        cmd = [self.bin, "generate", "--model", model, "--threads", str(self.threads),
+               "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", str(n),
+               "--ignore-eos", "--logprobs", str(logprobs)]
+        p = run_cmd(cmd, self.timeout)
+        for line in reversed((p.stdout or "").splitlines()):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    break
+        gs_fail("generate", cmd, p)
+
+
+# ---- checkpoints
+
+
+def ensure_checkpoints(a) -> dict[str, dict]:
+    work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for dt in a.dtypes:
+        given = getattr(a, f"checkpoint_{dt}")
+        if given:
+            ck = Path(given)
+            if not (ck / "config.json").is_file():
+                die(f"--checkpoint-{dt} {ck}: no config.json")
+        else:
+            ck = work / f"qwen3-{dt}"
+            args = MKMODEL_GEOMETRY + ["--dtype", dt]
+            stamp = work / f"qwen3-{dt}.mkmodel.json"
+            ok = (ck / "config.json").is_file() and stamp.is_file() and \
+                json.loads(stamp.read_text()) == args and \
+                any(ck.glob("*.safetensors"))
+            if not ok:
+                log(f"compare.py: making checkpoint {ck} (graphswap mkmodel, {dt})")
+                shutil.rmtree(ck, ignore_errors=True)
+                stamp.unlink(missing_ok=True)
+                cmd = [a.graphswap, "mkmodel", "--out", str(ck)] + args
+                p = run_cmd(cmd, a.timeout)
+                if p.returncode != 0:
+                    die(f"`{' '.join(cmd)}` failed:\n{p.stdout}\n{p.stderr}")
+                stamp.write_text(json.dumps(args))
+        gguf = work / f"{ck.name}-{dt}.gguf" if given else work / f"qwen3-{dt}.gguf"
+        newest_src = max(f.stat().st_mtime for f in list(ck.glob("*.safetensors")) +
+                         [ck / "config.json", CONVERTER])
+        if not gguf.is_file() or gguf.stat().st_mtime < newest_src:
+            log(f"compare.py: converting {ck} -> {gguf} ({dt})")
+            cmd = [sys.executable, str(CONVERTER), str(ck), str(gguf), "--outtype", dt, "-q"]
+            p = run_cmd(cmd, a.timeout)
+            if p.returncode != 0:
+                die(f"conversion failed:\n{p.stdout}\n{p.stderr}")
+        out[dt] = {"checkpoint": str(ck), "gguf": str(gguf)}
+    return out
+
+
+# ---- correctness check
+
+
+def correctness_check(a, gs: Graphswap, models: dict) -> dict:
+    if "f32" not in models:
+        die("the correctness check needs the f32 checkpoint (--dtypes must include f32, or --no-check)")
+    m = models["f32"]
+    n = 16
+    prompt = [(i * 7919 + 11) % 1000 + 1 for i in range(24)]  # fixed ids, well inside any vocab
+    g = gs.generate(m["checkpoint"], prompt, n, logprobs=20)
+    gs_tokens = g.get("token_ids") or []
+    if len(gs_tokens) != n:
+        die(f"graphswap generate returned {len(gs_tokens)} tokens, expected {n}: {json.dumps(g)[:300]}")
+    res = run_llama({"kind": "check", "gguf": m["gguf"], "threads": a.threads, "prompt": prompt,
+                     "gs_tokens": gs_tokens, "gs_top": g.get("top_logprobs") or [],
+                     "kv_type": "f32", "flash_attn": "off", "verbose": a.verbose},
+                    a.timeout)
+    steps = res["steps"]
+    first_mismatch, tie = None, False
+    for i, s in enumerate(steps):
+        if s["llama_argmax"] != s["graphswap"]:
+            first_mismatch = i
+            tie = s["llama_lp_top1"] - s["llama_lp_of_graphswap_token"] <= a.tie_tol
+            break
+    compared = steps if first_mismatch is None else steps[:first_mismatch + 1]
+    dl = [s["max_abs_dlogprob_topk"] for s in compared if s["max_abs_dlogprob_topk"] is not None]
+    max_dlp = max(dl) if dl else None
+    llama_tokens = [s["llama_argmax"] for s in steps]
+    ok_tokens = first_mismatch is None or tie
+    ok_lp = max_dlp is not None and max_dlp <= a.logprob_tol
+    out = {"prompt_ids": prompt, "graphswap_tokens": gs_tokens,
+           "llama_tokens_teacher_forced": llama_tokens, "first_mismatch": first_mismatch,
+           "mismatch_is_near_tie": tie if first_mismatch is not None else None,
+           "max_abs_dlogprob_top20": max_dlp, "logprob_tol": a.logprob_tol,
+           "min_top1_top2_gap": min(s["llama_gap_top1_top2"] for s in steps),
+           "tokens_match": first_mismatch is None, "ok": ok_tokens and ok_lp,
+           "llama_config": "KV cache f32, flash attention off", "steps": steps}
+    print(f"correctness check (F32, greedy, {n} tokens after a {len(prompt)}-token prompt; "
+          "llama.cpp with an f32 KV cache and flash attention off):")
+    print(f"  graphswap  : {gs_tokens}")
+    print(f"  llama.cpp  : {llama_tokens}")
+    if first_mismatch is None:
+        print(f"  tokens     : all {n} match")
+    else:
+        print(f"  tokens     : first mismatch at position {first_mismatch}"
+              + (" (a near-tie in llama.cpp's logits, within --tie-tol)" if tie else ""))
+    print(f"  logprobs   : max |graphswap - llama.cpp| over graphswap's top-20 at each position = "
+          f"{max_dlp:.3g} nats (tolerance {a.logprob_tol:g}); smallest top-1/top-2 gap "
+          f"{out['min_top1_top2_gap']:.3g}" if max_dlp is not None else
+          "  logprobs   : graphswap reported no top_logprobs")
+    print(f"  result     : {'MATCH' if out['ok'] else 'MISMATCH'}")
+    sys.stdout.flush()
+    return out
+
+
+# ---- machine info
+
+
+def machine_info(a) -> dict:
+    info = {"python": sys.version.split()[0], "platform": platform.platform()}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        m = re.search(r"^Model name:\s*(.+)$", lscpu, re.MULTILINE)
+        info["cpu_model"] = m.group(1).strip() if m else None
+    except FileNotFoundError:
+        info["cpu_model"] = None
+    try:
+        flags = set()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+        info["cpu_flags"] = {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}
+    except OSError:
+        info["cpu_flags"] = None
+    info["nproc"] = os.cpu_count()
+    try:
+        info["mem_total_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    g = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    info["graphswap_commit"] = g.stdout.strip() or None
+    d = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                       capture_output=True, text=True)
+    info["graphswap_tree_dirty"] = bool(d.stdout.strip())
+    info["graphswap_binary"] = str(Path(a.graphswap).resolve())
+    info["llama"] = run_llama({"kind": "info"}, a.timeout)
+    return info
+
+
+# ---- the table
+
+
+def figures(a) -> list[dict]:
+    out = []
+    for dt in a.dtypes:
+        for b in a.batches:
+            out.append({"id": f"decode-b{b}-{dt}", "kind": "decode", "batch": b, "dtype": dt,
+                        "label": f"decode batch {b}" + (" (total)" if b > 1 else ""), "unit": "tok/s"})
+        for L in a.prefill:
+            out.append({"id": f"prefill-{L}-{dt}", "kind": "prefill", "length": L, "dtype": dt,
+                        "label": f"prefill {L}-token prompt", "unit": "tok/s"})
+    return out
+
+
+def summarize(vals: list[float]) -> dict | None:
+    if not vals:
+        return None
+    return {"min": min(vals), "median": statistics.median(vals), "max": max(vals), "n": len(vals)}
+
+
+def fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
+
+
+def table_rows(figs, raw) -> list[list[str]]:
+    rows = []
+    for f in figs:
+        r = raw[f["id"]]
+        sl, sg = summarize(r["llama.cpp"]), summarize(r["graphswap"])
+        ratio = (sg["median"] / sl["median"]) if sl and sg and sl["median"] > 0 else None
+        rows.append([f["label"], f["dtype"],
+                     fmt(sl and sl["min"]), fmt(sl and sl["median"]), fmt(sl and sl["max"]),
+                     fmt(sg and sg["min"]), fmt(sg and sg["median"]), fmt(sg and sg["max"]),
+                     f"{ratio:.2f}x" if ratio else "-"])
+    return rows
+
+
+HEAD = ["figure (tok/s)", "dtype", "llama.cpp min", "median", "max", "graphswap min", "median", "max",
+        "graphswap/llama.cpp"]
+
+
+def text_table(rows) -> str:
+    w = [max(len(HEAD[i]), *(len(r[i]) for r in rows)) for i in range(len(HEAD))]
+    def line(r):
+        return "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r))
+    return "\n".join([line(HEAD), line(["-" * x for x in w])] + [line(r) for r in rows])
+
+
+def md_table(rows) -> str:
+    out = ["| " + " | ".join(HEAD) + " |", "|" + "|".join(["---", "---"] + ["---:"] * 7) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def write_outputs(a, doc: dict, rows, final: bool):
+    if not a.out:
+        return
+    od = Path(a.out)
+    od.mkdir(parents=True, exist_ok=True)
+    (od / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if not final:
+        return
+    mi = doc["machine"]
+    ll = mi.get("llama", {})
+    c = doc["config"]
+    flags = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in (mi.get("cpu_flags") or {}).items())
+    md = [f"# graphswap vs llama.cpp (CPU)", "",
+          f"- CPU: {mi.get('cpu_model')} ({mi.get('nproc')} logical CPUs; {flags})",
+          f"- graphswap: commit {mi.get('graphswap_commit')}"
+          + (" (working tree modified)" if mi.get("graphswap_tree_dirty") else ""),
+          f"- llama.cpp: llama-cpp-python {ll.get('llama_cpp_python')}, ggml {ll.get('ggml_version')} "
+          f"(commit {ll.get('ggml_commit')})",
+          f"- llama.cpp CPU features: {ll.get('system_info')}",
+          f"- threads {c['threads']} for both; {c['reps']} repetition(s) per figure, engines alternated; "
+          f"decode {c['tokens']} tokens per sequence after a {P_DECODE}-token prompt "
+          f"(first two untimed); prefill: median of {c['prefill_reps']} run(s) after a warm-up, per repetition",
+          f"- llama.cpp: KV cache {c['kv_type']}, flash attention {c['flash_attn']}, no mmap; "
+          "graphswap: captured plans, KV cache f32",
+          f"- model: random-init Qwen3 ({' '.join(MKMODEL_GEOMETRY)})",
+          ""]
+    chk = doc.get("check")
+    if chk:
+        md.append(f"Correctness (F32, greedy, 16 tokens): {'match' if chk['ok'] else 'MISMATCH'}; "
+                  f"max |d logprob| over top-20 = {chk['max_abs_dlogprob_top20']:.3g}" if chk.get(
+                      "max_abs_dlogprob_top20") is not None else
+                  f"Correctness: {'match' if chk['ok'] else 'MISMATCH'}")
+        md.append("")
+    md.append(md_table(rows))
+    md.append("")
+    md.append("tok/s: decode = tokens generated per second summed over the batch; prefill = prompt "
+              "tokens per second. Ratio = median graphswap / median llama.cpp (> 1: graphswap faster).")
+    (od / "results.md").write_text("\n".join(md) + "\n")
+
+
+# ---- self-test of the parsers
+
+
+def selftest() -> int:
+    dec = """model: /tmp/m  params: 124.7M  weight bytes per decode step: 400.4 MB  threads: 2
+batch  mode         tok/s    step ms GB/s weights     vs floor   vs read
+1      plan         56.29      17.76        22.54       115.5%     63.2%
+1      eager        50.00      20.00        20.00       100.0%     50.0%
+4      plan        204.60      19.55        20.48       104.9%     57.4%
+16     plan        604     26.5 x
+"""
+    assert parse_gs_decode(dec, 1) == {"tok_s": 56.29, "step_ms": 17.76}
+    assert parse_gs_decode(dec, 1, "eager")["tok_s"] == 50.0
+    assert parse_gs_decode(dec, 4)["tok_s"] == 204.6
+    assert parse_gs_decode(dec, 16)["tok_s"] == 604.0
+    assert parse_gs_decode(dec, 32) is None
+    pre = """FMA peak: 230.5 GFLOP/s (2 threads)
+len         tok/s         ms     min ms     max ms    GFLOP/s   % peak
+128        1000.0      128.0
+512        1234.5      414.74      414.74      414.74      109.4    47.4%
+"""
+    assert parse_gs_prefill(pre, 512) == {"tok_s": 1234.5}
+    assert parse_gs_prefill(pre, 128) == {"tok_s": 1000.0}
+    assert parse_gs_prefill(pre, 2048) is None
+    assert parse_gs_prefill(dec, 1) is None  # no `len` header
+    print("parser self-test: ok")
+    return 0
+
+
+# ---- main
+
+
+def csv_ints(s: str) -> list[int]:
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
+    if any(x <= 0 for x in v):
+        raise argparse.ArgumentTypeError("values must be positive")
+    return v
+
+
+def main() -> int:
+    if "--_worker" in sys.argv[1:]:
+        return worker_main()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphswap", default=str(REPO / "build" / "graphswap"), help="graphswap binary")
+    ap.add_argument("--workdir", default="/tmp/gs-llamacpp", help="checkpoints and GGUF files")
+    ap.add_argument("--out", help="folder for results.md and results.json")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per figure (default 3)")
+    ap.add_argument("--tokens", type=int, default=64, help="decode tokens per sequence (default 64, >= 4)")
+    ap.add_argument("--batches", type=csv_ints, default=[1, 4, 16, 32], help="decode batches (default 1,4,16,32)")
+    ap.add_argument("--prefill", type=csv_ints, default=[512], help="prefill lengths (default 512)")
+    ap.add_argument("--prefill-reps", type=int, default=3,
+                    help="timed prefills per repetition, median taken, after a warm-up (default 3)")
+    ap.add_argument("--dtypes", default="f32,bf16", help="f32,bf16 (default both)")
+    ap.add_argument("--checkpoint-f32", help="use this F32 checkpoint instead of making one")
+    ap.add_argument("--checkpoint-bf16", help="use this BF16 checkpoint instead of making one")
+    ap.add_argument("--kv-type", choices=["f16", "f32", "bf16"], default="f16",
+                    help="llama.cpp KV cache type for the timings (default f16, llama.cpp's default)")
+    ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp flash attention (default auto, llama.cpp's default)")
+    ap.add_argument("--check", action="store_true", help="run only the correctness check")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness check before timing")
+    ap.add_argument("--logprob-tol", type=float, default=1e-3,
+                    help="max |d logprob| in nats for the check (default 0.001)")
+    ap.add_argument("--tie-tol", type=float, default=1e-3,
+                    help="a token mismatch whose llama.cpp logprob gap is below this counts as a tie")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess (default 1800)")
+    ap.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    ap.add_argument("--selftest", action="store_true", help="test the graphswap output parsers and exit")
+    a = ap.parse_args()
+    if a.selftest:
+        return selftest()
+    a.dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+    if not a.dtypes or any(d not in ("f32", "bf16") for d in a.dtypes):
+        die("--dtypes takes f32, bf16 or f32,bf16")
+    if a.tokens < 4:
+        die("--tokens must be >= 4 (two untimed steps)")
+    if a.reps < 1 or a.prefill_reps < 1 or a.threads < 1:
+        die("--reps, --prefill-reps and --threads must be >= 1")
+    if not (Path(a.graphswap).is_file() and os.access(a.graphswap, os.X_OK)):
+        die(f"graphswap binary {a.graphswap} not found (build it, or pass --graphswap PATH)")
+    try:
+        import llama_cpp  # noqa: F401
+        import gguf  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError as e:
+        die(f"{e}: run this with the bench venv's python (bench/llamacpp/setup.sh, then "
+            "/tmp/llvenv/bin/python bench/llamacpp/compare.py ...)")
+
+    gs = Graphswap(a.graphswap, a.threads, a.timeout)
+    models = ensure_checkpoints(a)
+    doc = {"config": {"threads": a.threads, "reps": a.reps, "tokens": a.tokens, "batches": a.batches,
+                      "prefill": a.prefill, "prefill_reps": a.prefill_reps, "dtypes": a.dtypes,
+                      "kv_type": a.kv_type, "flash_attn": a.flash_attn, "models": models,
+                      "decode_prompt_tokens": P_DECODE,
+                      "graphswap_commands": {
+                          "decode": f"{a.graphswap} bench decode --model CKPT --threads {a.threads} "
+                                    f"--tokens {a.tokens} --batches B --modes plan",
+                          "prefill": f"{a.graphswap} bench prefill --model CKPT --threads {a.threads} "
+                                     f"--lengths L --reps {a.prefill_reps}"}},
+           "machine": machine_info(a)}
+
+    if a.check or not a.no_check:
+        chk = correctness_check(a, gs, models)
+        doc["check"] = chk
+        if a.check or not chk["ok"]:
+            write_outputs(a, doc, [], final=False)
+            if not chk["ok"]:
+                die("correctness check failed: graphswap and llama.cpp disagree on the F32 checkpoint "
+                    "(converter or engine bug); see the lines above", code=2)
+            return 0
+
+    figs = figures(a)
+    raw = {f["id"]: {"llama.cpp": [], "graphswap": []} for f in figs}
+    detail = {f["id"]: {"llama.cpp": [], "graphswap": []} for f in figs}
+    doc["figures"] = figs
+    doc["raw"] = raw  # tok/s per repetition, in run order
+    doc["detail"] = detail  # everything each measurement returned (step ms, prefill ms, ...)
+    t_start = time.time()
+    for rep in range(a.reps):
+        order = ["llama.cpp", "graphswap"] if rep % 2 == 0 else ["graphswap", "llama.cpp"]
+        for f in figs:
+            m = models[f["dtype"]]
+            got = {}
+            for eng in order:
+                if f["kind"] == "decode":
+                    if eng == "llama.cpp":
+                        r = run_llama({"kind": "decode", "gguf": m["gguf"], "threads": a.threads,
+                                       "batch": f["batch"], "tokens": a.tokens, "kv_type": a.kv_type,
+                                       "flash_attn": a.flash_attn, "verbose": a.verbose}, a.timeout)
+                    else:
+                        r = gs.decode(m["checkpoint"], f["batch"], a.tokens)
+                else:
+                    if eng == "llama.cpp":
+                        r = run_llama({"kind": "prefill", "gguf": m["gguf"], "threads": a.threads,
+                                       "length": f["length"], "reps": a.prefill_reps,
+                                       "kv_type": a.kv_type, "flash_attn": a.flash_attn,
+                                       "verbose": a.verbose}, a.timeout)
+                    else:
+                        r = gs.prefill(m["checkpoint"], f["length"], a.prefill_reps)
+                raw[f["id"]][eng].append(r["tok_s"])
+                detail[f["id"]][eng].append(dict(r, rep=rep))
+                got[eng] = r["tok_s"]
+            log(f"[rep {rep + 1}/{a.reps}] {f['label']:28s} {f['dtype']:4s}  llama.cpp {got['llama.cpp']:9.1f}"
+                f"  graphswap {got['graphswap']:9.1f} tok/s  ({time.time() - t_start:.0f}s)")
+        write_outputs(a, doc, table_rows(figs, raw), final=False)
+
+    rows = table_rows(figs, raw)
+    doc["summary"] = {f["id"]: {"llama.cpp": summarize(raw[f["id"]]["llama.cpp"]),
+                                "graphswap": summarize(raw[f["id"]]["graphswap"])} for f in figs}
+    mi = doc["machine"]
+    print()
+    print(f"graphswap vs llama.cpp, {a.threads} threads, {a.reps} reps; CPU {mi.get('cpu_model')}; "
+          f"graphswap {str(mi.get('graphswap_commit'))[:12]}; llama-cpp-python "
+          f"{mi['llama'].get('llama_cpp_python')} (ggml {mi['llama'].get('ggml_version')} "
+          f"{mi['llama'].get('ggml_commit')})")
+    print(text_table(rows))
+    print("decode: tokens/s summed over the batch; prefill: prompt tokens/s; ratio: median graphswap / "
+          "median llama.cpp")
+    write_outputs(a, doc, rows, final=True)
+    if a.out:
+        print(f"wrote {Path(a.out) / 'results.md'} and {Path(a.out) / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

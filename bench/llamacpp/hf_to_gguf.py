@@ -1,0 +1,454 @@
+#!/usr/bin/env python3
+"""Convert a Hugging Face Qwen3 checkpoint folder to a GGUF file for llama.cpp's `qwen3` arch.
+
+    python hf_to_gguf.py CHECKPOINT_DIR OUT.gguf [--outtype auto|f32|bf16]
+
+Reads config.json, model.safetensors (or the shards listed in model.safetensors.index.json),
+tokenizer.json (byte-level BPE) and tokenizer_config.json. Needs only numpy and the `gguf`
+package (its GGUFWriter and constants); safetensors files are parsed here from their header
+(8-byte little-endian header size, JSON header, raw little-endian data), no torch.
+
+Weights: --outtype auto keeps the checkpoint's dtype (bf16 stays bf16, anything else becomes
+f32); f32 / bf16 force one type for the matrices (bf16 by round-to-nearest-even from f32).
+1-D tensors (the RMSNorm weights) are always written as f32, as llama.cpp's converter does.
+Qwen3 uses NEOX-style RoPE in llama.cpp, so q/k rows are written unpermuted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:  # pragma: no cover
+    sys.exit("hf_to_gguf.py: needs the `gguf` package (pip install gguf); see bench/llamacpp/setup.sh")
+
+ARCH = "qwen3"
+
+# safetensors dtype -> (numpy dtype of the raw bytes, is bf16)
+ST_DTYPES = {
+    "F32": (np.float32, False),
+    "F16": (np.float16, False),
+    "BF16": (np.uint16, True),
+    "F64": (np.float64, False),
+}
+
+# Hugging Face per-layer suffix -> GGUF per-block name (llama.cpp's qwen3 tensor set)
+LAYER_MAP = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+TOP_MAP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+# the Qwen2 / Qwen3 split regex (tokenizer.json pre_tokenizer) -> llama.cpp pre-tokenizer "qwen2";
+# the Llama 3 one (digits in groups of up to 3) -> "llama-bpe"
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def die(msg: str) -> None:
+    sys.exit(f"hf_to_gguf.py: {msg}")
+
+
+# ---------------------------------------------------------------- safetensors
+
+
+class SafetensorsFile:
+    """One .safetensors file: the header parsed by hand, tensors as read-only memmap views."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                die(f"{path}: too short for a safetensors header")
+            (n,) = struct.unpack("<Q", raw)
+            if n > 100 * 1024 * 1024:
+                die(f"{path}: implausible header size {n}")
+            header = json.loads(f.read(n))
+        self.data_start = 8 + n
+        header.pop("__metadata__", None)
+        self.header = header
+        size = os.path.getsize(path)
+        self.mm = np.memmap(path, dtype=np.uint8, mode="r") if size > self.data_start else None
+
+    def names(self):
+        return list(self.header)
+
+    def get(self, name: str) -> tuple[np.ndarray, bool]:
+        """(array with the checkpoint's shape, is_bf16); bf16 comes back as raw uint16."""
+        info = self.header[name]
+        dt = info["dtype"]
+        if dt not in ST_DTYPES:
+            die(f"{self.path}: tensor {name} has unsupported dtype {dt}")
+        npdt, is_bf16 = ST_DTYPES[dt]
+        b, e = info["data_offsets"]
+        shape = tuple(int(s) for s in info["shape"])
+        count = int(np.prod(shape)) if shape else 1
+        if e - b != count * np.dtype(npdt).itemsize:
+            die(f"{self.path}: tensor {name}: {e - b} bytes for shape {shape} {dt}")
+        raw = self.mm[self.data_start + b:self.data_start + e]
+        arr = raw.view(npdt).reshape(shape)
+        if sys.byteorder == "big":  # safetensors is little-endian
+            arr = arr.byteswap()
+        return arr, is_bf16
+
+
+def open_checkpoint(d: Path) -> dict[str, SafetensorsFile]:
+    """tensor name -> the file that holds it (single file or sharded with an index)."""
+    index = d / "model.safetensors.index.json"
+    single = d / "model.safetensors"
+    files: dict[str, SafetensorsFile] = {}
+    where: dict[str, SafetensorsFile] = {}
+    if index.is_file():
+        wm = json.loads(index.read_text())["weight_map"]
+        for name, fname in wm.items():
+            if fname not in files:
+                files[fname] = SafetensorsFile(d / fname)
+            where[name] = files[fname]
+        for f in files.values():  # every header entry must be in the index
+            for name in f.names():
+                if name not in where:
+                    where[name] = f
+    elif single.is_file():
+        f = SafetensorsFile(single)
+        for name in f.names():
+            where[name] = f
+    else:
+        shards = sorted(d.glob("*.safetensors"))
+        if not shards:
+            die(f"{d}: no model.safetensors, model.safetensors.index.json or *.safetensors")
+        for p in shards:
+            f = SafetensorsFile(p)
+            for name in f.names():
+                where[name] = f
+    return where
+
+
+# ---------------------------------------------------------------- dtype conversion
+
+
+def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
+    return (u16.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even, NaN kept quiet."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u.astype(np.uint64) + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    if nan.any():
+        rounded = np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+    return rounded
+
+
+def to_f32(arr: np.ndarray, is_bf16: bool) -> np.ndarray:
+    if is_bf16:
+        return bf16_to_f32(arr)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def to_bf16(arr: np.ndarray, is_bf16: bool) -> np.ndarray:
+    if is_bf16:
+        return np.ascontiguousarray(arr)
+    return f32_to_bf16(np.asarray(arr, dtype=np.float32))
+
+
+# ---------------------------------------------------------------- config / tokenizer
+
+
+def hp(cfg: dict, *keys, default=None, required=True):
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    if required and default is None:
+        die(f"config.json lacks {' / '.join(keys)}")
+    return default
+
+
+def token_id_of(tok, vocab_lookup: dict[str, int]):
+    if tok is None:
+        return None
+    if isinstance(tok, dict):
+        tok = tok.get("content")
+    if not isinstance(tok, str):
+        return None
+    return vocab_lookup.get(tok)
+
+
+def looks_special(text: str) -> bool:
+    return (text.startswith("<|") and text.endswith("|>")) or text in ("<pad>", "<mask>")
+
+
+def load_tokenizer(d: Path, cfg: dict, n_vocab: int, pre_override: str | None):
+    tj_path = d / "tokenizer.json"
+    if not tj_path.is_file():
+        die(f"{d}: no tokenizer.json (a byte-level BPE tokenizer.json is needed for llama.cpp)")
+    tj = json.loads(tj_path.read_text(encoding="utf-8"))
+    model = tj.get("model", {})
+    if model.get("type") != "BPE":
+        die(f"{tj_path}: model.type {model.get('type')!r}, only byte-level BPE is supported")
+    vocab: dict[str, int] = dict(model["vocab"])
+    added = tj.get("added_tokens", []) or []
+    added_by_id = {}
+    for a in added:
+        vocab[a["content"]] = a["id"]
+        added_by_id[a["id"]] = a
+    if vocab and max(vocab.values()) >= n_vocab:
+        die(f"tokenizer has id {max(vocab.values())} >= vocab size {n_vocab}")
+    rev = {i: t for t, i in vocab.items()}
+
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(n_vocab):
+        if i not in rev:
+            tokens.append(f"[PAD{i}]")
+            types.append(int(gguf.TokenType.UNUSED))
+        elif i in added_by_id:
+            a = added_by_id[i]
+            tokens.append(a["content"])
+            special = a.get("special", False) or looks_special(a["content"])
+            types.append(int(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED))
+        else:
+            tokens.append(rev[i])
+            types.append(int(gguf.TokenType.NORMAL))
+
+    merges = []
+    for m in model.get("merges", []) or []:
+        if isinstance(m, str):
+            merges.append(m)
+        else:  # newer tokenizers store [left, right]
+            if any(" " in p for p in m):
+                die("merge with a space in a token: not representable in GGUF's 'left right' form")
+            merges.append(f"{m[0]} {m[1]}")
+    if not merges:
+        die(f"{tj_path}: no BPE merges (llama.cpp's gpt2 tokenizer needs them)")
+
+    # pre-tokenizer: find the Split regex
+    pre = pre_override
+    if pre is None:
+        pattern = None
+
+        def walk(node):
+            nonlocal pattern
+            if isinstance(node, dict):
+                if node.get("type") == "Split" and isinstance(node.get("pattern"), dict):
+                    pattern = pattern or node["pattern"].get("Regex")
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        walk(tj.get("pre_tokenizer"))
+        if pattern == QWEN2_SPLIT:
+            pre = "qwen2"
+        elif pattern == LLAMA3_SPLIT:
+            pre = "llama-bpe"
+        else:
+            pre = "qwen2"
+            print(f"hf_to_gguf.py: warning: unrecognised pre-tokenizer regex {pattern!r}; writing "
+                  "'qwen2' (text tokenization in llama.cpp may differ; token ids are unaffected)",
+                  file=sys.stderr)
+
+    tc_path = d / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text(encoding="utf-8")) if tc_path.is_file() else {}
+
+    def first_id(v):
+        if isinstance(v, list):
+            return v[0] if v else None
+        return v
+
+    bos = token_id_of(tc.get("bos_token"), vocab)
+    if bos is None:
+        bos = first_id(cfg.get("bos_token_id"))
+    eos = token_id_of(tc.get("eos_token"), vocab)
+    if eos is None:
+        eos = first_id(cfg.get("eos_token_id"))
+    pad = token_id_of(tc.get("pad_token"), vocab)
+    if pad is None:
+        pad = first_id(cfg.get("pad_token_id"))
+    return {
+        "tokens": tokens, "types": types, "merges": merges, "pre": pre,
+        "bos": bos, "eos": eos, "pad": pad,
+        "add_bos": bool(tc.get("add_bos_token", False)),
+        "chat_template": tc.get("chat_template") if isinstance(tc.get("chat_template"), str) else None,
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet: bool,
+            shown: Path | None = None) -> None:
+    cfg = json.loads((src / "config.json").read_text())
+    archs = cfg.get("architectures") or []
+    if cfg.get("model_type") not in (None, "qwen3") or (archs and archs[0] != "Qwen3ForCausalLM"):
+        die(f"{src}: model_type {cfg.get('model_type')!r} / {archs}: only Qwen3ForCausalLM is supported")
+    if cfg.get("attention_bias"):
+        die("attention_bias=true: llama.cpp's qwen3 graph has no q/k/v biases")
+
+    where = open_checkpoint(src)
+    n_layer = int(hp(cfg, "num_hidden_layers"))
+    n_embd = int(hp(cfg, "hidden_size"))
+    n_head = int(hp(cfg, "num_attention_heads"))
+    n_head_kv = int(hp(cfg, "num_key_value_heads", default=n_head))
+    head_dim = int(hp(cfg, "head_dim", default=n_embd // n_head))
+    n_ff = int(hp(cfg, "intermediate_size"))
+    eps = float(hp(cfg, "rms_norm_eps"))
+    rope = cfg.get("rope_parameters") or {}  # transformers 5 layout
+    rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+        die(f"rope scaling {scaling} is not supported by this converter")
+    ctx_len = int(hp(cfg, "max_position_embeddings", default=4096))
+    tied = bool(cfg.get("tie_word_embeddings", False))
+
+    if "model.embed_tokens.weight" not in where:
+        die("checkpoint has no model.embed_tokens.weight")
+    emb, _ = where["model.embed_tokens.weight"].get("model.embed_tokens.weight")
+    n_vocab = int(emb.shape[0])
+    if cfg.get("vocab_size") and int(cfg["vocab_size"]) != n_vocab:
+        die(f"config vocab_size {cfg['vocab_size']} != embedding rows {n_vocab}")
+
+    src_dtypes = {where[n].header[n]["dtype"] for n in where}
+    if outtype == "auto":
+        outtype = "bf16" if src_dtypes == {"BF16"} else "f32"
+    ftype = gguf.LlamaFileType.MOSTLY_BF16 if outtype == "bf16" else gguf.LlamaFileType.ALL_F32
+
+    # map names first so that a missing or unknown tensor fails before anything is written
+    plan: list[tuple[str, str]] = []
+    for name in where:
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name in TOP_MAP:
+            if name == "lm_head.weight" and tied:
+                continue
+            plan.append((name, TOP_MAP[name]))
+            continue
+        m = LAYER_RE.match(name)
+        if m and m.group(2) in LAYER_MAP:
+            bid = int(m.group(1))
+            if bid >= n_layer:
+                die(f"{name}: layer {bid} >= num_hidden_layers {n_layer}")
+            plan.append((name, f"blk.{bid}.{LAYER_MAP[m.group(2)]}"))
+            continue
+        die(f"unexpected tensor {name} (not part of a Qwen3ForCausalLM checkpoint)")
+    have = {g for _, g in plan}
+    need = {"token_embd.weight", "output_norm.weight"} | ({"output.weight"} if not tied else set())
+    need |= {f"blk.{b}.{v}" for b in range(n_layer) for v in LAYER_MAP.values()}
+    missing = sorted(need - have)
+    if missing:
+        die(f"checkpoint lacks tensors for {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+
+    def order(item):
+        g = item[1]
+        if g.startswith("blk."):
+            b, rest = g[4:].split(".", 1)
+            return (1, int(b), rest)
+        return (0 if g == "token_embd.weight" else 2, 0, g)
+
+    plan.sort(key=order)
+
+    tok = load_tokenizer(src, cfg, n_vocab, pre_override)
+
+    w = gguf.GGUFWriter(str(out), ARCH)
+    w.add_name(src.name)
+    w.add_file_type(int(ftype))
+    w.add_context_length(ctx_len)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_vocab_size(n_vocab)
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"])
+    if tok["bos"] is not None:
+        w.add_bos_token_id(int(tok["bos"]))
+    if tok["eos"] is not None:
+        w.add_eos_token_id(int(tok["eos"]))
+    if tok["pad"] is not None:
+        w.add_pad_token_id(int(tok["pad"]))
+    w.add_add_bos_token(tok["add_bos"])
+    if tok["chat_template"]:
+        w.add_chat_template(tok["chat_template"])
+
+    total = 0
+    for hf_name, g_name in plan:
+        arr, is_bf16 = where[hf_name].get(hf_name)
+        if arr.ndim <= 1 or outtype == "f32":
+            data = to_f32(arr, is_bf16)
+            w.add_tensor(g_name, data)
+        else:
+            data = to_bf16(arr, is_bf16)
+            w.add_tensor(g_name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        total += data.nbytes
+        if not quiet:
+            kind = "f32" if data.dtype == np.float32 else "bf16"
+            print(f"  {hf_name:48s} -> {g_name:28s} {kind:4s} {list(arr.shape)}")
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {shown or out}: qwen3, {n_layer} layers, hidden {n_embd}, vocab {n_vocab}, {outtype}, "
+          f"{len(plan)} tensors, {total / 1e6:.1f} MB of weights, pre-tokenizer {tok['pre']}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Hugging Face Qwen3 checkpoint -> GGUF (llama.cpp qwen3)")
+    ap.add_argument("model_dir", type=Path, help="checkpoint folder (config.json + safetensors + tokenizer.json)")
+    ap.add_argument("outfile", type=Path, help="GGUF file to write")
+    ap.add_argument("--outtype", choices=["auto", "f32", "bf16"], default="auto",
+                    help="matrix dtype (default auto: bf16 for a bf16 checkpoint, else f32)")
+    ap.add_argument("--pre", default=None,
+                    help="override tokenizer.ggml.pre (default: detected from tokenizer.json, e.g. qwen2)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="do not list the tensors")
+    a = ap.parse_args(argv)
+    if not (a.model_dir / "config.json").is_file():
+        die(f"{a.model_dir}: no config.json")
+    a.outfile.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.outfile.with_name(a.outfile.name + ".part")
+    try:
+        convert(a.model_dir, tmp, a.outtype, a.pre, a.quiet, shown=a.outfile)
+        os.replace(tmp, a.outfile)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
