@@ -710,6 +710,26 @@ static void test_attention(void **state)
     kern_pool_destroy(pool);
 }
 
+/* The first n rows of a, each computed by an op of its own (one row, no pool): the reference the
+ * batched op must equal bit for bit. The caller frees the result. */
+static float *attn_rows_alone(const paged *pg, const attn_rows *a, int n, float scale)
+{
+    const size_t row = (size_t)pg->nh * pg->hd;
+    float *golden = falloc((size_t)n * row);
+    attn_rows one = *a;
+    one.max_rows = 1;
+    one.n = 1;
+    for (int r = 0; r < n; r++) {
+        one.q = a->q + (size_t)r * a->q_stride;
+        one.out = golden + (size_t)r * row;
+        one.slot = a->slot + r;
+        one.kv_len = a->kv_len + r;
+        kern_op op1 = attn_op(pg, &one, scale);
+        kern_cpu_exec(NULL, &op1);
+    }
+    return golden;
+}
+
 /* attention: each row alone == batched, for pool sizes 1..3 and every ISA, bitwise */
 static void test_attention_bitwise(void **state)
 {
@@ -723,19 +743,8 @@ static void test_attention_bitwise(void **state)
     attn_rows a;
     attn_rows_init(&a, &pg, 8, 8);
     const size_t row = (size_t)pg.nh * pg.hd;
-    float *golden = falloc(8 * row);
+    float *golden = attn_rows_alone(&pg, &a, 8, 0.17f);
     kern_op op = attn_op(&pg, &a, 0.17f);
-    attn_rows one = a;
-    one.max_rows = 1;
-    one.n = 1;
-    for (int r = 0; r < 8; r++) {
-        one.q = a.q + (size_t)r * a.q_stride;
-        one.out = golden + (size_t)r * row;
-        one.slot = a.slot + r;
-        one.kv_len = a.kv_len + r;
-        kern_op op1 = attn_op(&pg, &one, 0.17f);
-        kern_cpu_exec(NULL, &op1);
-    }
     for (int ii = 0; ii < nisa; ii++) {
         assert_int_equal(kern_simd_force(isas[ii]), 0);
         for (int nt = 1; nt <= 3; nt++) {
@@ -779,18 +788,7 @@ static void test_attention_prefill_bitwise(void **state)
             a.kv_len[r] = a.slot[r] == 1 ? cap - n + 1 + r : 1 + rnd_int(cap);
         }
         const size_t row = (size_t)pg.nh * pg.hd;
-        float *golden = falloc((size_t)n * row);
-        attn_rows one = a;
-        one.max_rows = 1;
-        one.n = 1;
-        for (int r = 0; r < n; r++) {
-            one.q = a.q + (size_t)r * a.q_stride;
-            one.out = golden + (size_t)r * row;
-            one.slot = a.slot + r;
-            one.kv_len = a.kv_len + r;
-            kern_op op1 = attn_op(&pg, &one, 0.13f);
-            kern_cpu_exec(NULL, &op1);
-        }
+        float *golden = attn_rows_alone(&pg, &a, n, 0.13f);
         kern_op op = attn_op(&pg, &a, 0.13f);
         for (int ii = 0; ii < nisa; ii++) {
             assert_int_equal(kern_simd_force(isas[ii]), 0);
