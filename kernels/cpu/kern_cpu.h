@@ -79,14 +79,18 @@ const kern_simd_ops *kern_simd(void);
  * kernels; call between ops. */
 int kern_simd_force(kern_isa isa);
 
-/* Full unrolling of the small fixed loops of the reduction networks (their arrays of vectors must
- * stay in registers; GCC does not unroll at -O2 without being asked). */
+/* Full unrolling of the small fixed loops over arrays of vectors in the SIMD code (simd_*.c,
+ * simd_body.inc): unrolled, the arrays stay in registers; GCC does not unroll at -O2 unless asked,
+ * and SIMD_UNROLL (8) does not cover a 16-iteration loop. */
 #if defined(__GNUC__) && !defined(__clang__)
-#define HSUM_UNROLL _Pragma("GCC unroll 8")
+#define SIMD_UNROLL _Pragma("GCC unroll 8")
+#define SIMD_UNROLL16 _Pragma("GCC unroll 16")
 #elif defined(__clang__)
-#define HSUM_UNROLL _Pragma("unroll")
+#define SIMD_UNROLL _Pragma("unroll")
+#define SIMD_UNROLL16 _Pragma("unroll")
 #else
-#define HSUM_UNROLL
+#define SIMD_UNROLL
+#define SIMD_UNROLL16
 #endif
 
 /* ---- parallel helpers ------------------------------------------------------------------------- */

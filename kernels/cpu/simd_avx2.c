@@ -59,10 +59,10 @@ AI2 V hsum_pair_units(V p, V q) /* level 2: [P.u0 P.u2 Q.u0 Q.u2] + [P.u1 P.u3 Q
 AI2 void V_HSUM16_STORE(float *out, const V *a)
 {
     V p[8], r[4], t[2];
-    HSUM_UNROLL for (int i = 0; i < 8; i++) /* level 1: [s8 a[2i] | s8 a[2i+1]] */
+    SIMD_UNROLL for (int i = 0; i < 8; i++) /* level 1: [s8 a[2i] | s8 a[2i+1]] */
         p[i] = (V){_mm256_add_ps(a[2 * i].lo, a[2 * i].hi), _mm256_add_ps(a[2 * i + 1].lo, a[2 * i + 1].hi)};
-    HSUM_UNROLL for (int i = 0; i < 4; i++) r[i] = hsum_pair_units(p[2 * i], p[2 * i + 1]); /* s4 of a[4i .. 4i+3] */
-    HSUM_UNROLL for (int i = 0; i < 2; i++) /* level 3: per unit [s4_0 + s4_2, s4_1 + s4_3] of R and of S */
+    SIMD_UNROLL for (int i = 0; i < 4; i++) r[i] = hsum_pair_units(p[2 * i], p[2 * i + 1]); /* s4 of a[4i .. 4i+3] */
+    SIMD_UNROLL for (int i = 0; i < 2; i++) /* level 3: per unit [s4_0 + s4_2, s4_1 + s4_3] of R and of S */
         t[i] = (V){HSUM_SHUF_ADD(r[2 * i].lo, r[2 * i + 1].lo, _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2)),
                    HSUM_SHUF_ADD(r[2 * i].hi, r[2 * i + 1].hi, _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2))};
     /* level 4: per unit [s2_0 + s2_1] of both halves of T0, then of T1 */

@@ -49,9 +49,9 @@ static inline __attribute__((always_inline)) SIMD_TARGET float V_HSUM(V v)
 static inline __attribute__((always_inline)) SIMD_TARGET void V_HSUM16_STORE(float *out, const V *a)
 {
     V p[8], r[4], t[2];
-    HSUM_UNROLL for (int i = 0; i < 8; i++) p[i] = HSUM_ADD2(_mm512_shuffle_f32x4, a[2 * i], a[2 * i + 1], 0x44, 0xEE);
-    HSUM_UNROLL for (int i = 0; i < 4; i++) r[i] = HSUM_ADD2(_mm512_shuffle_f32x4, p[2 * i], p[2 * i + 1], 0x88, 0xDD);
-    HSUM_UNROLL for (int i = 0; i < 2; i++)
+    SIMD_UNROLL for (int i = 0; i < 8; i++) p[i] = HSUM_ADD2(_mm512_shuffle_f32x4, a[2 * i], a[2 * i + 1], 0x44, 0xEE);
+    SIMD_UNROLL for (int i = 0; i < 4; i++) r[i] = HSUM_ADD2(_mm512_shuffle_f32x4, p[2 * i], p[2 * i + 1], 0x88, 0xDD);
+    SIMD_UNROLL for (int i = 0; i < 2; i++)
         t[i] = HSUM_ADD2(_mm512_shuffle_ps, r[2 * i], r[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
     V z = HSUM_ADD2(_mm512_shuffle_ps, t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
