@@ -57,9 +57,7 @@ typedef struct {
     /* out[i * ldo + j] = dot(q[i], k[j], n) for i < nq <= 4, j < nk <= 4: bitwise as nq * nk calls
      * of dot, faster */
     void (*dots4x4)(const float *const *q, int nq, const float *const *k, int nk, int n, float *out, int ldo);
-    /* y[i] = y[i] + alpha * x[i] */
-    void (*axpy)(float *y, float alpha, const float *x, int n);
-    /* axpy with alpha a[j] and x[j] for j = 0 .. nx-1 in order: bitwise as nx calls of axpy */
+    /* for j = 0 .. nx-1 in order: y[i] = fmaf(a[j], x[j][i], y[i]) (one rounding per term) */
     void (*axpys)(float *y, const float *a, const float *const *x, int nx, int n);
     /* y[i] = y[i] * alpha */
     void (*scale)(float *y, float alpha, int n);

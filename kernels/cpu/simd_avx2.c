@@ -80,7 +80,6 @@ const kern_simd_ops kern_simd_avx2 = {
     .mm_cols = simd_mm_cols_avx2,
     .dot = simd_dot_avx2,
     .dots4x4 = simd_dots4x4_avx2,
-    .axpy = simd_axpy_avx2,
     .axpys = simd_axpys_avx2,
     .scale = simd_scale_avx2,
 };

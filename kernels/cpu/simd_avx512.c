@@ -66,7 +66,6 @@ const kern_simd_ops kern_simd_avx512 = {
     .mm_cols = simd_mm_cols_avx512,
     .dot = simd_dot_avx512,
     .dots4x4 = simd_dots4x4_avx512,
-    .axpy = simd_axpy_avx512,
     .axpys = simd_axpys_avx512,
     .scale = simd_scale_avx512,
 };

@@ -79,7 +79,6 @@ const kern_simd_ops kern_simd_scalar = {
     .mm_cols = simd_mm_cols_scalar,
     .dot = simd_dot_scalar,
     .dots4x4 = simd_dots4x4_scalar,
-    .axpy = simd_axpy_scalar,
     .axpys = simd_axpys_scalar,
     .scale = simd_scale_scalar,
 };
