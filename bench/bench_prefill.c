@@ -23,7 +23,6 @@
 
 typedef struct {
     long iters;
-    double sink[64];
     int isa;
     int lanes;
 } fma_ctx;
@@ -70,19 +69,19 @@ static double fma_scalar(long iters)
 
 static void fma_task(void *vctx, int tid, int nth)
 {
-    (void)nth;
-    fma_ctx *c = vctx;
+    (void)tid, (void)nth;
+    const fma_ctx *c = vctx;
 #ifdef KERN_HAVE_X86
     if (c->isa == KERN_ISA_AVX512) {
-        c->sink[tid] = fma_avx512(c->iters);
+        bench_sink(fma_avx512(c->iters));
         return;
     }
     if (c->isa == KERN_ISA_AVX2) {
-        c->sink[tid] = fma_avx2(c->iters);
+        bench_sink(fma_avx2(c->iters));
         return;
     }
 #endif
-    c->sink[tid] = fma_scalar(c->iters);
+    bench_sink(fma_scalar(c->iters));
 }
 
 /* Best of several runs, GFLOP/s over all pool threads (an FMA is 2 FLOPs per lane). */

@@ -2,6 +2,7 @@
 #include "server/cli.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -271,4 +272,13 @@ int bench_int_list(const char *flag, const char *s, int lo, int hi, int *out, in
     }
     if (n == 0) srv_die("%s: empty list", flag);
     return n;
+}
+
+static _Atomic unsigned long long g_sink;
+
+void bench_sink(double v)
+{
+    unsigned long long bits;
+    memcpy(&bits, &v, sizeof bits);
+    atomic_fetch_xor_explicit(&g_sink, bits, memory_order_relaxed);
 }

@@ -48,6 +48,10 @@ void bench_stop_server(bench_child *ch);
 #define BENCH_MEMCPY_EXPECT_GBS 4.0
 double bench_preflight(const char *name, const char *what);
 
+/* Consumes a computed value so the compiler cannot drop the loop that made it (timing loops on
+ * pool threads; thread-safe, any number of threads). */
+void bench_sink(double v);
+
 /* "1,4,16" -> out[]: at most cap integers in [lo, hi], comma-separated; dies with a message naming
  * flag on anything else. Returns the count (>= 1). */
 int bench_int_list(const char *flag, const char *s, int lo, int hi, int *out, int cap);
