@@ -730,39 +730,50 @@ static float *attn_rows_alone(const paged *pg, const attn_rows *a, int n, float 
     return golden;
 }
 
-/* attention: each row alone == batched, for pool sizes 1..3 and every ISA, bitwise */
+/* The batched op over the first n rows of a, for every n in [n_min, a->n], every ISA and pool sizes
+ * 1..3 (work threshold 0: the pool is always used), must give every row bit for bit as the row
+ * computed alone. what names the case in a failure. */
+static void attn_check_vs_alone(const paged *pg, attn_rows *a, float scale, int n_min, const char *what)
+{
+    kern_isa isas[3];
+    const int nisa = isa_list(isas), n_max = a->n;
+    const size_t row = (size_t)pg->nh * pg->hd, old = kern_cpu_set_min_parallel_work(0);
+    float *golden = attn_rows_alone(pg, a, n_max, scale);
+    kern_op op = attn_op(pg, a, scale);
+    for (int ii = 0; ii < nisa; ii++) {
+        assert_int_equal(kern_simd_force(isas[ii]), 0);
+        for (int nt = 1; nt <= 3; nt++) {
+            kern_pool *pool = kern_pool_create(nt);
+            for (int n = n_min; n <= n_max; n++) {
+                a->n = n;
+                poison(a->out, (size_t)n * row);
+                kern_cpu_exec(pool, &op);
+                for (int r = 0; r < n; r++)
+                    if (memcmp(a->out + (size_t)r * row, golden + (size_t)r * row, row * 4) != 0)
+                        fail_msg("%s: row %d (slot %d, kv_len %d) of %d differs from the row alone: isa %d threads %d",
+                                 what, r, a->slot[r], a->kv_len[r], n, (int)isas[ii], nt);
+            }
+            kern_pool_destroy(pool);
+        }
+    }
+    a->n = n_max;
+    isa_reset();
+    kern_cpu_set_min_parallel_work(old);
+    free(golden);
+}
+
+/* attention: each row alone == batched, for 1..8 rows, pool sizes 1..3 and every ISA, bitwise */
 static void test_attention_bitwise(void **state)
 {
     (void)state;
-    kern_isa isas[3];
-    int nisa = isa_list(isas);
-    size_t old = kern_cpu_set_min_parallel_work(0);
     paged pg;
     paged_init(&pg, 8, 2, 40);
     paged_fill_via_kv_write(NULL, &pg);
     attn_rows a;
     attn_rows_init(&a, &pg, 8, 8);
-    const size_t row = (size_t)pg.nh * pg.hd;
-    float *golden = attn_rows_alone(&pg, &a, 8, 0.17f);
-    kern_op op = attn_op(&pg, &a, 0.17f);
-    for (int ii = 0; ii < nisa; ii++) {
-        assert_int_equal(kern_simd_force(isas[ii]), 0);
-        for (int nt = 1; nt <= 3; nt++) {
-            kern_pool *pool = kern_pool_create(nt);
-            for (int n = 1; n <= 8; n++) {
-                a.n = n;
-                kern_cpu_exec(pool, &op);
-                if (memcmp(a.out, golden, (size_t)n * row * 4) != 0)
-                    fail_msg("attention not bitwise row-independent: isa %d threads %d n %d", (int)isas[ii], nt, n);
-            }
-            kern_pool_destroy(pool);
-        }
-    }
-    isa_reset();
-    free(golden);
+    attn_check_vs_alone(&pg, &a, 0.17f, 1, "attention");
     attn_rows_free(&a);
     paged_free(&pg);
-    kern_cpu_set_min_parallel_work(old);
 }
 
 /* attention as a chunked prefill runs it: 40 rows, most of them consecutive positions of one
@@ -772,9 +783,6 @@ static void test_attention_bitwise(void **state)
 static void test_attention_prefill_bitwise(void **state)
 {
     (void)state;
-    kern_isa isas[3];
-    int nisa = isa_list(isas);
-    size_t old = kern_cpu_set_min_parallel_work(0);
     static const int geom[2][5] = {{12, 4, 64, 16, 8}, {6, 1, 20, 8, 13}}; /* nh nkv hd bs max_blocks */
     for (int gi = 0; gi < 2; gi++) {
         paged pg;
@@ -787,29 +795,10 @@ static void test_attention_prefill_bitwise(void **state)
             a.slot[r] = r == 7 || r == 30 ? -1 : r >= 12 && r < 16 ? 0 : 1;
             a.kv_len[r] = a.slot[r] == 1 ? cap - n + 1 + r : 1 + rnd_int(cap);
         }
-        const size_t row = (size_t)pg.nh * pg.hd;
-        float *golden = attn_rows_alone(&pg, &a, n, 0.13f);
-        kern_op op = attn_op(&pg, &a, 0.13f);
-        for (int ii = 0; ii < nisa; ii++) {
-            assert_int_equal(kern_simd_force(isas[ii]), 0);
-            for (int nt = 1; nt <= 3; nt++) {
-                kern_pool *pool = kern_pool_create(nt);
-                poison(a.out, (size_t)n * row);
-                kern_cpu_exec(pool, &op);
-                for (int r = 0; r < n; r++)
-                    if (memcmp(a.out + (size_t)r * row, golden + (size_t)r * row, row * 4) != 0)
-                        fail_msg("prefill attention row %d (slot %d, kv_len %d) differs from the row alone: isa %d "
-                                 "threads %d geometry %d",
-                                 r, a.slot[r], a.kv_len[r], (int)isas[ii], nt, gi);
-                kern_pool_destroy(pool);
-            }
-        }
-        isa_reset();
-        free(golden);
+        attn_check_vs_alone(&pg, &a, 0.13f, n, gi ? "prefill attention, group 6, hd 20" : "prefill attention, group 3, hd 64");
         attn_rows_free(&a);
         paged_free(&pg);
     }
-    kern_cpu_set_min_parallel_work(old);
 }
 
 /* simd->dots4x4 and simd->axpys (the batched forms attention uses) against dot called one at a
