@@ -156,7 +156,7 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
     }
 }
 
-/* Consecutive rows of one sequence form row tiles (up to ATT_Q / group rows, at least 1, at most 8);
+/* Consecutive rows of one sequence form row tiles (up to ATT_Q / group rows, at least 1);
  * each row tile is cut into query tiles by KV head (and by ATT_Q when a group has more heads). Query
  * tiles are dealt to threads in turn (tile k to thread k % nt), not in contiguous ranges: in a causal
  * prefill a row's keys grow with its position, so contiguous ranges would hand the last thread most
@@ -165,8 +165,7 @@ static void attn_run(void *ctx, int tid, int nt)
 {
     const attn_task *t = ctx;
     const int group = t->group, nkv = t->nh / t->group;
-    int rows_per = ATT_Q / group;
-    rows_per = rows_per < 1 ? 1 : rows_per > 8 ? 8 : rows_per;
+    const int rows_per = group < ATT_Q ? ATT_Q / group : 1;
     int k = 0;
     for (int r = 0; r < t->n_rows;) {
         int e = r + 1;
