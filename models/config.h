@@ -76,6 +76,10 @@ typedef struct {
     int test_hook_reallocates; /* TEST ONLY ("graphswap_test_hook_reallocates": true): the drafter's
                                   post-load hook reallocates a derived buffer, the bug class the
                                   update guard (I5) must catch */
+    int test_skip_hook;      /* TEST ONLY ("graphswap_test_skip_hook": true): the drafter's post-load
+                                hook does not refill its derived buffers after an update (stale
+                                context K/V weights), the bug whose acceptance drop the RL-loop
+                                negative control must measure */
 } mdl_config;
 
 const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */

@@ -379,6 +379,7 @@ static void model_post_load(mdl_model *m)
     eng_backend *be = m->be;
     const size_t kv_rows = (size_t)c->kv_heads * (size_t)c->head_dim;
     const size_t row_bytes = (size_t)c->hidden * mdl_dtype_size(m->derived[0].dt);
+    if (c->test_skip_hook && m->hook_runs > 1) return; /* TEST ONLY: stale derived buffers */
     if (c->test_hook_reallocates && m->hook_runs > 1) {
         /* TEST ONLY: the classic reload bug (a derived buffer rebuilt as a new allocation), which
          * leaves captured plans pointing at retired memory; the update guard must catch it */
