@@ -395,6 +395,7 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
     r->n_prompt_scored = 1;
     r->n_cached = 0;
     r->spec_drafts = r->spec_draft_tokens = r->spec_accepted = 0;
+    memset(r->spec_accepted_per_pos, 0, sizeof r->spec_accepted_per_pos);
     r->finish = ENG_FINISH_NONE;
     r->stop_token = -1;
     r->slot = -1;
@@ -804,6 +805,7 @@ void eng_abort_all(eng_engine *e)
 }
 
 int eng_num_running(const eng_engine *e) { return e->n_running; }
+int eng_spec_width(const eng_engine *e) { return e->draft ? e->spec_W : 0; }
 int eng_num_waiting(const eng_engine *e) { return e->q_len; }
 int eng_kv_blocks_total(const eng_engine *e) { return e->io.num_blocks; }
 int eng_kv_blocks_free(const eng_engine *e) { return eng_kvpool_available(&e->kv); }

@@ -94,6 +94,9 @@ struct eng_request {
     /* speculative decoding: per-request counters, optional per-step acceptance lengths
      * (caller-allocated, max_tokens entries), and a trace callback (engine thread) */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+    /* steps whose draft at position k (0-based) was accepted, k < 64 (graphswap eval's acceptance
+     * rate per draft position: divided by spec_drafts) */
+    uint32_t spec_accepted_per_pos[64];
     /* weight versions its tokens were generated with, in order (a "keep" update mid-request adds
      * one); versions[0] is the version of its first token */
     uint64_t versions[8];
@@ -143,6 +146,7 @@ void eng_abort_all(eng_engine *e);
 void eng_abort_running(eng_engine *e);
 
 int eng_num_running(const eng_engine *e);
+int eng_spec_width(const eng_engine *e);      /* drafts a speculative step proposes (0: no drafter) */
 int eng_num_waiting(const eng_engine *e);
 int eng_kv_blocks_total(const eng_engine *e);
 int eng_kv_blocks_free(const eng_engine *e);    /* free + cached (evictable) */

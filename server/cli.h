@@ -52,6 +52,7 @@ int srv_cmd_generate(int argc, char **argv);
 int srv_cmd_mkmodel(int argc, char **argv);
 int srv_cmd_serve(int argc, char **argv);
 int srv_cmd_bench(int argc, char **argv);
+int srv_cmd_eval(int argc, char **argv); /* server/cmd_eval.c */
 /* server/cmd_store.c: `graphswap store-rendezvous` (server/tcpstore.h from the command line) */
 int srv_cmd_store_rendezvous(int argc, char **argv);
 /* bench/bench_serve.c: `graphswap bench serve` (drives a running server over loopback) */

@@ -13,6 +13,8 @@ static const char usage[] =
     "  generate   generate from a text prompt (--prompt) or token ids (--prompt-ids, --batch-file);\n"
     "             prints JSON with ids, logprobs and text\n"
     "  mkmodel    write a random-init checkpoint (target or drafter) in Hugging Face layout\n"
+    "  eval       speculative-decoding evaluation: tau, acceptance per draft position, speedup and\n"
+    "             the losslessness check per prompt category (JSON, markdown, SVG)\n"
     "  bench      benchmarks: decode, spec, serve, update, transfer (graphswap bench --help)\n"
     "  store-rendezvous  join a trainer's torch TCPStore (vLLM / SGLang NCCL init) and print the\n"
     "             NCCL unique id and graphswap's rank\n"
@@ -31,6 +33,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "serve") == 0) return srv_cmd_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return srv_cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "mkmodel") == 0) return srv_cmd_mkmodel(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0) return srv_cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return srv_cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "store-rendezvous") == 0) return srv_cmd_store_rendezvous(argc - 1, argv + 1);
     fprintf(stderr, "graphswap: unknown command %s\n%s", cmd, usage);

@@ -645,17 +645,22 @@ static void add_usage(cJSON *o, const srv_job *j)
         cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
     }
     if (j->s->rt.draft) { /* speculative decoding: the job is settled, its counters are final */
-        uint64_t d = 0, dt = 0, a = 0;
+        uint64_t d = 0, dt = 0, a = 0, pos[64] = {0};
+        const int W = eng_spec_width(j->s->rt.e) < 64 ? eng_spec_width(j->s->rt.e) : 64;
         for (int i = 0; i < j->n_ch; i++) {
             d += j->ch[i].r.spec_drafts;
             dt += j->ch[i].r.spec_draft_tokens;
             a += j->ch[i].r.spec_accepted;
+            for (int k = 0; k < W; k++) pos[k] += j->ch[i].r.spec_accepted_per_pos[k];
         }
         cJSON *sp = cJSON_AddObjectToObject(u, "spec");
         cJSON_AddNumberToObject(sp, "drafts", (double)d);
         cJSON_AddNumberToObject(sp, "draft_tokens", (double)dt);
         cJSON_AddNumberToObject(sp, "accepted_tokens", (double)a);
         cJSON_AddNumberToObject(sp, "mean_acceptance_length", d ? 1.0 + (double)a / (double)d : 0.0);
+        /* steps whose k-th draft (k = 1..W) was accepted; / drafts = acceptance rate per position */
+        cJSON *ap = cJSON_AddArrayToObject(sp, "accepted_per_position");
+        for (int k = 0; k < W; k++) cJSON_AddItemToArray(ap, cJSON_CreateNumber((double)pos[k]));
     }
 }
 

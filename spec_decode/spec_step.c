@@ -330,6 +330,7 @@ int spec_step(eng_engine *e)
             r->spec_drafts++;
             r->spec_draft_tokens += (uint64_t)nd;
             r->spec_accepted += (uint64_t)acc;
+            for (int k = 0; k < acc && k < 64; k++) r->spec_accepted_per_pos[k]++;
         }
         if (r->on_spec) r->on_spec(r, r->n_accept, start, anchor, d, nd, acc, bonus, r->user);
         if (r->out_accept_lens) r->out_accept_lens[r->n_accept] = r->n_out - n_out0;

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""graphswap eval: the speculative-decoding evaluation command.
+
+- --model/--draft (the command starts its own two servers) on a small random Qwen3 target with a
+  tokenizer and a DFlash drafter whose Markov-free block still accepts some drafts: exit 0, eval.json
+  has the documented schema (per category and overall: prompts, requests, completion_tokens,
+  spec_steps, accepted_tokens, tau, accept_rate_per_position, spec_tok_s, plain_tok_s, speedup,
+  lossless, mismatches), tau == 1 + accepted / steps, per-position rates in [0, 1] and
+  non-increasing, rate sums consistent with tau (1 + sum of rates == tau), lossless true at
+  temperature 0; eval.md holds the table; eval.svg parses as XML. All three prompt shapes
+  (Spec-Bench turns, prompt, messages) in one file, a category filter and --limit.
+- --url against a server the test starts (concurrency 2) with --baseline-url a plain server: the
+  same tau, the same per-position rates and lossless; --url alone (no baseline): speedup and
+  lossless null, tau the same.
+- The losslessness check can fail: a baseline server on a DIFFERENT target makes the outputs differ
+  -> lossless false, mismatches listed, exit status 1.
+- Bad inputs: a missing file, a line that is not JSON, a line with neither prompt, messages nor
+  turns, an empty prompt (each: exit 2, the message names FILE:LINE, nothing is sent); an
+  unreachable --url (exit 2 within seconds, the message names the address).
+Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_http_basic as H  # noqa: E402
+
+KEYS = ["prompts", "requests", "completion_tokens", "spec_steps", "accepted_tokens", "tau",
+        "accept_rate_per_position", "spec_tok_s", "plain_tok_s", "speedup", "lossless"]
+
+
+def run(gs, args, timeout=600):
+    t0 = time.time()
+    p = subprocess.run([gs, "eval"] + args, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stderr, time.time() - t0
+
+
+def check_schema(C, what, ev, lossless_expected):
+    for name, o in list(ev["categories"].items()) + [("overall", ev["overall"])]:
+        missing = [k for k in KEYS if k not in o]
+        if not C.check(not missing, "%s: %s lacks %s" % (what, name, missing)):
+            continue
+        if o["spec_steps"]:
+            C.check(abs(o["tau"] - (1 + o["accepted_tokens"] / o["spec_steps"])) < 1e-9,
+                    "%s: %s tau %r != 1 + accepted / steps" % (what, name, o["tau"]))
+        r = o["accept_rate_per_position"]
+        C.check(len(r) == ev["draft_positions"] and all(0 <= x <= 1 for x in r) and
+                all(r[i] >= r[i + 1] for i in range(len(r) - 1)),
+                "%s: %s rates not in [0,1] and non-increasing: %r" % (what, name, r))
+        C.check(abs(1 + sum(r) - o["tau"]) < 1e-9, "%s: %s 1 + sum(rates) %r != tau %r" % (what, name, 1 + sum(r), o["tau"]))
+        C.check(o["lossless"] == lossless_expected, "%s: %s lossless %r, expected %r" % (what, name, o["lossless"], lossless_expected))
+
+
+def main():
+    C = H.Checker("eval")
+    gs = H.gs_bin(C)
+    tmp = H.scratch("eval")
+    target = H.mkmodel(C, gs, os.path.join(tmp, "t"), vocab=1024, extra=["--seed", "3"])
+    other = H.mkmodel(C, gs, os.path.join(tmp, "t2"), vocab=1024, extra=["--seed", "4"])
+    draft = os.path.join(tmp, "d")
+    p = subprocess.run([gs, "mkmodel", "--arch", "dflash", "--target", target, "--out", draft, "--layers", "1",
+                        "--seed", "5"], capture_output=True, text=True)
+    C.check(p.returncode == 0, "mkmodel dflash: %s" % p.stderr[-300:])
+    prompts = os.path.join(tmp, "prompts.jsonl")
+    lines = [
+        {"question_id": 1, "category": "writing", "turns": ["Write a short note.", "Now shorter."]},
+        {"question_id": 2, "category": "writing", "turns": ["Another one."]},
+        {"category": "code", "prompt": "def f(x):"},
+        {"category": "code", "prompt": "import os"},
+        {"category": "chat", "messages": [{"role": "user", "content": "Hello there"}]},
+        {"prompt": "no category here"},
+    ]
+    with open(prompts, "w") as f:
+        for l in lines:
+            f.write(json.dumps(l) + "\n")
+
+    # (a) --model / --draft
+    out_a = os.path.join(tmp, "a")
+    rc, err, _ = run(gs, ["--model", target, "--draft", draft, "--prompts", prompts, "--max-tokens", "24",
+                          "--out", out_a, "--threads", "2"])
+    if C.check(rc == 0, "--model eval exited %d: %s" % (rc, err[-800:])):
+        ev = json.load(open(os.path.join(out_a, "eval.json")))
+        C.check(sorted(ev["categories"]) == ["chat", "code", "default", "writing"], "categories %r" % sorted(ev["categories"]))
+        C.check(ev["categories"]["writing"]["requests"] == 3 and ev["categories"]["writing"]["prompts"] == 2,
+                "Spec-Bench turns: %r" % ev["categories"]["writing"])
+        C.check(ev["overall"]["completion_tokens"] > 0 and ev["overall"]["spec_steps"] > 0, "nothing generated: %r" % ev["overall"])
+        C.check(ev["draft_positions"] == 7, "draft_positions %r (DFlash b8: 7)" % ev["draft_positions"])
+        check_schema(C, "--model", ev, True)
+        C.check(ev["overall"]["speedup"] is not None and ev["overall"]["plain_tok_s"] > 0, "no speedup: %r" % ev["overall"])
+        md = open(os.path.join(out_a, "eval.md")).read()
+        C.check("| category | prompts |" in md and "**overall**" in md and "| p7 |" in md, "eval.md table: %r" % md[:400])
+        try:
+            root = ET.parse(os.path.join(out_a, "eval.svg")).getroot()
+            C.check(root.tag.endswith("svg") and len(list(root.iter("{http://www.w3.org/2000/svg}rect"))) >= 7 + 4,
+                    "eval.svg has too few bars")
+        except ET.ParseError as e:
+            C.fail("eval.svg is not XML: %s" % e)
+    # --limit and --categories
+    out_l = os.path.join(tmp, "l")
+    rc, err, _ = run(gs, ["--model", target, "--draft", draft, "--prompts", prompts, "--max-tokens", "8",
+                          "--out", out_l, "--limit", "1", "--categories", "code,writing"])
+    if C.check(rc == 0, "--limit eval exited %d: %s" % (rc, err[-500:])):
+        ev = json.load(open(os.path.join(out_l, "eval.json")))
+        C.check(sorted(ev["categories"]) == ["code", "writing"] and ev["overall"]["prompts"] == 2,
+                "--limit 1 --categories code,writing: %r" % {k: v["prompts"] for k, v in ev["categories"].items()})
+
+    # (b) --url with a baseline, concurrency 2; then --url alone
+    spec = H.Server(C, gs, target, args=["--draft", draft])
+    plain = H.Server(C, gs, target)
+    wrong = H.Server(C, gs, other)
+    try:
+        out_b = os.path.join(tmp, "b")
+        rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d" % spec.port, "--baseline-url",
+                              "http://127.0.0.1:%d" % plain.port, "--prompts", prompts, "--max-tokens", "24",
+                              "--concurrency", "2", "--out", out_b])
+        if C.check(rc == 0, "--url eval exited %d: %s" % (rc, err[-800:])) and os.path.exists(os.path.join(out_a, "eval.json")):
+            ea, eb = (json.load(open(os.path.join(d, "eval.json"))) for d in (out_a, out_b))
+            check_schema(C, "--url", eb, True)
+            for k in ("tau", "accept_rate_per_position", "completion_tokens", "spec_steps"):
+                C.check(ea["overall"][k] == eb["overall"][k],
+                        "--url (concurrency 2) %s %r != --model %r" % (k, eb["overall"][k], ea["overall"][k]))
+        out_c = os.path.join(tmp, "c")
+        rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d/" % spec.port, "--prompts", prompts, "--max-tokens", "24",
+                              "--out", out_c])
+        if C.check(rc == 0, "--url without baseline exited %d: %s" % (rc, err[-500:])):
+            ec = json.load(open(os.path.join(out_c, "eval.json")))
+            C.check(ec["overall"]["speedup"] is None and ec["overall"]["lossless"] is None and
+                    ec["overall"]["plain_tok_s"] is None, "no baseline: %r" % ec["overall"])
+            C.check(ec["overall"]["tau"] == json.load(open(os.path.join(out_b, "eval.json")))["overall"]["tau"],
+                    "tau without baseline differs")
+        # (c) the check can fail: the baseline serves another target
+        out_d = os.path.join(tmp, "d-out")
+        rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d" % spec.port, "--baseline-url",
+                              "http://127.0.0.1:%d" % wrong.port, "--prompts", prompts, "--max-tokens", "24",
+                              "--out", out_d])
+        C.check(rc == 1, "a differing baseline: exit %d, expected 1: %s" % (rc, err[-300:]))
+        if os.path.exists(os.path.join(out_d, "eval.json")):
+            ed = json.load(open(os.path.join(out_d, "eval.json")))
+            C.check(ed["overall"]["lossless"] is False and len(ed["overall"]["mismatches"]) > 0 and
+                    all("first_diff" in m for m in ed["overall"]["mismatches"]),
+                    "differing baseline not reported: %r" % ed["overall"].get("mismatches"))
+            C.check("**no**" in open(os.path.join(out_d, "eval.md")).read(), "eval.md does not flag the mismatch")
+    finally:
+        for s in (spec, plain, wrong):
+            s.stop()
+            s.kill()
+
+    # (d) bad inputs: nothing is sent, exit 2, the message names the place
+    def bad(name, content, want):
+        path = os.path.join(tmp, name)
+        if content is not None:
+            with open(path, "w") as f:
+                f.write(content)
+        rc, err, _ = run(gs, ["--url", "http://127.0.0.1:9", "--prompts", path, "--out", os.path.join(tmp, "bad")])
+        C.check(rc == 2 and want in err, "%s: exit %d, stderr %r (wanted %r)" % (name, rc, err[-300:], want))
+
+    bad("missing.jsonl", None, "missing.jsonl: cannot open")
+    bad("notjson.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "notjson.jsonl:2: not a JSON object")
+    bad("neither.jsonl", '{"prompt": "ok"}\n\n{"category": "x", "text": "hi"}\n',
+        "neither.jsonl:3: needs exactly one of")
+    bad("empty.jsonl", '{"prompt": ""}\n', "empty.jsonl:1: \"prompt\" must be a non-empty string")
+    bad("turns.jsonl", '{"turns": [1, 2]}\n', "turns.jsonl:1: \"turns\" must be a non-empty list of strings")
+    rc, err, dt = run(gs, ["--url", "http://127.0.0.1:9", "--prompts", prompts, "--out", os.path.join(tmp, "bad")],
+                      timeout=60)
+    C.check(rc == 2 and "cannot reach http://127.0.0.1:9" in err and dt < 15,
+            "unreachable --url: exit %d after %.1f s: %r" % (rc, dt, err[-300:]))
+    rc, err, _ = run(gs, ["--url", "ftp://x", "--prompts", prompts])
+    C.check(rc == 2 and "expected http://HOST[:PORT]" in err, "bad --url: %d %r" % (rc, err[-200:]))
+    rc, err, _ = run(gs, ["--model", target, "--prompts", prompts])
+    C.check(rc == 2 and "--model needs --draft" in err, "--model without --draft: %d %r" % (rc, err[-200:]))
+    sys.exit(C.finish())
+
+
+if __name__ == "__main__":
+    main()
