@@ -1171,6 +1171,13 @@ int srv_parse_gen(const srv_state *s, const cJSON *body, srv_api api, srv_gen *g
     /* stop conditions */
     if (parse_stop(body, g, e) || parse_stop_ids(s, body, g, e)) return -1;
     if (get_bool(body, "ignore_eos", &g->ignore_eos, e)) return -1;
+    /* graphswap's "speculative": false runs plain decoding on a server with a drafter (the
+     * baseline of graphswap eval --url: same server, same target, same batch). */
+    {
+        int spec = 1;
+        if (get_bool(body, "speculative", &spec, e)) return -1;
+        g->no_spec = !spec;
+    }
     if (get_bool(body, "include_stop_str_in_output", &g->include_stop, e)) return -1;
 
     /* output shape */

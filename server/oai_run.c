@@ -320,6 +320,7 @@ static int job_choices(srv_job *j, const char *id_prefix, srv_err *e)
             r->max_tokens = g->max_tokens;
             r->min_tokens = g->min_tokens;
             r->ignore_eos = g->ignore_eos;
+            r->no_spec = g->no_spec;
             r->stop_ids = g->stop_ids;
             r->n_stop_ids = g->n_stop_ids;
             r->sp = g->sp;

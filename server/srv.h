@@ -260,6 +260,8 @@ typedef struct {
     int n_prompts;
     int n;               /* samples per prompt */
     int max_tokens, min_tokens, ignore_eos;
+    int no_spec;         /* "speculative": false — decode without the server's drafter (default
+                          * true: speculative when a drafter is loaded; ignored without one) */
     eng_sampling sp;     /* sp.logprobs = alternatives per token */
     int seed_set;
     char *stop[SRV_MAX_STOP];

@@ -230,7 +230,7 @@ int spec_step(eng_engine *e)
         eng_seq *q = &e->seqs[s];
         if (!eng_seq_decode_ready(q)) continue; /* a 1-token prompt remainder is prefilled below */
         const eng_request *r = q->req;
-        int nd = W;
+        int nd = r->no_spec ? 0 : W;
         if (c->num_spec_tokens > 0 && nd > c->num_spec_tokens) nd = c->num_spec_tokens;
         if (nd > r->max_tokens - r->n_out - 1) nd = r->max_tokens - r->n_out - 1; /* never past max_tokens */
         if (nd < 0) nd = 0;

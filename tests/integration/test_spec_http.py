@@ -4,10 +4,15 @@
 - greedy completions with a drafter equal `graphswap generate` without one (lossless, I9), and their
   usage.spec equals `generate --draft`'s spec counts for the same request;
 - /metrics spec_decode_* counters equal the sum of usage.spec over the requests served;
-- streaming with a drafter gives the same tokens as non-streaming.
+- streaming with a drafter gives the same tokens as non-streaming;
+- "speculative": false decodes without the drafter on the same server (usage.spec.drafts 0, the
+  same tokens), also while speculative requests share its batch; a non-boolean is a 400 naming the
+  field; usage.spec.accepted_per_position has one count per draft position, non-increasing, summing
+  to accepted_tokens.
 """
 import os
 import sys
+import threading
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +45,11 @@ def main():
             spec = H.generate_cli(binary, T, ids, 24, extra=["--draft", D])
             us = o["usage"].get("spec")
             C.check(us is not None, "usage.spec missing with a drafter")
+            if us:
+                ap = us.get("accepted_per_position", [])
+                C.check(len(ap) == 5 and sum(ap) == us["accepted_tokens"] and
+                        all(ap[i] >= ap[i + 1] for i in range(len(ap) - 1)) and all(x <= us["drafts"] for x in ap),
+                        "accepted_per_position %r vs usage.spec %r (DSpark b5: 5 positions)" % (ap, us))
             if us and spec:
                 for k in tot:
                     C.check(int(us[k]) == int(spec["spec"][k]), "usage.spec.%s %s vs generate %s" % (k, us[k], spec["spec"][k]))
@@ -57,6 +67,37 @@ def main():
                 "metrics accepted tokens vs usage")
         C.check(int(m.get("graphswap:spec_decode_num_draft_tokens_total", -1)) == 2 * tot["draft_tokens"],
                 "metrics draft tokens vs usage")
+        # "speculative": false: plain decoding on the drafter's server, alone and in a mixed batch
+        body = {"max_tokens": 24, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+        res = {}
+
+        def one(i, ids, spec):
+            res[(i, spec)] = H.post(srv, "/v1/completions", dict(body, prompt=ids, speculative=spec))
+
+        th = [threading.Thread(target=one, args=(i, ids, spec)) for i, ids in enumerate(prompts) for spec in (True, False)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        nospec_tokens, new_drafts = 0, 0
+        for i, ids in enumerate(prompts):
+            a, b = res.get((i, True)), res.get((i, False))
+            if not C.check(a is not None and b is not None and a.status == 200 and b.status == 200,
+                           "mixed batch: %r %r" % (a, b)):
+                continue
+            C.check(b.json["choices"][0]["token_ids"] == a.json["choices"][0]["token_ids"],
+                    "prompt %d: \"speculative\": false gives other tokens than speculative" % i)
+            C.check(b.json["usage"]["spec"]["drafts"] == 0 and a.json["usage"]["spec"]["drafts"] > 0,
+                    "prompt %d: drafts with speculative false %r, true %r" % (i, b.json["usage"]["spec"], a.json["usage"]["spec"]))
+            nospec_tokens += b.json["usage"]["completion_tokens"]
+            new_drafts += a.json["usage"]["spec"]["drafts"]
+        C.check(nospec_tokens == 24 * len(prompts), "speculative false: %d tokens" % nospec_tokens)
+        m2 = H.metrics(srv)
+        C.check(int(m2.get("graphswap:spec_decode_num_drafts_total", -1)) == 2 * tot["drafts"] + new_drafts,
+                "metrics count drafts of \"speculative\": false requests")
+        r = H.post(srv, "/v1/completions", dict(body, prompt=[5, 6], speculative="no"))
+        C.check(r.status == 400 and r.json["error"]["param"] == "speculative" and "boolean" in r.json["error"]["message"],
+                "speculative \"no\": %r" % r)
         H.sanitizer_clean(C, srv)
     finally:
         H._kill_all()
