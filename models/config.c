@@ -270,7 +270,8 @@ static int parse_drafter(const cJSON *root, mdl_config *c, char *err, size_t err
         c->own_embed = 1;
     }
     return get_bool(root, "graphswap_test_hook_reallocates", 0, &c->test_hook_reallocates, err, errlen) ||
-           get_bool(root, "graphswap_test_skip_hook", 0, &c->test_skip_hook, err, errlen);
+           get_bool(root, "graphswap_test_skip_hook", 0, &c->test_skip_hook, err, errlen) ||
+           get_bool(root, "graphswap_test_accept_drafts", 0, &c->test_accept_drafts, err, errlen);
 }
 
 int mdl_config_check_drafter(const mdl_config *t, const mdl_config *d, char *err, size_t errlen)

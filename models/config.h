@@ -80,6 +80,10 @@ typedef struct {
                                 hook does not refill its derived buffers after an update (stale
                                 context K/V weights), the bug whose acceptance drop the RL-loop
                                 negative control must measure */
+    int test_accept_drafts;  /* TEST ONLY ("graphswap_test_accept_drafts": true): a speculative step
+                                accepts every draft whatever the target says, so speculative output
+                                differs from plain decoding: the bug graphswap eval's losslessness
+                                check must catch (its negative control) */
 } mdl_config;
 
 const char *mdl_arch_name(mdl_arch a); /* the HF architectures[] string */
