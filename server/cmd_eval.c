@@ -6,10 +6,12 @@
  * acceptance rate per draft position (steps whose k-th draft was accepted / steps), tokens/s of
  * both runs and the speedup, and at temperature 0 the losslessness check (token-identical outputs).
  *
- * One client path for both modes: --url evaluates a running server (--baseline-url a second one
- * without a drafter gives the plain run; without it only the speculative figures are reported);
- * --model [--draft] starts the two servers itself on loopback ports (this binary's `serve`, logs in
- * the output folder) and stops them at the end. Speculative counters come from each response's
+ * One client path for both modes: --url evaluates a running server with a drafter; its plain run
+ * goes to the same server with the request field "speculative": false (same target, same engine,
+ * the drafter idle), or to --baseline-url, a second server without a drafter; --no-baseline skips
+ * it (only tau and the acceptance rates are reported). --model --draft starts two servers itself on
+ * loopback ports (this binary's `serve`, logs in the output folder: one with the drafter, one
+ * without, so the plain run is a server that never loaded a drafter) and stops them at the end. Speculative counters come from each response's
  * usage.spec (drafts, accepted_tokens, accepted_per_position), so concurrent requests do not mix.
  *
  * Prompt files (JSONL, one object per line; a bad line fails the run before anything is sent, as
@@ -19,8 +21,9 @@
  *   {"prompt": str}            a completion (/v1/completions)
  *   {"messages": [...]}        a chat (/v1/chat/completions)
  *   optional "category" (default "default").
- * Outputs in --out: eval.json, eval.md, eval.svg (docs/EVAL.md has the schema). Exit status: 0, 1
- * when the losslessness check fails, 2 for bad input or an unreachable server. */
+ * Outputs in --out: eval.json, eval.md, eval.svg, eval-requests.jsonl (docs/EVAL.md has the
+ * schema). Exit status: 0, 1 when the losslessness check fails, 2 for bad input or an unreachable
+ * server. */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -38,6 +41,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,22 +52,28 @@
 #define EV_MAX_CATS 64
 
 static const char help[] =
-    "usage: graphswap eval [--prompts FILE] (--model DIR [--draft DIR] | --url URL [--baseline-url URL])\n"
+    "usage: graphswap eval [--prompts FILE] (--model DIR --draft DIR | --url URL [--baseline-url URL])\n"
     "                      [options]\n"
     "\n"
     "Speculative-decoding evaluation: every prompt runs with the drafter and without it; reports tau\n"
     "(tokens per speculative step), acceptance rate per draft position, tokens/s of both runs, the\n"
     "speedup and, at temperature 0, whether the outputs are identical (lossless), per category and\n"
-    "overall, in OUT/eval.json, OUT/eval.md and OUT/eval.svg.\n"
+    "overall, in OUT/eval.json, OUT/eval.md and OUT/eval.svg (OUT/eval-requests.jsonl: every request's\n"
+    "token ids, time and counters).\n"
     "\n"
     "  --prompts FILE       JSONL: Spec-Bench question.jsonl lines {\"category\",\"turns\":[...]}, or\n"
     "                       {\"prompt\": str} / {\"messages\": [...]} with an optional \"category\"\n"
-    "                       (default: eval/prompts/heldout.jsonl, the bundled held-out prompts)\n"
-    "  --model DIR          start a server on the target (and one with --draft) on loopback ports\n"
+    "                       (default: eval/prompts/heldout.jsonl, the bundled held-out prompts, in\n"
+    "                       the current folder or the repository the binary was built in)\n"
+    "  --model DIR          start two servers on loopback ports: the target with --draft, and the\n"
+    "                       target alone (the plain run)\n"
     "  --draft DIR          the drafter (DFlash or DSpark) for --model\n"
-    "  --url URL            evaluate a running server with a drafter (http://host:port)\n"
-    "  --baseline-url URL   the same target served without a drafter (plain decoding); with --url\n"
-    "                       and no baseline, tokens/s, speedup and the lossless check are omitted\n"
+    "  --url URL            evaluate a running server with a drafter (http://host:port); the plain\n"
+    "                       run is sent to the same server with \"speculative\": false\n"
+    "  --baseline-url URL   send the plain run to this server instead (the same target served\n"
+    "                       without a drafter)\n"
+    "  --no-baseline        no plain run: tokens/s without the drafter, speedup and the lossless\n"
+    "                       check are null\n"
     "  --api-key KEY        bearer key for the servers (default: $GRAPHSWAP_API_KEY)\n"
     "  --temperature T      0 = greedy with the losslessness check (default 0)\n"
     "  --seed S             request seed base; prompt i uses S + i (default 0)\n"
@@ -75,7 +85,10 @@ static const char help[] =
     "  --threads N  --spec-confidence-threshold X  --num-spec-tokens N   passed to the servers\n"
     "                       that --model starts\n"
     "\n"
-    "A progress bar goes to stderr (a line per 10% when stderr is not a terminal).\n";
+    "A progress bar goes to stderr (a line per 10% when stderr is not a terminal). Exit status: 0; 1\n"
+    "when the losslessness check fails (temperature 0, an output differs from plain decoding); 2 for\n"
+    "bad input (FILE:LINE of a bad prompt line), an unreachable server (5 s connect timeout) or a\n"
+    "failed request. Schema of eval.json: docs/EVAL.md.\n";
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
@@ -474,6 +487,7 @@ typedef struct {
     const ev_set *set;
     const ev_url *url;
     const char *key;
+    int no_spec;   /* send "speculative": false (the plain run on a server with a drafter) */
     double temperature;
     uint64_t seed;
     int max_tokens;
@@ -510,6 +524,7 @@ static char *one_request(ev_run *r, const char *path, cJSON *body, ev_unit *u, i
     cJSON_AddNumberToObject(body, "max_tokens", r->max_tokens);
     cJSON_AddNumberToObject(body, "temperature", r->temperature);
     cJSON_AddBoolToObject(body, "return_token_ids", 1);
+    if (r->no_spec) cJSON_AddBoolToObject(body, "speculative", 0);
     char *txt = cJSON_PrintUnformatted(body);
     cJSON *resp = NULL;
     char why[1024];
@@ -799,7 +814,99 @@ static char *svg_chart(const cJSON *root, int W)
     return out;
 }
 
+/* OUT/eval-requests.jsonl: one line per request (a Spec-Bench turn is one), in prompt-file order:
+ * {"category", "prompt" (index among the evaluated prompts), "turn", "spec": {"token_ids",
+ * "seconds", "steps", "accepted_tokens"}, "plain": {"token_ids", "seconds"} (with a plain run),
+ * "first_diff" (with the lossless check: the first index where the outputs differ, or -1)}. The
+ * raw material of the aggregates: where a mismatch starts, which prompts draft well. */
+static void write_requests(const char *dir, const ev_set *set, const ev_unit *su, const ev_unit *pu, int check)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/eval-requests.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) ev_die("%s: cannot write: %s", path, strerror(errno));
+    for (int i = 0; i < set->n_items; i++) {
+        const ev_item *it = &set->items[i];
+        for (int u = it->unit0; u < it->unit0 + it->n_units; u++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "category", set->cats[it->cat]);
+            cJSON_AddNumberToObject(o, "prompt", i);
+            cJSON_AddNumberToObject(o, "turn", u - it->unit0);
+            cJSON *sj = cJSON_AddObjectToObject(o, "spec");
+            cJSON_AddItemToObject(sj, "token_ids", su[u].ids ? cJSON_Duplicate(su[u].ids, 1) : cJSON_CreateArray());
+            cJSON_AddNumberToObject(sj, "seconds", su[u].seconds);
+            cJSON_AddNumberToObject(sj, "steps", (double)su[u].drafts);
+            cJSON_AddNumberToObject(sj, "accepted_tokens", (double)su[u].accepted);
+            if (pu) {
+                cJSON *pj = cJSON_AddObjectToObject(o, "plain");
+                cJSON_AddItemToObject(pj, "token_ids", pu[u].ids ? cJSON_Duplicate(pu[u].ids, 1) : cJSON_CreateArray());
+                cJSON_AddNumberToObject(pj, "seconds", pu[u].seconds);
+            }
+            if (check) cJSON_AddNumberToObject(o, "first_diff", first_diff(su[u].ids, pu[u].ids));
+            char *line = cJSON_PrintUnformatted(o);
+            cJSON_Delete(o);
+            if (!line || fprintf(f, "%s\n", line) < 0) ev_die("%s: cannot write", path);
+            free(line);
+        }
+    }
+    if (fclose(f) != 0) ev_die("%s: cannot write", path);
+}
+
 /* ---- the command --------------------------------------------------------------------------------- */
+
+/* The bundled held-out prompts: eval/prompts/heldout.jsonl in the current folder, else in the
+ * repository the binary was built in (build/graphswap -> ../eval/prompts). */
+static const char *default_prompts(char *buf, size_t n)
+{
+    static const char rel[] = "eval/prompts/heldout.jsonl";
+    if (access(rel, R_OK) == 0) return rel;
+    char self[4096];
+    const ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl > 0) {
+        self[sl] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = 0;
+            const int w = snprintf(buf, n, "%s/../%s", self, rel);
+            if (w > 0 && (size_t)w < n && access(buf, R_OK) == 0) return buf;
+        }
+    }
+    ev_die("no --prompts given and no bundled %s (in the current folder or beside the binary's build folder)", rel);
+}
+
+/* Where the figures come from: the host's architecture and CPUs (tokens/s depend on them) and the
+ * commit of the checkout the binary was built in (git describe in the binary's folder; null when
+ * that is no git checkout, e.g. an installed binary). */
+static void add_machine(cJSON *root)
+{
+    char self[4096], cmd[4400];
+    const ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    snprintf(cmd, sizeof cmd, "git describe --always --dirty 2>/dev/null");
+    if (sl > 0) {
+        self[sl] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash && !strchr(self, '\'')) { /* single-quoted for the shell: no quote inside */
+            *slash = 0;
+            snprintf(cmd, sizeof cmd, "git -C '%s' describe --always --dirty 2>/dev/null", self);
+        }
+    }
+    struct utsname u;
+    cJSON *m = cJSON_AddObjectToObject(root, "machine");
+    if (uname(&u) == 0) {
+        cJSON_AddStringToObject(m, "system", u.sysname);
+        cJSON_AddStringToObject(m, "arch", u.machine);
+    }
+    cJSON_AddNumberToObject(m, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+    char line[128] = "";
+    FILE *p = popen(cmd, "r");
+    if (p) {
+        if (!fgets(line, sizeof line, p)) line[0] = 0;
+        pclose(p);
+    }
+    line[strcspn(line, "\r\n")] = 0;
+    if (line[0]) cJSON_AddStringToObject(root, "commit", line);
+    else cJSON_AddNullToObject(root, "commit");
+}
 
 int srv_cmd_eval(int argc, char **argv)
 {
@@ -807,7 +914,7 @@ int srv_cmd_eval(int argc, char **argv)
     const char *cats = NULL, *key = getenv("GRAPHSWAP_API_KEY"), *threads = NULL, *thr = NULL, *nspec = NULL;
     float temperature = 0;
     uint64_t seed = 0;
-    int max_tokens = 128, concurrency = 1, limit = 0;
+    int max_tokens = 128, concurrency = 1, limit = 0, no_baseline = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -824,26 +931,28 @@ int srv_cmd_eval(int argc, char **argv)
             srv_arg_u64(argc, argv, &i, "--seed", &seed) ||
             srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
             srv_arg_int(argc, argv, &i, "--concurrency", 1, 256, &concurrency) ||
-            srv_arg_int(argc, argv, &i, "--limit", 1, 1 << 30, &limit))
+            srv_arg_int(argc, argv, &i, "--limit", 1, 1 << 30, &limit) ||
+            srv_arg_flag(argc, argv, &i, "--no-baseline", &no_baseline))
             continue;
         srv_die_usage("eval", argv[i]);
     }
     if ((model != NULL) == (url_s != NULL)) ev_die("give exactly one of --model (with --draft) or --url");
     if (model && !draft) ev_die("--model needs --draft (the drafter to evaluate)");
     if (base_s && !url_s) ev_die("--baseline-url goes with --url");
+    if (base_s && no_baseline) ev_die("--baseline-url and --no-baseline contradict each other");
     if (key && !*key) key = NULL;
-    if (!prompts) {
-        if (access("eval/prompts/heldout.jsonl", R_OK) != 0)
-            ev_die("no --prompts given and no bundled eval/prompts/heldout.jsonl in the current folder");
-        prompts = "eval/prompts/heldout.jsonl";
-    }
+    char bundled[4200];
+    if (!prompts) prompts = default_prompts(bundled, sizeof bundled);
     ev_set set;
     load_prompts(prompts, limit, cats, &set);
     if (mkdir(out, 0755) != 0 && errno != EEXIST) ev_die("%s: cannot create: %s", out, strerror(errno));
 
     ev_url url, base;
     ev_child spec_srv = {0}, plain_srv = {0};
-    int have_plain = base_s != NULL || model != NULL;
+    /* where the plain run goes: a server --model starts without the drafter, --baseline-url, or
+     * the --url server itself with "speculative": false */
+    const char *baseline = no_baseline ? NULL : model ? "plain-server" : base_s ? "baseline-url" : "same-server";
+    const int have_plain = baseline != NULL;
     if (model) {
         char *tail[16];
         int n = 0;
@@ -859,10 +968,12 @@ int srv_cmd_eval(int argc, char **argv)
         snprintf(lp, sizeof lp, "%s/server-spec.log", out);
         fprintf(stderr, "starting the servers (logs in %s/server-*.log)\n", out);
         child_start(&spec_srv, tail, n, lp);
-        snprintf(lp, sizeof lp, "%s/server-plain.log", out);
-        child_start(&plain_srv, tail, n_common, lp);
         url = spec_srv.url;
-        base = plain_srv.url;
+        if (have_plain) {
+            snprintf(lp, sizeof lp, "%s/server-plain.log", out);
+            child_start(&plain_srv, tail, n_common, lp);
+            base = plain_srv.url;
+        }
     } else {
         if (parse_url(url_s, &url) != 0) ev_die("--url %s: expected http://HOST[:PORT]", url_s);
         if (base_s && parse_url(base_s, &base) != 0) ev_die("--baseline-url %s: expected http://HOST[:PORT]", base_s);
@@ -872,6 +983,7 @@ int srv_cmd_eval(int argc, char **argv)
         close(fd);
         if (base_s && (fd = dial(&base, 5.0, why, sizeof why)) < 0) ev_die("cannot reach %s: %s", base.base, why);
         if (base_s) close(fd);
+        if (!base_s) base = url;
     }
 
     ev_unit *su = calloc((size_t)set.n_units, sizeof *su), *pu = calloc((size_t)set.n_units, sizeof *pu);
@@ -885,10 +997,17 @@ int srv_cmd_eval(int argc, char **argv)
         r.url = &base;
         r.units = pu;
         r.label = "plain";
+        r.no_spec = strcmp(baseline, "same-server") == 0;
         plain_wall = run_all(&r, concurrency);
     }
     child_stop(&spec_srv);
     child_stop(&plain_srv);
+    /* a plain run that drafted is no baseline: a server that ignores "speculative": false (not
+     * graphswap, or an older one) would make speedup 1 and the lossless check vacuous */
+    for (int i = 0; have_plain && i < set.n_units; i++)
+        if (pu[i].drafts > 0)
+            ev_die("%s drafted in the plain run (it ignores \"speculative\": false): give --baseline-url (a server "
+                   "without the drafter) or --no-baseline", base.base);
 
     /* the drafter's width: the per-position list the server reports has one entry per draft */
     int W = 0;
@@ -939,6 +1058,11 @@ int srv_cmd_eval(int argc, char **argv)
         cJSON_AddStringToObject(root, "url", url.base);
     }
     if (base_s) cJSON_AddStringToObject(root, "baseline_url", base.base);
+    if (baseline) cJSON_AddStringToObject(root, "baseline", baseline);
+    else cJSON_AddNullToObject(root, "baseline");
+    if (threads) cJSON_AddNumberToObject(root, "threads", atoi(threads));
+    else cJSON_AddNullToObject(root, "threads");
+    add_machine(root);
     cJSON_AddNumberToObject(root, "temperature", temperature);
     cJSON_AddNumberToObject(root, "seed", (double)seed);
     cJSON_AddNumberToObject(root, "max_tokens", max_tokens);
@@ -958,8 +1082,10 @@ int srv_cmd_eval(int argc, char **argv)
     size_t mdl = 0;
     FILE *f = open_memstream(&md, &mdl);
     if (!f) ev_die("out of memory");
-    fprintf(f, "# graphswap eval\n\n%s, temperature %g, max_tokens %d, concurrency %d; %s\n\n", prompts, temperature,
-            max_tokens, concurrency, model ? model : url.base);
+    fprintf(f, "# graphswap eval\n\n%s, temperature %g, max_tokens %d, concurrency %d; %s; plain run: %s\n\n", prompts,
+            temperature, max_tokens, concurrency, model ? model : url.base,
+            !baseline ? "none" : !strcmp(baseline, "plain-server") ? "a server without the drafter"
+                               : !strcmp(baseline, "baseline-url") ? base.base : "the same server, \"speculative\": false");
     fprintf(f, "| category | prompts | tokens | tau | spec tok/s | plain tok/s | speedup | lossless |");
     for (int k = 0; k < W; k++) fprintf(f, " p%d |", k + 1);
     fprintf(f, "\n|---|---|---|---|---|---|---|---|");
@@ -977,13 +1103,16 @@ int srv_cmd_eval(int argc, char **argv)
     char *svg = svg_chart(root, W);
     write_file(out, "eval.svg", svg);
     free(svg);
+    write_requests(out, &set, su, have_plain ? pu : NULL, check);
 
     const cJSON *ov = cJSON_GetObjectItemCaseSensitive(root, "overall");
     const cJSON *lossless = cJSON_GetObjectItemCaseSensitive(ov, "lossless");
     char sp[32];
     fmt_or_dash(sp, sizeof sp, "%.2fx", num(ov, "speedup"));
-    fprintf(stderr, "tau %.3f over %ld steps, speedup %s, lossless %s; wrote %s/eval.{json,md,svg}\n", num(ov, "tau"),
+    fprintf(stderr, "tau %.3f over %ld steps, speedup %s, lossless %s; wrote %s/eval.{json,md,svg} and eval-requests.jsonl\n", num(ov, "tau"),
             all.drafts, sp, cJSON_IsBool(lossless) ? (cJSON_IsTrue(lossless) ? "yes" : "NO") : "not checked", out);
+    if (all.drafts == 0)
+        fprintf(stderr, "graphswap eval: warning: no step verified a draft (is a drafter loaded?): tau is 0\n");
     const int rc = cJSON_IsFalse(lossless) ? 1 : 0;
     cJSON_Delete(root);
     cJSON_Delete(all.mism);

@@ -9,11 +9,18 @@
   non-increasing, rate sums consistent with tau (1 + sum of rates == tau), lossless true at
   temperature 0; eval.md holds the table; eval.svg parses as XML. All three prompt shapes
   (Spec-Bench turns, prompt, messages) in one file, a category filter and --limit.
+  eval.json's run description (baseline "plain-server", machine, threads, commit key) and
+  eval-requests.jsonl (a line per request, token ids of both runs, first_diff -1).
 - --url against a server the test starts (concurrency 2) with --baseline-url a plain server: the
-  same tau, the same per-position rates and lossless; --url alone (no baseline): speedup and
-  lossless null, tau the same.
-- The losslessness check can fail: a baseline server on a DIFFERENT target makes the outputs differ
-  -> lossless false, mismatches listed, exit status 1.
+  same tau, the same per-position rates, the same token ids request by request (the CPU backend is
+  batch-invariant: a row's logits do not depend on the other rows) and lossless; --url alone: the
+  plain run goes to the same server with "speculative": false (baseline "same-server"): lossless,
+  speedup reported, the same token ids and tau; --no-baseline: speedup, plain_tok_s and lossless null.
+- The losslessness check can fail: (1) a baseline server on a DIFFERENT target makes the outputs
+  differ; (2) the speculative path itself is broken: a drafter with the TEST-ONLY
+  "graphswap_test_accept_drafts" (every draft accepted whatever the target says) served alone, its
+  plain run on the same server -> lossless false, mismatches listed with first_diff (the same index
+  eval-requests.jsonl gives), eval.md says **no**, exit status 1.
 - Bad inputs: a missing file, a line that is not JSON, a line with neither prompt, messages nor
   turns, an empty prompt (each: exit 2, the message names FILE:LINE, nothing is sent); an
   unreachable --url (exit 2 within seconds, the message names the address).
@@ -21,6 +28,7 @@ Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +47,11 @@ def run(gs, args, timeout=600):
     t0 = time.time()
     p = subprocess.run([gs, "eval"] + args, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stderr, time.time() - t0
+
+
+def requests(d):
+    with open(os.path.join(d, "eval-requests.jsonl")) as f:
+        return [json.loads(l) for l in f]
 
 
 def check_schema(C, what, ev, lossless_expected):
@@ -93,6 +106,15 @@ def main():
         C.check(ev["draft_positions"] == 7, "draft_positions %r (DFlash b8: 7)" % ev["draft_positions"])
         check_schema(C, "--model", ev, True)
         C.check(ev["overall"]["speedup"] is not None and ev["overall"]["plain_tok_s"] > 0, "no speedup: %r" % ev["overall"])
+        C.check(ev["baseline"] == "plain-server" and ev["threads"] == 2 and ev["machine"]["cpus"] >= 1 and
+                "commit" in ev and ev["model"] == target and ev["draft"] == draft,
+                "run description: %r" % {k: ev.get(k) for k in ("baseline", "threads", "machine", "commit", "model")})
+        rq = requests(out_a)
+        C.check(len(rq) == 7 and [(q["category"], q["turn"]) for q in rq[:3]] == [("writing", 0), ("writing", 1), ("writing", 0)]
+                and all(q["first_diff"] == -1 and q["spec"]["token_ids"] == q["plain"]["token_ids"] and
+                        len(q["spec"]["token_ids"]) > 0 for q in rq) and
+                sum(q["spec"]["steps"] for q in rq) == ev["overall"]["spec_steps"],
+                "eval-requests.jsonl: %r" % [(q["category"], q["turn"], q.get("first_diff")) for q in rq])
         md = open(os.path.join(out_a, "eval.md")).read()
         C.check("| category | prompts |" in md and "**overall**" in md and "| p7 |" in md, "eval.md table: %r" % md[:400])
         try:
@@ -125,13 +147,34 @@ def main():
             for k in ("tau", "accept_rate_per_position", "completion_tokens", "spec_steps"):
                 C.check(ea["overall"][k] == eb["overall"][k],
                         "--url (concurrency 2) %s %r != --model %r" % (k, eb["overall"][k], ea["overall"][k]))
+            C.check(eb["baseline"] == "baseline-url" and eb["url"] == "http://127.0.0.1:%d" % spec.port,
+                    "--baseline-url run: %r" % {k: eb.get(k) for k in ("baseline", "url", "baseline_url")})
+            C.check([q["spec"]["token_ids"] for q in requests(out_b)] == [q["spec"]["token_ids"] for q in requests(out_a)],
+                    "--url (concurrency 2) token ids differ from --model's")
+        # --url alone: the plain run on the same server with "speculative": false
+        out_s = os.path.join(tmp, "s")
+        rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d/" % spec.port, "--prompts", prompts, "--max-tokens", "24",
+                              "--concurrency", "2", "--out", out_s])
+        if C.check(rc == 0, "--url (same-server baseline) exited %d: %s" % (rc, err[-800:])) and \
+                os.path.exists(os.path.join(out_a, "eval.json")):
+            es = json.load(open(os.path.join(out_s, "eval.json")))
+            ea = json.load(open(os.path.join(out_a, "eval.json")))
+            check_schema(C, "--url same server", es, True)
+            C.check(es["baseline"] == "same-server" and es["overall"]["speedup"] is not None and
+                    es["overall"]["plain_tok_s"] > 0 and es["overall"]["tau"] == ea["overall"]["tau"],
+                    "same-server baseline: %r" % es["overall"])
+            C.check([(q["spec"]["token_ids"], q["plain"]["token_ids"]) for q in requests(out_s)] ==
+                    [(q["spec"]["token_ids"], q["plain"]["token_ids"]) for q in requests(out_a)],
+                    "same-server token ids differ from --model's")
         out_c = os.path.join(tmp, "c")
         rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d/" % spec.port, "--prompts", prompts, "--max-tokens", "24",
-                              "--out", out_c])
-        if C.check(rc == 0, "--url without baseline exited %d: %s" % (rc, err[-500:])):
+                              "--no-baseline", "--out", out_c])
+        if C.check(rc == 0, "--url --no-baseline exited %d: %s" % (rc, err[-500:])):
             ec = json.load(open(os.path.join(out_c, "eval.json")))
             C.check(ec["overall"]["speedup"] is None and ec["overall"]["lossless"] is None and
-                    ec["overall"]["plain_tok_s"] is None, "no baseline: %r" % ec["overall"])
+                    ec["overall"]["plain_tok_s"] is None and ec["baseline"] is None, "no baseline: %r" % ec["overall"])
+            C.check(all("plain" not in q and "first_diff" not in q for q in requests(out_c)),
+                    "--no-baseline: eval-requests.jsonl has plain runs")
             C.check(ec["overall"]["tau"] == json.load(open(os.path.join(out_b, "eval.json")))["overall"]["tau"],
                     "tau without baseline differs")
         # (c) the check can fail: the baseline serves another target
@@ -150,6 +193,38 @@ def main():
         for s in (spec, plain, wrong):
             s.stop()
             s.kill()
+    # (c2) the speculative path itself diverges (TEST-ONLY drafter switch); plain run on the same server
+    lossy = os.path.join(tmp, "d-lossy")
+    shutil.rmtree(lossy, ignore_errors=True)
+    shutil.copytree(draft, lossy)
+    cfg = json.load(open(os.path.join(lossy, "config.json")))
+    cfg["graphswap_test_accept_drafts"] = True
+    json.dump(cfg, open(os.path.join(lossy, "config.json"), "w"))
+    bad_srv = H.Server(C, gs, target, args=["--draft", lossy])
+    try:
+        out_e = os.path.join(tmp, "e")
+        rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d" % bad_srv.port, "--prompts", prompts, "--max-tokens", "24",
+                              "--concurrency", "2", "--out", out_e])
+        C.check(rc == 1 and "lossless NO" in err, "a lossy speculative path: exit %d, expected 1: %s" % (rc, err[-300:]))
+        if os.path.exists(os.path.join(out_e, "eval.json")):
+            ee = json.load(open(os.path.join(out_e, "eval.json")))
+            mm = ee["overall"]["mismatches"]
+            rq = requests(out_e)
+            C.check(ee["overall"]["lossless"] is False and ee["baseline"] == "same-server" and len(mm) > 0,
+                    "lossy speculative path not reported: %r" % ee["overall"])
+            C.check(sorted((m["prompt"], m["turn"], m["first_diff"]) for m in mm) ==
+                    sorted((q["prompt"], q["turn"], q["first_diff"]) for q in rq if q["first_diff"] >= 0),
+                    "mismatches %r vs eval-requests.jsonl" % mm)
+            for q in rq:
+                fd = q["first_diff"]
+                if fd >= 0:
+                    a, b = q["spec"]["token_ids"], q["plain"]["token_ids"]
+                    C.check(a[:fd] == b[:fd] and (fd >= min(len(a), len(b)) or a[fd] != b[fd]),
+                            "first_diff %d is not the first differing index" % fd)
+            C.check("**no**" in open(os.path.join(out_e, "eval.md")).read(), "eval.md does not flag the lossy run")
+    finally:
+        bad_srv.stop()
+        bad_srv.kill()
 
     # (d) bad inputs: nothing is sent, exit 2, the message names the place
     def bad(name, content, want):
@@ -174,6 +249,9 @@ def main():
     C.check(rc == 2 and "expected http://HOST[:PORT]" in err, "bad --url: %d %r" % (rc, err[-200:]))
     rc, err, _ = run(gs, ["--model", target, "--prompts", prompts])
     C.check(rc == 2 and "--model needs --draft" in err, "--model without --draft: %d %r" % (rc, err[-200:]))
+    rc, err, _ = run(gs, ["--url", "http://127.0.0.1:9", "--baseline-url", "http://127.0.0.1:9", "--no-baseline",
+                          "--prompts", prompts])
+    C.check(rc == 2 and "contradict" in err, "--baseline-url with --no-baseline: %d %r" % (rc, err[-200:]))
     sys.exit(C.finish())
 
 
