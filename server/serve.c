@@ -111,7 +111,14 @@ static struct timespec deadline_in(double sec)
     return ts;
 }
 
-static stats_log g_stats; /* set by srv_cmd_serve before the engine thread starts */
+/* A running server: state, engine thread, listener (srv_server_start / srv_server_stop). */
+struct srv_server {
+    srv_state *s;
+    stats_log stats; /* the engine thread's throughput line (set before it starts) */
+    pthread_t eng_thread;
+    struct mg_context *ctx;
+    char url[340];
+};
 
 int srv_engine_call(srv_state *s, srv_closure *c)
 {
@@ -156,10 +163,11 @@ void srv_closures_run(srv_state *s, int stopping)
 
 static void *engine_main(void *arg)
 {
-    srv_state *s = arg;
+    srv_server *sv = arg;
+    srv_state *s = sv->s;
     eng_engine *e = s->rt.e;
     int draining = 0;
-    stats_log *sl = &g_stats;
+    stats_log *sl = &sv->stats;
     stats_reset(sl, e, srv_now());
     for (;;) {
         /* no step while a weight session is open or generation is paused (I7), unless a "wait"
@@ -392,7 +400,13 @@ static const char help[] =
     "                         waiting, KV usage, spec acceptance), only when something ran\n"
     "                         (default 10; 0 = off)\n";
 
-int srv_cmd_serve(int argc, char **argv)
+static void server_teardown(srv_server *sv);
+
+/* `graphswap serve`'s start-up from its argv (argv[0] is the command name): parses the options
+ * (--help prints the help and exits; a bad option exits 2), loads the model, starts the engine thread
+ * and the listener. Returns the server, or NULL with err filled (a model that does not load, a port
+ * in use, ...). */
+srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
 {
     srv_runtime_opts ro;
     srv_runtime_defaults(&ro);
@@ -437,8 +451,10 @@ int srv_cmd_serve(int argc, char **argv)
             continue;
         srv_die_usage("serve", argv[i]);
     }
-    if (strcmp(gen_cfg, "auto") != 0 && strcmp(gen_cfg, "vllm") != 0)
-        srv_die("--generation-config must be auto or vllm");
+    if (strcmp(gen_cfg, "auto") != 0 && strcmp(gen_cfg, "vllm") != 0) {
+        snprintf(err, errlen, "--generation-config must be auto or vllm");
+        return NULL;
+    }
     srv_log_format lf;
     if (srv_log_parse_format(log_format, &lf) != 0) {
         fprintf(stderr, "graphswap: --log-format must be text or json\n");
@@ -447,19 +463,29 @@ int srv_cmd_serve(int argc, char **argv)
     /* set before anything is loaded: load progress lines use the format too */
     srv_log_set_format(lf);
     srv_log_set_access(access_log);
-    g_stats.interval = log_interval;
     if (api_key && !api_key[0]) api_key = NULL;
     ro.ecfg.queue_cap = queue_cap;
 
+    srv_server *sv = calloc(1, sizeof *sv);
     srv_state *s = calloc(1, sizeof *s);
-    if (!s) srv_die("out of memory");
-    char err[1024];
-    if (srv_runtime_open(&s->rt, &ro, err, sizeof err) != 0) fatal("%s", err);
+    if (!sv || !s) srv_die("out of memory");
+    sv->s = s;
+    sv->stats.interval = log_interval;
+    if (srv_runtime_open(&s->rt, &ro, err, errlen) != 0) {
+        free(s);
+        free(sv);
+        return NULL;
+    }
     char tokpath[4200];
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", ro.model_dir);
     if (access(tokpath, R_OK) == 0) {
-        s->tok = mdl_tok_load(ro.model_dir, err, sizeof err);
-        if (!s->tok) fatal("%s", err);
+        s->tok = mdl_tok_load(ro.model_dir, err, errlen);
+        if (!s->tok) {
+            srv_runtime_close(&s->rt);
+            free(s);
+            free(sv);
+            return NULL;
+        }
         s->chat = mdl_tok_chat_family(s->tok);
     }
     /* immutable copies, so handler threads never read engine or model state */
@@ -543,18 +569,11 @@ int srv_cmd_serve(int argc, char **argv)
     s->prompt_tokens_details = prompt_tokens_details;
     srv_memory_routes(s);
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    pthread_t eng_thread;
-    g_stats.has_drafter = s->rt.draft != NULL;
+    sv->stats.has_drafter = s->rt.draft != NULL;
     log_startup(s, &ro, host);
-    if (pthread_create(&eng_thread, NULL, engine_main, s) != 0) fatal("cannot start the engine thread");
+    if (pthread_create(&sv->eng_thread, NULL, engine_main, sv) != 0) fatal("cannot start the engine thread");
 
     char ports[300], nthreads[16], rto[32], kat[32];
     snprintf(ports, sizeof ports, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
@@ -574,42 +593,52 @@ int srv_cmd_serve(int argc, char **argv)
         rl.rlim_cur = rl.rlim_max;
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
-    mg_init_library(0);
+    mg_init_library(0); /* reference-counted by civetweb: one per server, undone in teardown */
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof cb);
     cb.log_message = log_civetweb;
-    struct mg_context *ctx = mg_start(&cb, s, opts);
-    if (!ctx) fatal("cannot listen on %s", ports);
-    mg_set_request_handler(ctx, "/", srv_dispatch, s);
+    sv->ctx = mg_start(&cb, s, opts);
+    if (!sv->ctx) {
+        snprintf(err, errlen, "cannot listen on %s", ports);
+        server_teardown(sv);
+        return NULL;
+    }
+    mg_set_request_handler(sv->ctx, "/", srv_dispatch, s);
     struct mg_server_port sp[4];
-    int nports = mg_get_server_ports(ctx, 4, sp);
+    int nports = mg_get_server_ports(sv->ctx, 4, sp);
     int bound = nports > 0 ? sp[0].port : port;
-    char url[340];
-    snprintf(url, sizeof url, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", bound);
+    snprintf(sv->url, sizeof sv->url, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "", host,
+             strchr(host, ':') ? "]" : "", bound);
     {
         /* (scripts and tests read the port from "on http://HOST:PORT" in this line) */
         srv_logline l;
-        srv_log_begin(&l, "info", "serve", "serving %s as \"%s\" on %s%s", ro.model_dir, s->model_name, url,
+        srv_log_begin(&l, "info", "serve", "serving %s as \"%s\" on %s%s", ro.model_dir, s->model_name, sv->url,
                       api_key ? " (API key required)" : "");
-        srv_log_str(&l, "url", url);
+        srv_log_str(&l, "url", sv->url);
         srv_log_int(&l, "port", bound);
         srv_log_int(&l, "http_threads", http_threads);
         srv_log_bool(&l, "access_log", access_log);
         srv_log_int(&l, "log_interval_s", log_interval);
         srv_log_end(&l);
     }
+    return sv;
+}
 
-    while (!g_signal) usleep(20000);
-    srv_logf("info", "serve", "signal %d, shutting down", (int)g_signal);
+const char *srv_server_url(const srv_server *sv) { return sv->url; }
+
+/* Shutdown steps 1-4 (the file comment); the listener may be absent (a failed start). */
+static void server_teardown(srv_server *sv)
+{
+    srv_state *s = sv->s;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_signal(&s->inbox_cv);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(eng_thread, NULL);
+    pthread_join(sv->eng_thread, NULL);
     /* every job is settled now; let the handlers write their last bytes (mg_stop makes civetweb
      * drop further writes), bounded in case a client does not read */
     for (int i = 0; i < 500 && atomic_load(&s->active) > 0; i++) usleep(20000);
-    mg_stop(ctx);
+    if (sv->ctx) mg_stop(sv->ctx);
     mg_exit_library();
     mdl_tok_free(s->tok);
     srv_runtime_close(&s->rt);
@@ -618,6 +647,28 @@ int srv_cmd_serve(int argc, char **argv)
     pthread_cond_destroy(&s->inbox_cv);
     pthread_mutex_destroy(&s->mu);
     free(s);
+    free(sv);
+}
+
+void srv_server_stop(srv_server *sv)
+{
+    server_teardown(sv);
     srv_logf("info", "serve", "stopped");
+}
+
+int srv_cmd_serve(int argc, char **argv)
+{
+    char err[1024];
+    srv_server *sv = srv_server_start(argc, argv, err, sizeof err);
+    if (!sv) fatal("%s", err);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    while (!g_signal) usleep(20000);
+    srv_logf("info", "serve", "signal %d, shutting down", (int)g_signal);
+    srv_server_stop(sv);
     return 0;
 }

@@ -224,6 +224,18 @@ struct srv_state {
     atomic_uint mem_asleep_pub; /* eng_is_sleeping, published by the engine thread */
 };
 
+/* ---- a server in this process (serve.c) ---------------------------------------------------------
+ * `graphswap serve` is srv_server_start + wait for SIGINT / SIGTERM + srv_server_stop; graphswap
+ * eval --model runs its servers in its own process with the same two calls. */
+typedef struct srv_server srv_server;
+/* serve's argv (argv[0] the command name): options as `graphswap serve` takes them (--help prints
+ * the help and exits 0, a bad option exits 2, a bad --admin-allow / --weights-root exits 1); loads the
+ * model, starts the engine thread and the listener. NULL with err filled when the model does not
+ * load or the address cannot be bound. */
+srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen);
+const char *srv_server_url(const srv_server *sv); /* "http://HOST:PORT", the bound port */
+void srv_server_stop(srv_server *sv);             /* the shutdown of serve.c's file comment; frees sv */
+
 /* ---- engine closures (serve.c) ------------------------------------------------------------------
  * The generic way for a handler thread to run code on the engine thread, which alone touches the
  * engine: fill fn and arg, call srv_engine_call. It queues the closure, wakes the engine thread and
