@@ -9,9 +9,11 @@
  * One client path for both modes: --url evaluates a running server with a drafter; its plain run
  * goes to the same server with the request field "speculative": false (same target, same engine,
  * the drafter idle), or to --baseline-url, a second server without a drafter; --no-baseline skips
- * it (only tau and the acceptance rates are reported). --model --draft starts two servers itself on
- * loopback ports (this binary's `serve`, logs in the output folder: one with the drafter, one
- * without, so the plain run is a server that never loaded a drafter) and stops them at the end. Speculative counters come from each response's
+ * it (only tau and the acceptance rates are reported). --model --draft runs in this process: it
+ * starts `serve` itself (srv_server_start, a loopback port, its log in OUT/server.log) with the
+ * drafter for the speculative run, stops it, then starts the target alone for the plain run (a
+ * server that never loaded a drafter; the runs never share CPUs or memory), so both modes send the
+ * very same requests through the very same request path. Speculative counters come from each response's
  * usage.spec (drafts, accepted_tokens, accepted_per_position), so concurrent requests do not mix.
  *
  * Prompt files (JSONL, one object per line; a bad line fails the run before anything is sent, as
@@ -47,6 +49,7 @@
 #include <unistd.h>
 
 #include "server/cli.h"
+#include "server/srv.h"
 
 #define EV_MAX_POS 64
 #define EV_MAX_CATS 64
@@ -65,8 +68,8 @@ static const char help[] =
     "                       {\"prompt\": str} / {\"messages\": [...]} with an optional \"category\"\n"
     "                       (default: eval/prompts/heldout.jsonl, the bundled held-out prompts, in\n"
     "                       the current folder or the repository the binary was built in)\n"
-    "  --model DIR          start two servers on loopback ports: the target with --draft, and the\n"
-    "                       target alone (the plain run)\n"
+    "  --model DIR          run in this process: serve the target with --draft on a loopback port,\n"
+    "                       then the target alone (the plain run); server log in OUT/server.log\n"
     "  --draft DIR          the drafter (DFlash or DSpark) for --model\n"
     "  --url URL            evaluate a running server with a drafter (http://host:port); the plain\n"
     "                       run is sent to the same server with \"speculative\": false\n"
@@ -82,8 +85,8 @@ static const char help[] =
     "  --limit N            the first N prompts of each category\n"
     "  --categories A,B     only these categories\n"
     "  --out DIR            output folder (default eval-results)\n"
-    "  --threads N  --spec-confidence-threshold X  --num-spec-tokens N   passed to the servers\n"
-    "                       that --model starts\n"
+    "  --threads N  --spec-confidence-threshold X  --num-spec-tokens N   engine options of --model\n"
+    "                       (as graphswap serve takes them)\n"
     "\n"
     "A progress bar goes to stderr (a line per 10% when stderr is not a terminal). Exit status: 0; 1\n"
     "when the losslessness check fails (temperature 0, an output differs from plain decoding); 2 for\n"
@@ -92,14 +95,18 @@ static const char help[] =
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
+/* eval's own messages and progress: stderr, or a duplicate of it while servers of --model run in
+ * this process (their log goes to OUT/server.log through descriptor 2 meanwhile) */
+static FILE *ev_err;
+
 static void ev_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void ev_die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("graphswap eval: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    fputs("graphswap eval: error: ", ev_err ? ev_err : stderr);
+    vfprintf(ev_err ? ev_err : stderr, fmt, ap);
+    fputc('\n', ev_err ? ev_err : stderr);
     va_end(ap);
     exit(2);
 }
@@ -396,89 +403,30 @@ static int http_post(const ev_url *u, const char *path, const char *body, const 
     return status;
 }
 
-/* ---- the servers --mode starts ----------------------------------------------------------------- */
+/* ---- the servers --model runs in this process -------------------------------------------------- */
 
-typedef struct {
-    pid_t pid;
-    char log[4200];
-    ev_url url;
-} ev_child;
-
-/* `graphswap serve` on 127.0.0.1:0 with its log in log_path; waits for "on http://HOST:PORT". */
-static void child_start(ev_child *c, char *const *argv_tail, int n_tail, const char *log_path)
+/* --model's servers: `graphswap serve` in this process (srv_server_start), on a loopback port, one at
+ * a time (the speculative run's server is stopped before the plain run's starts, so the runs never
+ * share the CPUs or the memory). Their log goes to OUT/server.log: descriptor 2 points there while
+ * one runs, eval's own messages go to ev_err (the original stderr). */
+static srv_server *local_start(const char *log, char **argv, int argc, const char *what, ev_url *url)
 {
-    char self[4096];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl <= 0) ev_die("cannot find this binary (/proc/self/exe)");
-    self[sl] = 0;
-    snprintf(c->log, sizeof c->log, "%s", log_path);
-    int lfd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (lfd < 0) ev_die("%s: cannot write: %s", log_path, strerror(errno));
-    char *argv[64];
-    int k = 0;
-    argv[k++] = self;
-    argv[k++] = "serve";
-    argv[k++] = "--host";
-    argv[k++] = "127.0.0.1";
-    argv[k++] = "--port";
-    argv[k++] = "0";
-    for (int i = 0; i < n_tail && k < 63; i++) argv[k++] = argv_tail[i];
-    argv[k] = NULL;
-    c->pid = fork();
-    if (c->pid < 0) ev_die("fork: %s", strerror(errno));
-    if (c->pid == 0) {
-        dup2(lfd, 2);
-        int nul = open("/dev/null", O_RDWR);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            dup2(nul, 1);
-        }
-        unsetenv("GRAPHSWAP_ADMIN_KEY");
-        execv(self, argv);
-        _exit(127);
-    }
+    const int lfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (lfd < 0) ev_die("%s: cannot write: %s", log, strerror(errno));
+    fflush(stderr);
+    dup2(lfd, 2);
     close(lfd);
-    const double t0 = now_s();
-    for (;;) {
-        int st;
-        if (waitpid(c->pid, &st, WNOHANG) == c->pid) ev_die("the server it started exited; its log: %s", c->log);
-        FILE *f = fopen(c->log, "r");
-        char line[2048];
-        int port = 0;
-        while (f && !port && fgets(line, sizeof line, f)) {
-            const char *p = strstr(line, "on http://");
-            const char *colon = p ? strchr(p + 10, ':') : NULL;
-            if (colon) port = atoi(colon + 1);
-        }
-        if (f) fclose(f);
-        if (port > 0) {
-            char u[64];
-            snprintf(u, sizeof u, "http://127.0.0.1:%d", port);
-            parse_url(u, &c->url);
-            return;
-        }
-        if (now_s() - t0 > 600) {
-            kill(c->pid, SIGKILL);
-            ev_die("the server did not start within 600 s; its log: %s", c->log);
-        }
-        usleep(50 * 1000);
-    }
+    char err[1024];
+    srv_server *sv = srv_server_start(argc, argv, err, sizeof err);
+    if (!sv) ev_die("cannot start %s: %s (log: %s)", what, err, log);
+    if (parse_url(srv_server_url(sv), url) != 0) ev_die("the server reports an odd address %s", srv_server_url(sv));
+    return sv;
 }
 
-static void child_stop(ev_child *c)
+static void local_stop(srv_server *sv)
 {
-    if (c->pid <= 0) return;
-    kill(c->pid, SIGTERM);
-    for (int i = 0; i < 600; i++) {
-        if (waitpid(c->pid, NULL, WNOHANG) == c->pid) {
-            c->pid = 0;
-            return;
-        }
-        usleep(100 * 1000);
-    }
-    kill(c->pid, SIGKILL);
-    waitpid(c->pid, NULL, 0);
-    c->pid = 0;
+    if (!sv) return;
+    srv_server_stop(sv);
 }
 
 /* ---- one run (speculative or plain) ------------------------------------------------------------ */
@@ -503,15 +451,15 @@ static void progress(ev_run *r, int force)
 {
     static int last_decile = -1;
     const int d = atomic_load(&r->done), n = r->total;
-    if (isatty(2)) {
+    if (isatty(fileno(ev_err))) {
         const int w = 30, f = n ? d * w / n : w;
-        fprintf(stderr, "\r%-12s [", r->label);
-        for (int i = 0; i < w; i++) fputc(i < f ? '=' : ' ', stderr);
-        fprintf(stderr, "] %d/%d%s", d, n, d == n || force ? "\n" : "");
+        fprintf(ev_err, "\r%-12s [", r->label);
+        for (int i = 0; i < w; i++) fputc(i < f ? '=' : ' ', ev_err);
+        fprintf(ev_err, "] %d/%d%s", d, n, d == n || force ? "\n" : "");
     } else {
         const int dec = n ? d * 10 / n : 10;
         if (dec != last_decile || force) {
-            fprintf(stderr, "%s: %d/%d prompts\n", r->label, d, n);
+            fprintf(ev_err, "%s: %d/%d prompts\n", r->label, d, n);
             last_decile = dec;
         }
         if (d == n) last_decile = -1;
@@ -649,7 +597,7 @@ static double run_all(ev_run *r, int concurrency)
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     const double wall = now_s() - t0;
     if (atomic_load(&r->failed)) {
-        fputc('\n', stderr);
+        fputc('\n', ev_err);
         ev_die("%s", r->why);
     }
     return wall;
@@ -911,10 +859,11 @@ static void add_machine(cJSON *root)
 int srv_cmd_eval(int argc, char **argv)
 {
     const char *prompts = NULL, *model = NULL, *draft = NULL, *url_s = NULL, *base_s = NULL, *out = "eval-results";
-    const char *cats = NULL, *key = getenv("GRAPHSWAP_API_KEY"), *threads = NULL, *thr = NULL, *nspec = NULL;
-    float temperature = 0;
+    const char *cats = NULL, *key = getenv("GRAPHSWAP_API_KEY");
+    float temperature = 0, conf = -1;
     uint64_t seed = 0;
-    int max_tokens = 128, concurrency = 1, limit = 0, no_baseline = 0;
+    int max_tokens = 128, concurrency = 1, limit = 0, no_baseline = 0, threads = 0, nspec = 0;
+    ev_err = stderr;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -924,9 +873,9 @@ int srv_cmd_eval(int argc, char **argv)
             srv_arg_str(argc, argv, &i, "--draft", &draft) || srv_arg_str(argc, argv, &i, "--url", &url_s) ||
             srv_arg_str(argc, argv, &i, "--baseline-url", &base_s) || srv_arg_str(argc, argv, &i, "--out", &out) ||
             srv_arg_str(argc, argv, &i, "--categories", &cats) || srv_arg_str(argc, argv, &i, "--api-key", &key) ||
-            srv_arg_str(argc, argv, &i, "--threads", &threads) ||
-            srv_arg_str(argc, argv, &i, "--spec-confidence-threshold", &thr) ||
-            srv_arg_str(argc, argv, &i, "--num-spec-tokens", &nspec) ||
+            srv_arg_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
+            srv_arg_float(argc, argv, &i, "--spec-confidence-threshold", 0, 1, &conf) ||
+            srv_arg_int(argc, argv, &i, "--num-spec-tokens", 1, 64, &nspec) ||
             srv_arg_float(argc, argv, &i, "--temperature", 0, 100, &temperature) ||
             srv_arg_u64(argc, argv, &i, "--seed", &seed) ||
             srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
@@ -940,6 +889,8 @@ int srv_cmd_eval(int argc, char **argv)
     if (model && !draft) ev_die("--model needs --draft (the drafter to evaluate)");
     if (base_s && !url_s) ev_die("--baseline-url goes with --url");
     if (base_s && no_baseline) ev_die("--baseline-url and --no-baseline contradict each other");
+    if (url_s && (threads || conf >= 0 || nspec))
+        ev_die("--threads, --spec-confidence-threshold and --num-spec-tokens configure the servers of --model");
     if (key && !*key) key = NULL;
     char bundled[4200];
     if (!prompts) prompts = default_prompts(bundled, sizeof bundled);
@@ -948,32 +899,50 @@ int srv_cmd_eval(int argc, char **argv)
     if (mkdir(out, 0755) != 0 && errno != EEXIST) ev_die("%s: cannot create: %s", out, strerror(errno));
 
     ev_url url, base;
-    ev_child spec_srv = {0}, plain_srv = {0};
     /* where the plain run goes: a server --model starts without the drafter, --baseline-url, or
      * the --url server itself with "speculative": false */
     const char *baseline = no_baseline ? NULL : model ? "plain-server" : base_s ? "baseline-url" : "same-server";
     const int have_plain = baseline != NULL;
+    /* --model: serve's argv for the two servers (the plain one stops before --draft) */
+    char a_threads[16], a_conf[32], a_nspec[16], a_http[16], logpath[4200];
+    char *sargv[24];
+    int sargc = 0, sargc_plain = 0, saved_fd = -1;
     if (model) {
-        char *tail[16];
-        int n = 0;
-        tail[n++] = "--model";
-        tail[n++] = (char *)model;
-        if (threads) tail[n++] = "--threads", tail[n++] = (char *)threads;
-        const int n_common = n;
-        tail[n++] = "--draft";
-        tail[n++] = (char *)draft;
-        if (thr) tail[n++] = "--spec-confidence-threshold", tail[n++] = (char *)thr;
-        if (nspec) tail[n++] = "--num-spec-tokens", tail[n++] = (char *)nspec;
-        char lp[4200];
-        snprintf(lp, sizeof lp, "%s/server-spec.log", out);
-        fprintf(stderr, "starting the servers (logs in %s/server-*.log)\n", out);
-        child_start(&spec_srv, tail, n, lp);
-        url = spec_srv.url;
-        if (have_plain) {
-            snprintf(lp, sizeof lp, "%s/server-plain.log", out);
-            child_start(&plain_srv, tail, n_common, lp);
-            base = plain_srv.url;
+        /* eval's own output keeps the terminal; descriptor 2 goes to the servers' log from here */
+        snprintf(logpath, sizeof logpath, "%s/server.log", out);
+        const int lfd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (lfd < 0) ev_die("%s: cannot write: %s", logpath, strerror(errno));
+        close(lfd);
+        saved_fd = dup(2);
+        FILE *e2 = saved_fd >= 0 ? fdopen(saved_fd, "w") : NULL;
+        if (!e2) ev_die("cannot duplicate stderr: %s", strerror(errno));
+        setvbuf(e2, NULL, _IONBF, 0);
+        ev_err = e2;
+        /* handler threads: one per client thread (and a few for the odd extra connection) */
+        snprintf(a_http, sizeof a_http, "%d", concurrency + 4);
+        char *const fixed[] = {"serve", "--host", "127.0.0.1", "--port", "0", "--api-key", "", "--log-interval", "0",
+                               "--http-threads", a_http, "--model", (char *)model};
+        for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++) sargv[sargc++] = fixed[k];
+        if (threads) {
+            snprintf(a_threads, sizeof a_threads, "%d", threads);
+            sargv[sargc++] = "--threads";
+            sargv[sargc++] = a_threads;
         }
+        sargc_plain = sargc;
+        sargv[sargc++] = "--draft";
+        sargv[sargc++] = (char *)draft;
+        if (conf >= 0) {
+            snprintf(a_conf, sizeof a_conf, "%.9g", conf);
+            sargv[sargc++] = "--spec-confidence-threshold";
+            sargv[sargc++] = a_conf;
+        }
+        if (nspec) {
+            snprintf(a_nspec, sizeof a_nspec, "%d", nspec);
+            sargv[sargc++] = "--num-spec-tokens";
+            sargv[sargc++] = a_nspec;
+        }
+        sargv[sargc] = NULL;
+        fprintf(ev_err, "loading %s with %s in this process (server log: %s)\n", model, draft, logpath);
     } else {
         if (parse_url(url_s, &url) != 0) ev_die("--url %s: expected http://HOST[:PORT]", url_s);
         if (base_s && parse_url(base_s, &base) != 0) ev_die("--baseline-url %s: expected http://HOST[:PORT]", base_s);
@@ -991,17 +960,28 @@ int srv_cmd_eval(int argc, char **argv)
     ev_run r = {.set = &set, .url = &url, .key = key, .temperature = temperature, .seed = seed,
                 .max_tokens = max_tokens, .units = su, .label = "speculative"};
     pthread_mutex_init(&r.mu, NULL);
+    srv_server *sv = model ? local_start(logpath, sargv, sargc, "the target with the drafter", &url) : NULL;
     const double spec_wall = run_all(&r, concurrency);
+    local_stop(sv);
     double plain_wall = 0;
     if (have_plain) {
+        if (model) {
+            char *keep = sargv[sargc_plain];
+            sargv[sargc_plain] = NULL;
+            sv = local_start(logpath, sargv, sargc_plain, "the target without the drafter", &base);
+            sargv[sargc_plain] = keep;
+        }
         r.url = &base;
         r.units = pu;
         r.label = "plain";
         r.no_spec = strcmp(baseline, "same-server") == 0;
         plain_wall = run_all(&r, concurrency);
+        if (model) local_stop(sv);
     }
-    child_stop(&spec_srv);
-    child_stop(&plain_srv);
+    if (saved_fd >= 0) { /* descriptor 2 is the terminal again (ev_err keeps its own duplicate) */
+        fflush(stderr);
+        dup2(saved_fd, 2);
+    }
     /* a plain run that drafted is no baseline: a server that ignores "speculative": false (not
      * graphswap, or an older one) would make speedup 1 and the lossless check vacuous */
     for (int i = 0; have_plain && i < set.n_units; i++)
@@ -1060,7 +1040,7 @@ int srv_cmd_eval(int argc, char **argv)
     if (base_s) cJSON_AddStringToObject(root, "baseline_url", base.base);
     if (baseline) cJSON_AddStringToObject(root, "baseline", baseline);
     else cJSON_AddNullToObject(root, "baseline");
-    if (threads) cJSON_AddNumberToObject(root, "threads", atoi(threads));
+    if (threads) cJSON_AddNumberToObject(root, "threads", threads);
     else cJSON_AddNullToObject(root, "threads");
     add_machine(root);
     cJSON_AddNumberToObject(root, "temperature", temperature);
@@ -1109,10 +1089,10 @@ int srv_cmd_eval(int argc, char **argv)
     const cJSON *lossless = cJSON_GetObjectItemCaseSensitive(ov, "lossless");
     char sp[32];
     fmt_or_dash(sp, sizeof sp, "%.2fx", num(ov, "speedup"));
-    fprintf(stderr, "tau %.3f over %ld steps, speedup %s, lossless %s; wrote %s/eval.{json,md,svg} and eval-requests.jsonl\n", num(ov, "tau"),
+    fprintf(ev_err, "tau %.3f over %ld steps, speedup %s, lossless %s; wrote %s/eval.{json,md,svg} and eval-requests.jsonl\n", num(ov, "tau"),
             all.drafts, sp, cJSON_IsBool(lossless) ? (cJSON_IsTrue(lossless) ? "yes" : "NO") : "not checked", out);
     if (all.drafts == 0)
-        fprintf(stderr, "graphswap eval: warning: no step verified a draft (is a drafter loaded?): tau is 0\n");
+        fprintf(ev_err, "graphswap eval: warning: no step verified a draft (is a drafter loaded?): tau is 0\n");
     const int rc = cJSON_IsFalse(lossless) ? 1 : 0;
     cJSON_Delete(root);
     cJSON_Delete(all.mism);
@@ -1129,5 +1109,7 @@ int srv_cmd_eval(int argc, char **argv)
     free(su);
     free(pu);
     pthread_mutex_destroy(&r.mu);
+    if (ev_err != stderr) fclose(ev_err);
+    ev_err = stderr;
     return rc;
 }

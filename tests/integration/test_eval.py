@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """graphswap eval: the speculative-decoding evaluation command.
 
-- --model/--draft (the command starts its own two servers) on a small random Qwen3 target with a
+- --model/--draft (in the process: `serve` with the drafter, then the target alone, its log in
+  OUT/server.log and not on eval's stderr) on a small random Qwen3 target with a
   tokenizer and a DFlash drafter whose Markov-free block still accepts some drafts: exit 0, eval.json
   has the documented schema (per category and overall: prompts, requests, completion_tokens,
   spec_steps, accepted_tokens, tau, accept_rate_per_position, spec_tok_s, plain_tok_s, speedup,
@@ -23,7 +24,8 @@
   eval-requests.jsonl gives), eval.md says **no**, exit status 1.
 - Bad inputs: a missing file, a line that is not JSON, a line with neither prompt, messages nor
   turns, an empty prompt (each: exit 2, the message names FILE:LINE, nothing is sent); an
-  unreachable --url (exit 2 within seconds, the message names the address).
+  unreachable --url (exit 2 within seconds, the message names the address); --model on a missing
+  folder (exit 2, the reason on eval's stderr though the server log is redirected).
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
@@ -105,6 +107,9 @@ def main():
         C.check(ev["overall"]["completion_tokens"] > 0 and ev["overall"]["spec_steps"] > 0, "nothing generated: %r" % ev["overall"])
         C.check(ev["draft_positions"] == 7, "draft_positions %r (DFlash b8: 7)" % ev["draft_positions"])
         check_schema(C, "--model", ev, True)
+        log = open(os.path.join(out_a, "server.log")).read()
+        C.check(log.count("serving ") == 2 and log.count("stopped") == 2 and "serving " not in err,
+                "--model: two in-process servers, their log in server.log only: %r" % err[-300:])
         C.check(ev["overall"]["speedup"] is not None and ev["overall"]["plain_tok_s"] > 0, "no speedup: %r" % ev["overall"])
         C.check(ev["baseline"] == "plain-server" and ev["threads"] == 2 and ev["machine"]["cpus"] >= 1 and
                 "commit" in ev and ev["model"] == target and ev["draft"] == draft,
@@ -249,6 +254,10 @@ def main():
     C.check(rc == 2 and "expected http://HOST[:PORT]" in err, "bad --url: %d %r" % (rc, err[-200:]))
     rc, err, _ = run(gs, ["--model", target, "--prompts", prompts])
     C.check(rc == 2 and "--model needs --draft" in err, "--model without --draft: %d %r" % (rc, err[-200:]))
+    rc, err, _ = run(gs, ["--model", os.path.join(tmp, "no-such-model"), "--draft", draft, "--prompts", prompts,
+                          "--out", os.path.join(tmp, "bad")])
+    C.check(rc == 2 and "cannot start the target with the drafter" in err and "no-such-model" in err,
+            "--model on a missing folder: %d %r" % (rc, err[-300:]))
     rc, err, _ = run(gs, ["--url", "http://127.0.0.1:9", "--baseline-url", "http://127.0.0.1:9", "--no-baseline",
                           "--prompts", prompts])
     C.check(rc == 2 and "contradict" in err, "--baseline-url with --no-baseline: %d %r" % (rc, err[-200:]))
