@@ -860,7 +860,7 @@ int srv_cmd_eval(int argc, char **argv)
 {
     const char *prompts = NULL, *model = NULL, *draft = NULL, *url_s = NULL, *base_s = NULL, *out = "eval-results";
     const char *cats = NULL, *key = getenv("GRAPHSWAP_API_KEY");
-    float temperature = 0, conf = -1;
+    float temperature_f = 0, conf = -1;
     uint64_t seed = 0;
     int max_tokens = 128, concurrency = 1, limit = 0, no_baseline = 0, threads = 0, nspec = 0;
     ev_err = stderr;
@@ -876,7 +876,7 @@ int srv_cmd_eval(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
             srv_arg_float(argc, argv, &i, "--spec-confidence-threshold", 0, 1, &conf) ||
             srv_arg_int(argc, argv, &i, "--num-spec-tokens", 1, 64, &nspec) ||
-            srv_arg_float(argc, argv, &i, "--temperature", 0, 100, &temperature) ||
+            srv_arg_float(argc, argv, &i, "--temperature", 0, 100, &temperature_f) ||
             srv_arg_u64(argc, argv, &i, "--seed", &seed) ||
             srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
             srv_arg_int(argc, argv, &i, "--concurrency", 1, 256, &concurrency) ||
@@ -892,6 +892,10 @@ int srv_cmd_eval(int argc, char **argv)
     if (url_s && (threads || conf >= 0 || nspec))
         ev_die("--threads, --spec-confidence-threshold and --num-spec-tokens configure the servers of --model");
     if (key && !*key) key = NULL;
+    /* the decimal the user wrote (0.8, not the float's 0.800000011920929) in requests and eval.json */
+    char tbuf[32];
+    snprintf(tbuf, sizeof tbuf, "%.7g", (double)temperature_f);
+    const double temperature = strtod(tbuf, NULL);
     char bundled[4200];
     if (!prompts) prompts = default_prompts(bundled, sizeof bundled);
     ev_set set;

@@ -16,7 +16,8 @@
   same tau, the same per-position rates, the same token ids request by request (the CPU backend is
   batch-invariant: a row's logits do not depend on the other rows) and lossless; --url alone: the
   plain run goes to the same server with "speculative": false (baseline "same-server"): lossless,
-  speedup reported, the same token ids and tau; --no-baseline: speedup, plain_tok_s and lossless null.
+  speedup reported, the same token ids and tau; --no-baseline: speedup, plain_tok_s and lossless null;
+  temperature 0.8 with --seed: no lossless check, and a rerun gives the same tokens in both runs.
 - The losslessness check can fail: (1) a baseline server on a DIFFERENT target makes the outputs
   differ; (2) the speculative path itself is broken: a drafter with the TEST-ONLY
   "graphswap_test_accept_drafts" (every draft accepted whatever the target says) served alone, its
@@ -156,6 +157,21 @@ def main():
                     "--baseline-url run: %r" % {k: eb.get(k) for k in ("baseline", "url", "baseline_url")})
             C.check([q["spec"]["token_ids"] for q in requests(out_b)] == [q["spec"]["token_ids"] for q in requests(out_a)],
                     "--url (concurrency 2) token ids differ from --model's")
+        # sampled (temperature 0.8, --seed): no lossless check, and a rerun gives the same tokens
+        outs = [os.path.join(tmp, "t08-%d" % k) for k in range(2)]
+        for o in outs:
+            rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d" % spec.port, "--prompts", prompts, "--max-tokens", "24",
+                                  "--temperature", "0.8", "--seed", "7", "--concurrency", "2", "--out", o])
+            C.check(rc == 0, "--temperature 0.8 exited %d: %s" % (rc, err[-300:]))
+        if all(os.path.exists(os.path.join(o, "eval.json")) for o in outs):
+            et = json.load(open(os.path.join(outs[0], "eval.json")))
+            C.check(et["temperature"] == 0.8 and et["seed"] == 7 and et["overall"]["lossless"] is None and
+                    "mismatches" not in et["overall"] and et["overall"]["speedup"] is not None,
+                    "sampled run: %r" % et["overall"])
+            r0, r1 = (requests(o) for o in outs)
+            C.check([(q["spec"]["token_ids"], q["plain"]["token_ids"]) for q in r0] ==
+                    [(q["spec"]["token_ids"], q["plain"]["token_ids"]) for q in r1] and
+                    all("first_diff" not in q for q in r0), "a seeded sampled rerun gives other tokens")
         # --url alone: the plain run on the same server with "speculative": false
         out_s = os.path.join(tmp, "s")
         rc, err, _ = run(gs, ["--url", "http://127.0.0.1:%d/" % spec.port, "--prompts", prompts, "--max-tokens", "24",
