@@ -422,7 +422,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
             fputs(srv_runtime_help, stdout);
-            return 0;
+            exit(0); /* (a help request is no server: the documented exit of srv_server_start) */
         }
         if (srv_runtime_arg(argc, argv, &i, &ro) || srv_arg_str(argc, argv, &i, "--host", &host) ||
             srv_arg_int(argc, argv, &i, "--port", 0, 65535, &port) ||
