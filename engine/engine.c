@@ -669,7 +669,9 @@ void eng_register_blocks(eng_engine *e)
     const int bs = c->block_size;
     for (int s = 0; s < c->max_seqs; s++) {
         eng_seq *q = &e->seqs[s];
-        if (!q->req || q->no_register) continue;
+        /* with a drafter, a "speculative": false request's blocks lack the drafter's context K/V
+         * (spec_step skips its context rows): never shared with a request that drafts */
+        if (!q->req || q->no_register || (e->draft && q->req->no_spec)) continue;
         const int32_t *bt = e->h_bt + (size_t)s * (size_t)e->io.max_blocks;
         while ((q->n_hashed + 1) * bs <= q->n_computed) {
             const int32_t *toks = q->tokens + (size_t)q->n_hashed * (size_t)bs;

@@ -53,11 +53,12 @@ struct eng_request {
     const int32_t *prompt;
     int n_prompt;
     int max_tokens, min_tokens, ignore_eos;
-    /* 1: decode without the drafter even when the engine has one (the request verifies no drafts:
-     * one target token per step, as plain decoding; the drafter's context step still runs on its
-     * committed positions so the prefix-cache blocks it registers keep valid drafter K/V for the
-     * speculative requests that may share them). The HTTP "speculative": false; graphswap eval's
-     * baseline on a server with a drafter. */
+    /* 1: decode without the drafter even when the engine has one: the request verifies no drafts
+     * (one target token per step, as plain decoding) and runs no drafter context rows, so it costs
+     * what plain decoding costs; its KV blocks are never registered in the prefix cache (they lack
+     * the drafter's context K/V a speculative request sharing them would read), cached blocks it
+     * may still use. The HTTP "speculative": false; graphswap eval's baseline on a server with a
+     * drafter. */
     int no_spec;
     const int32_t *stop_ids;
     int n_stop_ids;

@@ -289,12 +289,16 @@ int spec_step(eng_engine *e)
 
     /* context rows are gathered while accepting: committed target rows of this step */
     int crows = 0;
-    /* prefill rows: all computed positions are committed */
+    /* prefill rows: all computed positions are committed (a "speculative": false request never
+     * drafts, so it needs no drafter context; its blocks are never registered, see
+     * eng_register_blocks, so no speculative request can inherit them without it) */
     for (int r = verify_rows; r < rows; r++) {
+        eng_seq *q = &e->seqs[e->h_slot[r]];
+        q->n_computed++;
+        if (q->req->no_spec) continue;
         e->h_c_idx[crows] = r;
         e->h_c_pos[crows] = e->h_pos[r];
         e->h_c_slot[crows++] = e->h_slot[r];
-        e->seqs[e->h_slot[r]].n_computed++;
     }
     /* prompt scores; prefill sequences that completed their prompt sample their first token */
     eng_emit_prefill(e, verify_nl, nl);
@@ -344,7 +348,7 @@ int spec_step(eng_engine *e)
             continue;
         }
         /* cut back: the target keeps anchor + accepted drafts; their features become context */
-        for (int i = 0; i <= acc; i++) {
+        for (int i = 0; i <= acc && !r->no_spec; i++) {
             e->h_c_idx[crows] = row0 + i;
             e->h_c_pos[crows] = start + i;
             e->h_c_slot[crows++] = s;

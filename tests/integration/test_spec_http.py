@@ -6,7 +6,9 @@
 - /metrics spec_decode_* counters equal the sum of usage.spec over the requests served;
 - streaming with a drafter gives the same tokens as non-streaming;
 - "speculative": false decodes without the drafter on the same server (usage.spec.drafts 0, the
-  same tokens), also while speculative requests share its batch; a non-boolean is a 400 naming the
+  same tokens), also while speculative requests share its batch, and the prefix-cache blocks it
+  leaves (without drafter context) do not change the drafting of later speculative requests with the
+  same prompts (usage.spec still equals `generate --draft`'s); a non-boolean is a 400 naming the
   field; usage.spec.accepted_per_position has one count per draft position, non-increasing, summing
   to accepted_tokens.
 """
@@ -33,13 +35,20 @@ def main():
     try:
         prompts = [[5, 6, 7, 8], [100, 200, 300], [42] * 20, list(range(50, 90))]
         tot = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-        for ids in prompts:
+        # "speculative": false first: its KV blocks lack the drafter's context K/V, so they must not
+        # reach the prefix cache, or the speculative requests below would inherit them and draft
+        # worse than `generate --draft` (their usage.spec is compared with it below)
+        first = [H.post(srv, "/v1/completions", {"prompt": ids, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                                 "return_token_ids": True, "speculative": False}) for ids in prompts]
+        for ids, f in zip(prompts, first):
             r = H.post(srv, "/v1/completions", {"prompt": ids, "max_tokens": 24, "temperature": 0,
                                                 "ignore_eos": True, "return_token_ids": True})
             if not C.check(r.status == 200, "completion: %r" % r):
                 continue
             o = r.json
             toks = o["choices"][0]["token_ids"]
+            C.check(f.status == 200 and f.json["choices"][0]["token_ids"] == toks and f.json["usage"]["spec"]["drafts"] == 0,
+                    "\"speculative\": false before any speculative request: %r" % f)
             plain = H.generate_cli(binary, T, ids, 24)
             C.check(plain is not None and toks == plain["token_ids"], "HTTP with drafter differs from plain generate")
             spec = H.generate_cli(binary, T, ids, 24, extra=["--draft", D])
