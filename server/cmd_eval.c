@@ -812,10 +812,13 @@ static const char *default_prompts(char *buf, size_t n)
     const ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl > 0) {
         self[sl] = 0;
+        /* CHECKOUT/BUILD/graphswap -> CHECKOUT: drop the last two path components */
         char *slash = strrchr(self, '/');
+        if (slash) *slash = 0;
+        slash = strrchr(self, '/');
         if (slash) {
             *slash = 0;
-            const int w = snprintf(buf, n, "%s/../%s", self, rel);
+            const int w = snprintf(buf, n, "%s/%s", self, rel);
             if (w > 0 && (size_t)w < n && access(buf, R_OK) == 0) return buf;
         }
     }
