@@ -8,7 +8,9 @@
  *     (as z-lab dflash / DeepSpec: prefill the whole prompt, then speculate);
  *   - the drafter's context K/V exists for every position < n_computed (written by the context
  *     step right after the target step that computed those positions, or inherited with a shared
- *     prefix-cache block, whose drafter K/V lives in the same physical block);
+ *     prefix-cache block, whose drafter K/V lives in the same physical block) — of every sequence
+ *     that drafts: a "speculative": false request (eng_request.no_spec) never drafts, gets no
+ *     context rows, and so never registers its blocks in the prefix cache;
  *   - nothing ever reads a KV position >= n_computed (attention reads kv_len keys), so rejected
  *     draft rows and the drafter's transient block K/V need no clean-up: "cut back" is setting
  *     n_computed to start + accepted + 1.
