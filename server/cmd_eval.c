@@ -56,7 +56,7 @@
 
 static const char help[] =
     "usage: graphswap eval [--prompts FILE] (--model DIR --draft DIR | --url URL [--baseline-url URL])\n"
-    "                      [options]\n"
+    "                      [--no-baseline] [options]\n"
     "\n"
     "Speculative-decoding evaluation: every prompt runs with the drafter and without it; reports tau\n"
     "(tokens per speculative step), acceptance rate per draft position, tokens/s of both runs, the\n"
@@ -67,7 +67,7 @@ static const char help[] =
     "  --prompts FILE       JSONL: Spec-Bench question.jsonl lines {\"category\",\"turns\":[...]}, or\n"
     "                       {\"prompt\": str} / {\"messages\": [...]} with an optional \"category\"\n"
     "                       (default: eval/prompts/heldout.jsonl, the bundled held-out prompts, in\n"
-    "                       the current folder or the repository the binary was built in)\n"
+    "                       the current folder or in the checkout of the binary: BUILD/..)\n"
     "  --model DIR          run in this process: serve the target with --draft on a loopback port,\n"
     "                       then the target alone (the plain run); server log in OUT/server.log\n"
     "  --draft DIR          the drafter (DFlash or DSpark) for --model\n"
@@ -79,7 +79,8 @@ static const char help[] =
     "                       check are null\n"
     "  --api-key KEY        bearer key for the servers (default: $GRAPHSWAP_API_KEY)\n"
     "  --temperature T      0 = greedy with the losslessness check (default 0)\n"
-    "  --seed S             request seed base; prompt i uses S + i (default 0)\n"
+    "  --seed S             request seeds, the same in both runs: prompt i uses S + i, turn k of a\n"
+    "                       Spec-Bench prompt (S + i) * 16 + k (default 0)\n"
     "  --max-tokens N       tokens per completion / turn (default 128)\n"
     "  --concurrency N      requests in flight at once (default 1: batch-1 speed)\n"
     "  --limit N            the first N prompts of each category\n"
