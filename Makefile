@@ -1,5 +1,5 @@
 # Thin wrapper over CMake. Two entry points for a fresh Debian machine (as root):
-#   make serve   install packages, build, create the default model, serve on 127.0.0.1:8080
+#   make serve   install packages, build, check the shipped default pair, serve it on 127.0.0.1:8080
 #   make check   install packages, build, run the whole test suite (and again under ASan+UBSan),
 #                and build the Release and MinSizeRel types (a build type a user picks must not break)
 BUILD       ?= build
@@ -7,14 +7,17 @@ ASAN_BUILD  ?= build-asan
 FUZZ_BUILD  ?= build-fuzz
 FUZZ_SECONDS ?= 15
 JOBS        ?= $(shell nproc)
-MODEL       ?= models-local/default
+# the shipped default pair (artifacts/default, trained by scripts/train/build_default.sh): a Qwen3
+# target and its DFlash b8 drafter; DRAFT= (empty) serves the target alone
+MODEL       ?= artifacts/default/target
+DRAFT       ?= artifacts/default/dflash-b8
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 APT_PACKAGES = build-essential cmake pkg-config libcivetweb-dev libcjson-dev libcmocka-dev \
                libpcre2-dev python3 python3-numpy python3-jinja2
 FUZZ_PACKAGES = clang libclang-rt-14-dev
 
-.PHONY: all deps build serve check check-fast check-asan check-release check-fuzz soak model bench clean
+.PHONY: all deps build serve check check-fast check-asan check-release check-fuzz soak model bench train-default clean
 
 all: build
 
@@ -32,18 +35,15 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The default model: Qwen3-shaped, random weights, with a tokenizer so it speaks text.
+# The default pair ships in the repository; its files must match their manifest.
 model: build
-	@if [ ! -f $(MODEL)/config.json ]; then \
-	  echo "==> writing the default model to $(MODEL)/ (Qwen3-shaped, random weights, with a tokenizer)"; \
-	  $(BUILD)/graphswap mkmodel --arch qwen3 --out $(MODEL) --hidden 256 --layers 4 --heads 4 \
-	    --kv-heads 2 --head-dim 64 --intermediate 768 --vocab 4096 --seed 1; \
-	else echo "==> model: $(MODEL)/ exists, kept (delete it to write a fresh one)"; \
-	fi
+	@echo "==> checking the default pair in artifacts/default/ against MANIFEST.sha256"
+	cd artifacts/default && sha256sum --quiet -c MANIFEST.sha256
+	@test -f $(MODEL)/config.json || { echo "no checkpoint at MODEL=$(MODEL)" >&2; exit 2; }
 
 serve: model
-	@echo "==> serving $(MODEL) on http://$(HOST):$(PORT) (Ctrl-C stops; OpenAI API under /v1, metrics at /metrics)"
-	$(BUILD)/graphswap serve --model $(MODEL) --host $(HOST) --port $(PORT)
+	@echo "==> serving $(MODEL)$(if $(DRAFT), with the drafter $(DRAFT)) on http://$(HOST):$(PORT) (Ctrl-C stops; OpenAI API under /v1, metrics at /metrics)"
+	$(BUILD)/graphswap serve --model $(MODEL) $(if $(DRAFT),--draft $(DRAFT)) --host $(HOST) --port $(PORT)
 
 check-fast: build
 	cd $(BUILD) && GRAPHSWAP_CHECKED=1 ctest --output-on-failure -j $(JOBS)
@@ -78,6 +78,10 @@ soak: build
 
 bench: model
 	$(BUILD)/graphswap bench decode --model $(MODEL)
+
+# Retrains the default pair from scratch (torch from PyPI in build-train/venv; about 75 min on 2 cores)
+train-default: build
+	bash scripts/train/build_default.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-release build-minsizerel
