@@ -79,7 +79,7 @@ def greedy_outputs(url, prompts, n):
 
 def run_eval(gs, url, prompts_file, out, max_tokens):
     subprocess.run([gs, "eval", "--url", url, "--prompts", prompts_file, "--max-tokens", str(max_tokens),
-                    "--temperature", "0", "--concurrency", "2", "--out", out], check=True,
+                    "--temperature", "0", "--concurrency", "2", "--no-baseline", "--out", out], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.load(open(os.path.join(out, "eval.json")))
 
