@@ -233,6 +233,16 @@ def save_checkpoint(out_dir, tensors, config, dtype=torch.bfloat16):
         f.write("\n")
 
 
+def finish_log(out_dir, log, t0, nparam):
+    """train_log.json beside a checkpoint (every step's loss and lr, every evaluation, seconds)."""
+    import time
+
+    log["seconds"] = time.time() - t0
+    with open(os.path.join(out_dir, "train_log.json"), "w") as f:
+        json.dump(log, f)
+    print(f"wrote {out_dir} ({nparam / 1e6:.1f}M parameters, {log['seconds']:.0f} s)")
+
+
 def load_into(module_names, path):
     """Copy a safetensors file into the parameters of a names() map (strict: same name set)."""
     from safetensors.torch import load_file

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gs_torch import Drafter, Geo, Target, load_into, save_checkpoint  # noqa: E402
+from gs_torch import Drafter, Geo, Target, finish_log, load_into, save_checkpoint  # noqa: E402
 from train_target import GEO, encode_file  # noqa: E402
 
 TARGET_IDS = [0, 2, 4]
@@ -203,10 +203,7 @@ def main():
         if step % 50 == 0:
             print(f"step {step} loss {loss.item():.3f}", flush=True)
     save_checkpoint(a.out, d.names(), drafter_config(kind, g, tgt_cfg, B, mask_id, a.markov_rank))
-    log["seconds"] = time.time() - t0
-    with open(os.path.join(a.out, "train_log.json"), "w") as f:
-        json.dump(log, f)
-    print(f"wrote {a.out} ({sum(p.numel() for p in d.parameters()) / 1e6:.1f}M parameters, {log['seconds']:.0f} s)")
+    finish_log(a.out, log, t0, sum(p.numel() for p in d.parameters()))
 
 
 if __name__ == "__main__":

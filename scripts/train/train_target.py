@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gs_torch import Geo, Target, save_checkpoint, target_config  # noqa: E402
+from gs_torch import Geo, Target, finish_log, save_checkpoint, target_config  # noqa: E402
 
 GEO = dict(hidden=384, inter=1024, layers=6, heads=6, kv_heads=2, head_dim=64, vocab=4096)
 
@@ -108,10 +108,7 @@ def main():
         json.dump({"bos_token_id": eot, "eos_token_id": eot, "do_sample": False}, f, indent=2)
     for fn in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(a.data, "tokenizer", fn), os.path.join(a.out, fn))
-    log["seconds"] = time.time() - t0
-    with open(os.path.join(a.out, "train_log.json"), "w") as f:
-        json.dump(log, f)
-    print(f"wrote {a.out} ({nparam / 1e6:.1f}M parameters, {log['seconds']:.0f} s)")
+    finish_log(a.out, log, t0, nparam)
 
 
 if __name__ == "__main__":
