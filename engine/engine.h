@@ -47,6 +47,9 @@ const char *eng_finish_name(eng_finish f);
 /* logit_bias entries of one request (eng_sampling.n_logit_bias) */
 #define ENG_MAX_LOGIT_BIAS 1024
 
+/* per-draft-position acceptance counters keep positions 0..ENG_SPEC_MAX_POS-1 */
+#define ENG_SPEC_MAX_POS 64
+
 typedef struct eng_request eng_request;
 struct eng_request {
     /* input (owned by the caller, valid until on_finish) */
@@ -101,9 +104,9 @@ struct eng_request {
     /* speculative decoding: per-request counters, optional per-step acceptance lengths
      * (caller-allocated, max_tokens entries), and a trace callback (engine thread) */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
-    /* steps whose draft at position k (0-based) was accepted, k < 64 (graphswap eval's acceptance
-     * rate per draft position: divided by spec_drafts) */
-    uint32_t spec_accepted_per_pos[64];
+    /* steps whose draft at position k (0-based) was accepted (graphswap eval's acceptance rate per
+     * draft position: divided by spec_drafts) */
+    uint32_t spec_accepted_per_pos[ENG_SPEC_MAX_POS];
     /* weight versions its tokens were generated with, in order (a "keep" update mid-request adds
      * one); versions[0] is the version of its first token */
     uint64_t versions[8];
@@ -122,7 +125,7 @@ typedef struct {
     /* speculative decoding (vLLM names): proposals, proposed tokens, accepted tokens, accepted
      * tokens per draft position; time split of the speculative step */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
-    uint64_t spec_accepted_per_pos[64];
+    uint64_t spec_accepted_per_pos[ENG_SPEC_MAX_POS];
     double spec_ns_context, spec_ns_draft, spec_ns_verify;
 } eng_stats;
 

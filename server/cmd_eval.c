@@ -51,7 +51,7 @@
 #include "server/cli.h"
 #include "server/srv.h"
 
-#define EV_MAX_POS 64
+#define EV_MAX_POS ENG_SPEC_MAX_POS /* the server reports at most this many positions */
 #define EV_MAX_CATS 64
 
 static const char help[] =
@@ -137,7 +137,6 @@ typedef struct { /* one request's results, per run */
     long pos[EV_MAX_POS];
     int npos;      /* length of usage.spec.accepted_per_position: the drafter's width */
     double seconds;
-    int ok;
 } ev_unit;
 
 typedef struct {
@@ -424,12 +423,6 @@ static srv_server *local_start(const char *log, char **argv, int argc, const cha
     return sv;
 }
 
-static void local_stop(srv_server *sv)
-{
-    if (!sv) return;
-    srv_server_stop(sv);
-}
-
 /* ---- one run (speculative or plain) ------------------------------------------------------------ */
 
 typedef struct {
@@ -497,7 +490,6 @@ static char *one_request(ev_run *r, const char *path, cJSON *body, ev_unit *u, i
         cJSON_Delete(resp);
         return NULL;
     }
-    u->ok = 1;
     if (!u->ids) u->ids = cJSON_CreateArray();
     const cJSON *x;
     cJSON_ArrayForEach(x, ids) cJSON_AddItemToArray(u->ids, cJSON_CreateNumber(x->valuedouble));
@@ -970,7 +962,7 @@ int srv_cmd_eval(int argc, char **argv)
     pthread_mutex_init(&r.mu, NULL);
     srv_server *sv = model ? local_start(logpath, sargv, sargc, "the target with the drafter", &url) : NULL;
     const double spec_wall = run_all(&r, concurrency);
-    local_stop(sv);
+    if (sv) srv_server_stop(sv);
     double plain_wall = 0;
     if (have_plain) {
         if (model) {
@@ -984,7 +976,7 @@ int srv_cmd_eval(int argc, char **argv)
         r.label = "plain";
         r.no_spec = strcmp(baseline, "same-server") == 0;
         plain_wall = run_all(&r, concurrency);
-        if (model) local_stop(sv);
+        if (model) srv_server_stop(sv);
     }
     if (saved_fd >= 0) { /* descriptor 2 is the terminal again (ev_err keeps its own duplicate) */
         fflush(stderr);

@@ -67,7 +67,7 @@ void srv_metrics_publish(srv_metrics *m, const eng_engine *e)
     _Static_assert(sizeof st->spec_accepted_per_pos / sizeof st->spec_accepted_per_pos[0] ==
                        sizeof m->spec_accepted_per_pos / sizeof m->spec_accepted_per_pos[0],
                    "per-position acceptance counters");
-    for (int i = 0; i < 64; i++) atomic_store(&m->spec_accepted_per_pos[i], st->spec_accepted_per_pos[i]);
+    for (int i = 0; i < ENG_SPEC_MAX_POS; i++) atomic_store(&m->spec_accepted_per_pos[i], st->spec_accepted_per_pos[i]);
 }
 
 
@@ -148,7 +148,7 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len)
     header(&b, "spec_decode_num_accepted_tokens_per_pos_total", "counter",
            "Accepted tokens per draft position.");
     int npos = 0;
-    for (int i = 0; i < 64; i++)
+    for (int i = 0; i < ENG_SPEC_MAX_POS; i++)
         if (atomic_load(&m->spec_accepted_per_pos[i])) npos = i + 1;
     for (int i = 0; i < npos; i++)
         srv_buf_printf(&b, "graphswap:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n", lbl, i,

@@ -646,8 +646,8 @@ static void add_usage(cJSON *o, const srv_job *j)
         cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
     }
     if (j->s->rt.draft) { /* speculative decoding: the job is settled, its counters are final */
-        uint64_t d = 0, dt = 0, a = 0, pos[64] = {0};
-        const int W = eng_spec_width(j->s->rt.e) < 64 ? eng_spec_width(j->s->rt.e) : 64;
+        uint64_t d = 0, dt = 0, a = 0, pos[ENG_SPEC_MAX_POS] = {0};
+        const int W = eng_spec_width(j->s->rt.e) < ENG_SPEC_MAX_POS ? eng_spec_width(j->s->rt.e) : ENG_SPEC_MAX_POS;
         for (int i = 0; i < j->n_ch; i++) {
             d += j->ch[i].r.spec_drafts;
             dt += j->ch[i].r.spec_draft_tokens;

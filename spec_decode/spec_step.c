@@ -336,11 +336,13 @@ int spec_step(eng_engine *e)
             e->stats.spec_drafts++;
             e->stats.spec_draft_tokens += (uint64_t)nd;
             e->stats.spec_accepted += (uint64_t)acc;
-            for (int k = 0; k < acc && k < 64; k++) e->stats.spec_accepted_per_pos[k]++;
+            for (int k = 0; k < acc && k < ENG_SPEC_MAX_POS; k++) {
+                e->stats.spec_accepted_per_pos[k]++;
+                r->spec_accepted_per_pos[k]++;
+            }
             r->spec_drafts++;
             r->spec_draft_tokens += (uint64_t)nd;
             r->spec_accepted += (uint64_t)acc;
-            for (int k = 0; k < acc && k < 64; k++) r->spec_accepted_per_pos[k]++;
         }
         if (r->on_spec) r->on_spec(r, r->n_accept, start, anchor, d, nd, acc, bonus, r->user);
         if (r->out_accept_lens) r->out_accept_lens[r->n_accept] = r->n_out - n_out0;

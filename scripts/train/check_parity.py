@@ -12,6 +12,7 @@
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,16 @@ def main():
     print(f"target: greedy equal {am == out['token_ids']}, max |logprob diff| {dlp:.2e}")
     ok = am == out["token_ids"] and dlp < 1e-3
 
+    # the held-out prompts, and plain decoding of them, once for both drafters
+    from tokenizers import Tokenizer
+    tk = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
+    td = tempfile.mkdtemp(prefix="gs-parity-")
+    batch = os.path.join(td, "b.jsonl")
+    with open(batch, "w") as f:
+        for line in open(prompts):
+            f.write(json.dumps({"prompt_ids": tk.encode(json.loads(line)["prompt"]).ids, "max_tokens": 96}) + "\n")
+    plain = [json.loads(l) for l in run_gs(gs, "generate", "--model", tdir, "--batch-file", batch).splitlines()]
+
     tgt = rm.RefModel(tdir)
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 4000, 48).tolist()
@@ -78,22 +89,13 @@ def main():
         print(f"{k}: max |block hidden - float64 reference| {worst:.2e}")
         ok = ok and worst < 1e-3
 
-        with tempfile.TemporaryDirectory() as td:
-            bf = os.path.join(td, "b.jsonl")
-            tok = json.load(open(os.path.join(tdir, "tokenizer.json")))  # noqa: F841 (layout check)
-            from tokenizers import Tokenizer
-            tk = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
-            with open(bf, "w") as f:
-                for line in open(prompts):
-                    p = json.loads(line)["prompt"]
-                    f.write(json.dumps({"prompt_ids": tk.encode(p).ids, "max_tokens": 96}) + "\n")
-            plain = [json.loads(l) for l in run_gs(gs, "generate", "--model", tdir, "--batch-file", bf).splitlines()]
-            spec = [json.loads(l) for l in run_gs(gs, "generate", "--model", tdir, "--draft", ddir,
-                                                   "--batch-file", bf).splitlines()]
+        spec = [json.loads(l) for l in run_gs(gs, "generate", "--model", tdir, "--draft", ddir,
+                                               "--batch-file", batch).splitlines()]
         acc = [x for r in spec for x in r["acceptance_lengths"]]
         same = all(a["token_ids"] == b["token_ids"] for a, b in zip(plain, spec))
         print(f"{k}: serving tau {sum(acc) / len(acc):.2f} over {len(acc)} steps, lossless {same}")
         ok = ok and same
+    shutil.rmtree(td, ignore_errors=True)
     sys.exit(0 if ok else 1)
 
 
