@@ -966,6 +966,8 @@ void srv_weights_routes(srv_state *s)
     srv_route_add(s, "GET", "/v1/weights", route_info, 2);
     srv_route_add(s, "GET", "/v1/weights/checksums", route_checksums, 2);
     srv_weights_vllm_routes(s);
+    srv_weights_skyrl_routes(s);   /* SkyRL's /collective_rpc, /fetch_weights */
+    srv_weights_primerl_routes(s); /* prime-rl's /init_broadcaster */
     srv_weights_sglang_routes(s);
     srv_weights_trl_routes(s);
     srv_weights_gpu_routes(s); /* CUDA IPC (native) */

@@ -203,6 +203,13 @@ void srv_weights_sglang_routes(srv_state *s);
 /* Leaves a joined SGLang group that never got its communicator (at shutdown). */
 void srv_weights_sglang_destroy(srv_state *s);
 void srv_weights_trl_routes(srv_state *s);
+/* SkyRL's /collective_rpc weight-sync methods and /fetch_weights (weights_skyrl.c) */
+void srv_weights_skyrl_routes(srv_state *s);
+/* prime-rl's /init_broadcaster (weights_primerl.c); after it succeeded (CUDA), /update_weights
+ * {"weight_dir"} is srv_primerl_update_nccl instead of a disk load */
+void srv_weights_primerl_routes(srv_state *s);
+int srv_primerl_broadcasting(const srv_state *s);
+int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSON *b);
 void srv_weights_gpu_routes(srv_state *s);
 
 #endif

@@ -2,7 +2,8 @@
  * resume, the weight-update session, checksums, the prefix cache, the NCCL weight transfer engine).
  * Each is a thin producer over the commands of weights_api.c (weights_internal.h); the NCCL commands
  * run in weights_gpu.c. prime-rl's server is vLLM with a few routes of its own: its filesystem
- * /update_weights form is served here too.
+ * /update_weights form is served here too (its /init_broadcaster in weights_primerl.c; SkyRL's
+ * /collective_rpc weight-sync methods in weights_skyrl.c).
  * vLLM's memory routes (/sleep, /wake_up, /is_sleeping) live with SGLang's in server/memory_api.c.
  */
 #include <stdio.h>
@@ -84,7 +85,10 @@ static int nccl_bucket(srv_state *s, struct mg_connection *conn, cJSON *b)
  *   {"update_info": {...}}    vLLM's NCCL bucket (above)
  *   {"weight_dir": "DIR"}     prime-rl's filesystem update: a disk load of DIR (confined to
  *                             --weights-root, as /v1/weights/load), answered {"status": "ok"}; a
- *                             "pause" field may override the default "keep" (srv_weights_load)
+ *                             "pause" field may override the default "keep" (srv_weights_load).
+ *                             After a successful prime-rl /init_broadcaster (CUDA only) the same
+ *                             body means "receive the trainer's NCCL broadcast" (prime-rl's NCCL
+ *                             worker ignores the folder): weights_primerl.c, 501 for now
  * Giving both is refused: the server would have to guess which transport the trainer drives. */
 static int route_update_weights(srv_state *s, struct mg_connection *conn)
 {
@@ -96,6 +100,7 @@ static int route_update_weights(srv_state *s, struct mg_connection *conn)
     if (wd && cJSON_GetObjectItemCaseSensitive(b, "update_info"))
         st = srv_send_error(conn, 400, "weight_dir", "give either update_info (an NCCL bucket) or weight_dir (a disk "
                             "load), not both");
+    else if (wd && srv_primerl_broadcasting(s)) st = srv_primerl_update_nccl(s, conn, b);
     else if (wd) st = srv_weights_load(s, conn, b, "weight_dir", SRV_LOAD_PRIMERL);
     else st = nccl_bucket(s, conn, b);
     cJSON_Delete(b);
