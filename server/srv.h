@@ -209,6 +209,8 @@ struct srv_state {
     struct srv_store_group *store_group; /* NULL: no pending group */
     srv_cmd *store_init;        /* its SRV_CMD_NCCL_INIT (rank, world, group, timeout, staging) */
     int store_busy;             /* a join or fetch is under way on some handler thread */
+    cJSON *areal_meta;          /* AReaL's /areal_set_update_weight_meta body, validated, for the next
+                                   /areal_update_weights_xccl (weights_areal.c; under store_mu) */
     /* published by the engine thread after each step / command (under wmu) */
     pthread_mutex_t wmu;
     eng_weights_info wpub;

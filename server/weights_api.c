@@ -150,7 +150,7 @@ static int run_cmd(srv_state *s, srv_cmd *c)
             break;
         }
         if (eng_weights_finish(e, c->version, err, el, &st) == 0) st = 200;
-        s->paused = 0;
+        if (!c->keep_paused) s->paused = 0;
         break;
     }
     case SRV_CMD_CHECKSUMS: {
@@ -685,6 +685,13 @@ int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, c
     /* prime-rl pauses with mode=keep before it updates: the requests it froze stay frozen through the
      * load and go on with the new weights (a "wait" load would first run them to the end) */
     if (style == SRV_LOAD_PRIMERL && !cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_KEEP;
+    /* AReaL's server pauses without waiting for running requests (they end with finish_reason
+     * "abort"; its client resubmits them) and its /v1/completions stay gated until
+     * /areal_continue_generation: a load while paused leaves generation paused */
+    if (style == SRV_LOAD_AREAL) {
+        if (!cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_ABORT;
+        c->keep_paused = 1;
+    }
     if (!cJSON_IsString(p)) {
         srv_errf(&e, 400, path_key, "%s must be a checkpoint folder path", path_key);
         goto err;
@@ -701,7 +708,15 @@ int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, c
             goto err;
     }
     srv_cmd_submit(s, c);
-    if (style == SRV_LOAD_SGLANG) {
+    if (style == SRV_LOAD_AREAL) { /* AReaL's build_response: one "TP rank: N ..." line per worker */
+        cJSON *o = cJSON_CreateObject();
+        char msg[sizeof c->err + 64];
+        snprintf(msg, sizeof msg, c->status == 200 ? "TP rank: 0 success\n" : "TP rank: 0 failed. reason: %s\n", c->err);
+        cJSON_AddBoolToObject(o, "success", c->status == 200);
+        cJSON_AddStringToObject(o, "message", msg);
+        st = srv_send_json(conn, c->status, o);
+        cJSON_Delete(o);
+    } else if (style == SRV_LOAD_SGLANG) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "success", c->status == 200);
         cJSON_AddStringToObject(o, "message", c->status == 200 ? "Succeeded to update model weights." : c->err);
@@ -950,6 +965,7 @@ void srv_weights_destroy(srv_state *s)
     free(s->staging);
     free(s->weights_root);
     srv_weights_sglang_destroy(s);
+    srv_weights_areal_destroy(s);
     pthread_mutex_destroy(&s->store_mu);
     pthread_mutex_destroy(&s->wmu);
     pthread_mutex_destroy(&s->bucket_mu);
@@ -966,6 +982,7 @@ void srv_weights_routes(srv_state *s)
     srv_route_add(s, "GET", "/v1/weights", route_info, 2);
     srv_route_add(s, "GET", "/v1/weights/checksums", route_checksums, 2);
     srv_weights_vllm_routes(s);
+    srv_weights_areal_routes(s); /* AReaL's vLLM server (areal_vllm_server.py) */
     srv_weights_skyrl_routes(s);   /* SkyRL's /collective_rpc, /fetch_weights */
     srv_weights_primerl_routes(s); /* prime-rl's /init_broadcaster */
     srv_weights_sglang_routes(s);

@@ -73,13 +73,29 @@ static void gpu_meta_bind(srv_gpu_meta *m, const uint8_t *base)
     for (size_t i = 0; i < m->n; i++) m->t[i].data = base + m->off[i];
 }
 
-/* Receives one broadcast into the staging buffer (the bytes of a bucket the engine refused, so the
- * trainer's broadcast still completes and both sides stay in step). Appends to err on failure. */
+/* Receives the bucket's bytes into the staging buffer at its packed offsets: one broadcast of them
+ * all, or with c->per_tensor one broadcast per tensor in order (AReaL's trainer broadcasts each
+ * tensor by itself; NCCL pairs collectives in order and a broadcast moves bytes, so tensor i's
+ * broadcast lands at its offset whatever its dtype). Empty tensors move nothing (NCCL returns at
+ * once for a count of 0 on every rank). */
+static int nccl_recv_bucket(srv_state *s, const gs_gpu_transport *x, srv_cmd *c, char *err, size_t el)
+{
+    if (!c->per_tensor)
+        return x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), err, el);
+    for (size_t i = 0; i < c->meta.n; i++)
+        if (c->meta.t[i].nbytes && x->nccl_recv(s->nccl, (uint8_t *)s->nccl_staging + c->meta.off[i],
+                                                c->meta.t[i].nbytes, gpu_timeout(s, c), err, el) != 0)
+            return -1;
+    return 0;
+}
+
+/* Receives the bucket into the staging buffer (the bytes of a bucket the engine refused, so the
+ * trainer's broadcasts still complete and both sides stay in step). Appends to err on failure. */
 static void nccl_drain(srv_state *s, const gs_gpu_transport *x, srv_cmd *c)
 {
     if (!x || !s->nccl || c->meta.total > s->nccl_staging_bytes) return;
     char e2[512];
-    if (x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), e2, sizeof e2) != 0) {
+    if (nccl_recv_bucket(s, x, c, e2, sizeof e2) != 0) {
         size_t l = strlen(c->err);
         snprintf(c->err + l, sizeof c->err - l, "; receiving its bytes also failed: %s", e2);
     }
@@ -107,7 +123,7 @@ static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
         return snprintf(err, el, "%s: %llu bytes is larger than the NCCL staging buffer (%zu bytes): split the "
                                  "bucket", c->what, (unsigned long long)c->meta.total, s->nccl_staging_bytes),
                *st = 400, -1;
-    if (x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), err, el) != 0) {
+    if (nccl_recv_bucket(s, x, c, err, el) != 0) {
         *st = 502; /* the communicator is aborted: destroy and init again */
         nccl_release(s);
         return -1;
@@ -183,7 +199,7 @@ static int nccl_update(srv_state *s, srv_cmd *c, int *st)
         nccl_drain(s, x, c);
         return -1;
     }
-    s->paused = 0;
+    if (!c->keep_paused) s->paused = 0;
     if (nccl_bucket(s, c, st) != 0) {
         int st2;
         char e2[64];

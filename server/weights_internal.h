@@ -8,6 +8,7 @@
  *   weights_vllm.c    vLLM's routes (/pause, /start_weight_update, /update_weights, ...)
  *   weights_sglang.c  SGLang's routes (/update_weights_from_disk, /pause_generation, ...)
  *   weights_trl.c     TRL vllm-serve's weight routes (/init_communicator/, /update_named_param/, ...)
+ *   weights_areal.c   AReaL's vLLM server routes (/areal_update_weights, /areal_pause_generation, ...)
  *   weights_gpu.c     the GPU transports: NCCL / CUDA-IPC body parsing, their engine-side commands,
  *                     the IPC routes
  *
@@ -78,6 +79,9 @@ struct srv_cmd {
     char group[128];
     int warmup;         /* run the warm-up all_reduce after the communicator init (vLLM) */
     int rendezvous;     /* no nccl_unique_id_b64: the id comes from the trainer's TCPStore */
+    int per_tensor;     /* NCCL bucket: one broadcast per tensor (AReaL's trainer), not one packed */
+    int keep_paused;    /* LOAD / NCCL_UPDATE: generation paused before stays paused after (AReaL
+                         * gates generation until /areal_continue_generation) */
     char master_addr[256];
     int master_port;
     size_t ipc_offset, ipc_bytes;
@@ -128,6 +132,7 @@ typedef enum {
     SRV_LOAD_NATIVE,  /* "pause" (default wait); answers GET /v1/weights */
     SRV_LOAD_SGLANG,  /* abort_all_requests -> abort, else wait; {success, message, num_paused_requests} */
     SRV_LOAD_PRIMERL, /* "pause" (default keep: prime-rl has paused with mode=keep); {"status": "ok"} */
+    SRV_LOAD_AREAL,   /* "pause" (default abort, as AReaL's server); stays paused; {success, message} */
 } srv_load_style;
 /* A disk load of the folder b[path_key] (confined to --weights-root) as one session. */
 int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, const char *path_key,
@@ -203,6 +208,17 @@ void srv_weights_sglang_routes(srv_state *s);
 /* Leaves a joined SGLang group that never got its communicator (at shutdown). */
 void srv_weights_sglang_destroy(srv_state *s);
 void srv_weights_trl_routes(srv_state *s);
+void srv_weights_areal_routes(srv_state *s);
+/* Drops a weight meta set by /areal_set_update_weight_meta (at shutdown). */
+void srv_weights_areal_destroy(srv_state *s);
+/* The SGLang-style NCCL group (weights_sglang.c), shared with AReaL whose trainer creates its group
+ * the same way (init_custom_process_group: SRV_STORE_SGLANG keys, no warm-up). init: c from
+ * srv_nccl_init_request; joins the trainer's store (or creates the communicator from
+ * nccl_unique_id_b64); update_route names the route that creates the communicator in the message.
+ * update: c an SRV_CMD_NCCL_UPDATE with its meta; 501 on the CPU backend, else the pending group's
+ * communicator, then the update. Both take c and answer {success, message}. */
+int srv_nccl_group_init(srv_state *s, struct mg_connection *conn, srv_cmd *c, const char *update_route);
+int srv_nccl_group_update(srv_state *s, struct mg_connection *conn, srv_cmd *c);
 /* SkyRL's /collective_rpc weight-sync methods and /fetch_weights (weights_skyrl.c) */
 void srv_weights_skyrl_routes(srv_state *s);
 /* prime-rl's /init_broadcaster (weights_primerl.c); after it succeeded (CUDA), /update_weights

@@ -98,6 +98,15 @@ static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
     srv_err e;
     srv_cmd *c = srv_nccl_init_request(s, conn, SRV_STORE_SGLANG, &e);
     if (!c) return e.status >= 500 ? send_sglang(conn, e.status, e.msg) : srv_send_err(conn, &e);
+    return srv_nccl_group_init(s, conn, c, "update_weights_from_distributed");
+}
+
+/* The rest of an SGLang-style init once its body is parsed (also AReaL's vLLM init route, whose
+ * trainer creates the group the same way): join the store and keep the group pending, or, with
+ * nccl_unique_id_b64, create the communicator now. */
+int srv_nccl_group_init(srv_state *s, struct mg_connection *conn, srv_cmd *c, const char *update_route)
+{
+    srv_err e;
     pthread_mutex_lock(&s->store_mu);
     const int busy = s->store_busy || s->store_group;
     if (!busy && c->rendezvous) s->store_busy = 1;
@@ -113,8 +122,8 @@ static int route_nccl_init_sglang(srv_state *s, struct mg_connection *conn)
         char msg[1024]; /* written before c is shared: an update may take it at once */
         if (rc == 0)
             snprintf(msg, sizeof msg, "joined the trainer's TCPStore at %s:%d as rank %d of %d (group %s); the "
-                     "NCCL communicator is created at the first update_weights_from_distributed", c->master_addr,
-                     c->master_port, c->rank, c->world, c->group);
+                     "NCCL communicator is created at the first %s", c->master_addr, c->master_port, c->rank,
+                     c->world, c->group, update_route);
         pthread_mutex_lock(&s->store_mu);
         s->store_busy = 0;
         if (rc == 0) {
@@ -172,11 +181,25 @@ static int route_nccl_update(srv_state *s, struct mg_connection *conn)
     if (rc == 0 && version) snprintf(c->version, sizeof c->version, "%s", version);
     c->pause = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests")) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
     cJSON_Delete(b);
-    if (rc == 0 && !srv_gpu_available(s)) rc = (srv_errf(&e, 501, NULL, SRV_GPU_NEEDS_CUDA), -1);
     if (rc != 0) {
         srv_gpu_meta_free(&c->meta);
         free(c);
-        return e.status == 501 ? send_sglang(conn, 501, e.msg) : srv_send_err(conn, &e);
+        return srv_send_err(conn, &e);
+    }
+    return srv_nccl_group_update(s, conn, c);
+}
+
+/* The rest of an SGLang-style update once its tensors are parsed into c (also AReaL's
+ * /areal_update_weights_xccl): 501 on the CPU backend; else the pending group's communicator first,
+ * then the update. */
+int srv_nccl_group_update(srv_state *s, struct mg_connection *conn, srv_cmd *c)
+{
+    srv_err e;
+    int rc = 0;
+    if (!srv_gpu_available(s)) {
+        srv_gpu_meta_free(&c->meta);
+        free(c);
+        return send_sglang(conn, 501, SRV_GPU_NEEDS_CUDA);
     }
     /* the first update after a TCPStore join: the trainer publishes its id as its broadcast begins */
     srv_store_group *g;
