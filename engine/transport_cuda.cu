@@ -63,6 +63,7 @@ static struct {
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*finalize)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
+    ncclResult_t (*get_unique_id)(ncclUniqueId *);
 } N;
 
 static int nccl_load(char *err, size_t errlen)
@@ -86,6 +87,7 @@ static int nccl_load(char *err, size_t errlen)
             NSYM(all_reduce, "ncclAllReduce");
             NSYM(finalize, "ncclCommFinalize");
             NSYM(destroy, "ncclCommDestroy");
+            NSYM(get_unique_id, "ncclGetUniqueId");
 #undef NSYM
             if (miss) snprintf(N.why, sizeof N.why, "the loaded NCCL lacks a needed function (NCCL >= 2.14 needed)");
             else N.ok = 1;
@@ -140,8 +142,8 @@ static gs_nccl *nccl_init(eng_backend *be, const void *unique_id, size_t id_len,
         snprintf(err, errlen, "an NCCL unique id has %zu bytes, got %zu", sizeof(ncclUniqueId), id_len);
         return NULL;
     }
-    if (world < 2 || rank < 1 || rank >= world) {
-        snprintf(err, errlen, "rank %d of world %d: the trainer is rank 0 and this server 1..world-1", rank, world);
+    if (world < 2 || rank < 0 || rank >= world) {
+        snprintf(err, errlen, "rank %d of world %d: a rank is 0..world-1 and a group has at least 2", rank, world);
         return NULL;
     }
     if (nccl_load(err, errlen) != 0 || enter(be, err, errlen) != 0) return NULL;
@@ -220,15 +222,16 @@ static int nccl_finish(gs_nccl *g, ncclResult_t r, double deadline, double timeo
     return -1;
 }
 
-static int nccl_recv(gs_nccl *g, void *dst_dev, size_t bytes, double timeout_s, char *err, size_t errlen)
+static int nccl_recv(gs_nccl *g, void *dst_dev, size_t bytes, int root, double timeout_s, char *err,
+                     size_t errlen)
 {
     if (nccl_usable(g, err, errlen) != 0) return -1;
     if (bytes == 0) return 0;
     if (enter(g->be, err, errlen) != 0) return -1;
     const double deadline = now_s() + timeout_s;
-    ncclResult_t r = N.broadcast(dst_dev, dst_dev, bytes, ncclUint8, 0, g->comm, stream_of(g->be));
+    ncclResult_t r = N.broadcast(dst_dev, dst_dev, bytes, ncclUint8, root, g->comm, stream_of(g->be));
     char what[96];
-    snprintf(what, sizeof what, "broadcast of %zu bytes", bytes);
+    snprintf(what, sizeof what, "broadcast of %zu bytes from rank %d", bytes, root);
     /* the bytes are there when the stream gets past the broadcast */
     return nccl_finish(g, r, deadline, timeout_s, what,
                        " (did the trainer broadcast exactly the bytes the metadata describes?)", err, errlen);
@@ -256,6 +259,19 @@ static int nccl_warmup(gs_nccl *g, void *scratch_dev, double timeout_s, char *er
                        "a vLLM PyNcclCommunicator?)", err, errlen);
 }
 
+static int nccl_unique_id(void *id, char *err, size_t errlen)
+{
+    if (nccl_load(err, errlen) != 0) return -1;
+    ncclUniqueId u;
+    ncclResult_t r = N.get_unique_id(&u);
+    if (r != ncclSuccess) {
+        snprintf(err, errlen, "ncclGetUniqueId failed: %s", N.error_string(r));
+        return -1;
+    }
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
 static void nccl_destroy(gs_nccl *g)
 {
     if (!g) return;
@@ -280,9 +296,10 @@ static gs_nccl *nccl_init(eng_backend *be, const void *unique_id, size_t id_len,
     snprintf(err, errlen, "this libgraphswap_cuda.so was built without NCCL (no nccl.h / libnccl at configure time)");
     return NULL;
 }
-static int nccl_recv(gs_nccl *g, void *dst_dev, size_t bytes, double timeout_s, char *err, size_t errlen)
+static int nccl_recv(gs_nccl *g, void *dst_dev, size_t bytes, int root, double timeout_s, char *err,
+                     size_t errlen)
 {
-    (void)g, (void)dst_dev, (void)bytes, (void)timeout_s;
+    (void)g, (void)dst_dev, (void)bytes, (void)root, (void)timeout_s;
     snprintf(err, errlen, "built without NCCL");
     return -1;
 }
@@ -290,6 +307,12 @@ static int nccl_warmup(gs_nccl *g, void *scratch_dev, double timeout_s, char *er
 {
     (void)g, (void)scratch_dev, (void)timeout_s;
     snprintf(err, errlen, "built without NCCL");
+    return -1;
+}
+static int nccl_unique_id(void *id, char *err, size_t errlen)
+{
+    (void)id;
+    snprintf(err, errlen, "this libgraphswap_cuda.so was built without NCCL (no nccl.h / libnccl at configure time)");
     return -1;
 }
 static void nccl_destroy(gs_nccl *g) { (void)g; }
@@ -336,6 +359,7 @@ extern "C" const gs_gpu_transport *gs_gpu_transport_table(void)
         t.ipc_open = ipc_open;
         t.ipc_close = ipc_close;
         t.nccl_warmup = nccl_warmup;
+        t.nccl_unique_id = nccl_unique_id;
         t.abi = GS_GPU_TRANSPORT_ABI;
     }
     return &t;

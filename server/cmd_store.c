@@ -15,7 +15,7 @@ static const char help[] =
     "usage: graphswap store-rendezvous --framework vllm|sglang|trl --host ADDR --port N\n"
     "                                  --rank-offset R --world-size W [--group-name G]\n"
     "                                  [--backend nccl] [--timeout-ms T] [--id-timeout-ms T]\n"
-    "                                  [--unique-id HEX (trl)]\n"
+    "                                  [--unique-id HEX --barriers N (trl)]\n"
     "\n"
     "Joins the torch.distributed TCPStore the trainer (rank 0) hosts at ADDR:N, as the framework's\n"
     "inference side does (vLLM StatelessProcessGroup, SGLang init_custom_process_group), waits for\n"
@@ -28,7 +28,9 @@ static const char help[] =
     "--framework trl --unique-id HEX (256 hex digits): graphswap is rank 0 (TRL's init_communicator):\n"
     "it hosts the store on ADDR:N, publishes the id as vLLM's rank 0 does, prints\n"
     "{\"hosting\":true,\"port\":N}, waits for the other world_size-1 ranks to join (--timeout-ms),\n"
-    "prints {\"joined\":true,\"rank\":0}, and keeps serving until stdin closes (or --timeout-ms).\n"
+    "prints {\"joined\":true,\"rank\":0}, then runs rank 0's side of N vLLM StatelessProcessGroup\n"
+    "barriers (what each /update_named_param/ runs after its broadcast), printing {\"barrier\":i} after\n"
+    "each, and keeps serving until stdin closes (or --timeout-ms).\n"
     "\n"
     "graphswap store-rendezvous --framework vllm|sglang --init-body JSON\n"
     "runs the NCCL init route's handler side on JSON (vLLM /init_weight_transfer_engine's body,\n"
@@ -44,7 +46,7 @@ static int hexval(int c)
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
-static int host_trl(const srv_store_req *req, const char *hex)
+static int host_trl(const srv_store_req *req, const char *hex, int barriers)
 {
     unsigned char id[SRV_STORE_ID_BYTES];
     if (!hex || strlen(hex) != 2 * SRV_STORE_ID_BYTES) srv_die("store-rendezvous: trl needs --unique-id (256 hex digits)");
@@ -69,6 +71,16 @@ static int host_trl(const srv_store_req *req, const char *hex)
     }
     printf("{\"joined\":true,\"rank\":0}\n");
     fflush(stdout);
+    int64_t bcast_n = 1; /* broadcast 0 was the id */
+    for (int i = 0; i < barriers; i++) {
+        if (srv_store_trl_barrier(sv, req->world_size, &bcast_n, req->timeout_ms, err, sizeof err) != 0) {
+            fprintf(stderr, "graphswap store-rendezvous: %s\n", err);
+            srv_store_server_stop(sv);
+            return 1;
+        }
+        printf("{\"barrier\":%d}\n", i + 1);
+        fflush(stdout);
+    }
     struct pollfd p = {.fd = 0, .events = POLLIN};
     char sink[256];
     while (poll(&p, 1, req->timeout_ms) > 0 && read(0, sink, sizeof sink) > 0) {
@@ -152,7 +164,7 @@ static int init_body(srv_store_kind kind, const char *json)
 int srv_cmd_store_rendezvous(int argc, char **argv)
 {
     const char *fw = NULL, *host = NULL, *group = NULL, *backend = NULL, *uid = NULL, *body = NULL;
-    int port = 0, rank_offset = -1, world = 0, timeout_ms = 30000, id_timeout_ms = 0;
+    int port = 0, rank_offset = -1, world = 0, timeout_ms = 30000, id_timeout_ms = 0, barriers = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -166,7 +178,8 @@ int srv_cmd_store_rendezvous(int argc, char **argv)
             srv_arg_str(argc, argv, &i, "--backend", &backend) || srv_arg_str(argc, argv, &i, "--unique-id", &uid) ||
             srv_arg_str(argc, argv, &i, "--init-body", &body) ||
             srv_arg_int(argc, argv, &i, "--timeout-ms", 1, 86400000, &timeout_ms) ||
-            srv_arg_int(argc, argv, &i, "--id-timeout-ms", 1, 86400000, &id_timeout_ms))
+            srv_arg_int(argc, argv, &i, "--id-timeout-ms", 1, 86400000, &id_timeout_ms) ||
+            srv_arg_int(argc, argv, &i, "--barriers", 0, 1000000, &barriers))
             continue;
         srv_die_usage("store-rendezvous", argv[i]);
     }
@@ -183,7 +196,7 @@ int srv_cmd_store_rendezvous(int argc, char **argv)
     req.backend = backend;
     req.timeout_ms = timeout_ms;
 
-    if (req.kind == SRV_STORE_TRL) return host_trl(&req, uid);
+    if (req.kind == SRV_STORE_TRL) return host_trl(&req, uid, barriers);
     char err[512];
     int rank = -1;
     srv_store_group *g = NULL;

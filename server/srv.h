@@ -193,6 +193,10 @@ struct srv_state {
     /* GPU weight transports (engine thread only; weights_gpu.c, engine/transport_cuda.h) */
     void *nccl;                 /* gs_nccl communicator; NULL: none */
     int nccl_rank, nccl_world;
+    int nccl_root;              /* the rank weights are broadcast from: 0, or TRL's trainer (world - 1) */
+    struct srv_store_server *trl_store; /* TRL: the TCPStore graphswap hosts as rank 0; NULL: none */
+    int64_t trl_bcast_n;        /* its next broadcast_obj counter (0 was the NCCL id) */
+    int trl_session;            /* the open weight session is TRL's (begun by /update_named_param/) */
     char nccl_group[128];
     void *nccl_staging;         /* device staging from the backend arena: allocated once, kept */
     size_t nccl_staging_bytes;

@@ -153,18 +153,39 @@ int srv_store_server_add(srv_store_server *sv, const char *key, int64_t delta, i
 /* waits until key's decimal value is >= target (e.g. "init/" reaching world_size: every worker
  * joined); SRV_STORE_TIMEOUT after timeout_ms */
 int srv_store_server_wait_count(srv_store_server *sv, const char *key, int64_t target, int timeout_ms);
+/* waits until every key exists; SRV_STORE_TIMEOUT after timeout_ms */
+int srv_store_server_wait_keys(srv_store_server *sv, const char *const *keys, size_t n, int timeout_ms);
+/* 1 when key existed (it is gone now), else 0 */
+int srv_store_server_delete(srv_store_server *sv, const char *key);
 void srv_store_server_stop(srv_store_server *sv);
 
 /* TRL's /init_communicator {host, port, world_size}: graphswap is rank 0 (see SRV_STORE_TRL). Starts
  * the store on host:port and publishes id (ncclGetUniqueId's 128 bytes, made by the caller) as rank
  * 0's broadcast_obj does: "/broadcast_from/0/0" = pickle.dumps(ncclUniqueId), protocol 4. The
  * trainer (rank world_size - 1) joins, fetches it and calls ncclCommInitRank; keep the server until
- * the group is closed (the trainer's StatelessProcessGroup uses the store for barriers). Not done
- * here (for the lead): the NCCL side (graphswap at rank 0 receiving broadcasts from root
- * world_size - 1), the warm-up all_reduce, and TRL's per-parameter group.barrier() through the
- * store (broadcast_obj(None) from each rank: "/broadcast_from/<src>/<n>"). */
+ * the group is closed (the trainer's StatelessProcessGroup uses the store for its barriers, see
+ * srv_store_trl_barrier; the next broadcast counter of rank 0 is 1). */
 int srv_store_trl_host(const srv_store_req *req, const unsigned char id[SRV_STORE_ID_BYTES],
                        srv_store_server **out, char *err, size_t errlen);
+
+/* Rank 0's side of one vLLM StatelessProcessGroup.barrier() on the store it hosts: TRL's trainer
+ * runs `group.barrier()` after each /update_named_param/ broadcast, and vLLM's worker (rank 0) the
+ * same, after receiving it. This is the multi-phase barrier of vLLM's vllm/distributed/utils.py
+ * StatelessProcessGroup (vllm-project/vllm@0d4044edd85de30d7d4558aeea4d1e95c7c556d6, read in a copy
+ * with that attribution; TRL@f2cd577 imports vLLM's and requires vllm>=0.17.0,<=0.25.1 in its
+ * pyproject.toml). vLLM before it (e.g. @5a6541db9bfa77756459722f69e8c89a0b47a14d) had a barrier of
+ * one broadcast_obj(None) per rank, which this does not serve:
+ *   rank 0: barrier_id = "barrier_" + str(uuid4()); broadcast_obj(barrier_id, src=0), i.e. SET
+ *     "broadcast_from/0/<counter>" = pickle.dumps(barrier_id) (counter *bcast_n: 0 was the NCCL
+ *     id, one more per barrier);
+ *   every rank: SET "arrival_<id>_<rank>" = b"1", then GET each "arrival_<id>_<i>" (GET waits);
+ *     SET "departure_<id>_<rank>" = b"1"; rank 0 also waits for every "departure_<id>_<i>" and then
+ *     deletes the arrival and departure keys.
+ * (Keys on the wire carry torch's "/" prefix.) Here rank 0 also deletes its broadcast key once every
+ * rank has arrived (each read it to name its arrival key), where vLLM leaves it for its hour of
+ * data expiration. Each wait is bounded by timeout_ms. 0, SRV_STORE_TIMEOUT or SRV_STORE_ERR. */
+int srv_store_trl_barrier(srv_store_server *sv, int world_size, int64_t *bcast_n, int timeout_ms, char *err,
+                          size_t errlen);
 
 /* The strict unpickler for vLLM's broadcast of the id: accepts exactly pickle.dumps(ncclUniqueId())
  * with protocol 3, 4 or 5, i.e. the reduction of a ctypes Structure (CPython Modules/_ctypes/

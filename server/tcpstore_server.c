@@ -274,6 +274,18 @@ static int add_kv(srv_store_server *sv, const char *key, int64_t delta, int64_t 
     return 0;
 }
 
+/* 1 when key existed (and is gone now), else 0 */
+static int del_kv(srv_store_server *sv, const char *key)
+{
+    kv *e = find(sv, key);
+    if (!e) return 0;
+    sv->bytes -= e->len + strlen(e->key);
+    free(e->key);
+    free(e->val);
+    *e = sv->kvs[--sv->nkv];
+    return 1;
+}
+
 /* ---- queries ---- */
 
 static int read_keys(conn *c, char ***keys, size_t *n)
@@ -300,7 +312,7 @@ static void free_keys(char **ks, size_t n)
     free(ks);
 }
 
-static int all_exist(srv_store_server *sv, char **ks, size_t n)
+static int all_exist(srv_store_server *sv, const char *const *ks, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (!find(sv, ks[i])) return 0;
@@ -326,10 +338,10 @@ static int do_wait(conn *c, char **ks, size_t n)
     srv_store_server *sv = c->sv;
     for (;;) {
         pthread_mutex_lock(&sv->mu);
-        int ok = all_exist(sv, ks, n), stop = sv->stop;
+        int ok = all_exist(sv, (const char *const *)ks, n), stop = sv->stop;
         if (!ok && !stop) {
             wait_tick(sv);
-            ok = all_exist(sv, ks, n);
+            ok = all_exist(sv, (const char *const *)ks, n);
             stop = sv->stop;
         }
         pthread_mutex_unlock(&sv->mu);
@@ -400,7 +412,7 @@ static int query(conn *c, unsigned q)
         if (read_keys(c, &ks, &nk)) break;
         if (q == Q_CHECK) {
             pthread_mutex_lock(&sv->mu);
-            unsigned char r = all_exist(sv, ks, nk) ? 0 : 1; /* READY / NOT_READY */
+            unsigned char r = all_exist(sv, (const char *const *)ks, nk) ? 0 : 1; /* READY / NOT_READY */
             pthread_mutex_unlock(&sv->mu);
             rc = put_bytes(c, &r, 1);
         } else {
@@ -417,15 +429,7 @@ static int query(conn *c, unsigned q)
     case Q_DELETE_KEY: {
         if (get_key(c, &key)) break;
         pthread_mutex_lock(&sv->mu);
-        kv *e = find(sv, key);
-        int64_t del = 0;
-        if (e) {
-            sv->bytes -= e->len + strlen(e->key);
-            free(e->key);
-            free(e->val);
-            *e = sv->kvs[--sv->nkv];
-            del = 1;
-        }
+        int64_t del = del_kv(sv, key);
         pthread_mutex_unlock(&sv->mu);
         rc = put_i64(c, del);
         break;
@@ -638,19 +642,13 @@ int srv_store_server_add(srv_store_server *sv, const char *key, int64_t delta, i
     return rc ? SRV_STORE_ERR : 0;
 }
 
-int srv_store_server_wait_count(srv_store_server *sv, const char *key, int64_t target, int timeout_ms)
+/* Waits (sv->mu not held) until ready(sv, arg) holds; SRV_STORE_TIMEOUT after timeout_ms or at stop. */
+static int wait_until(srv_store_server *sv, int (*ready)(srv_store_server *, const void *), const void *arg,
+                      int timeout_ms)
 {
-    if (!sv || !key) return SRV_STORE_ERR;
     int64_t deadline = mono_ms() + timeout_ms;
     pthread_mutex_lock(&sv->mu);
-    for (;;) {
-        kv *e = find(sv, key);
-        if (e && e->len > 0 && e->len < 32) {
-            char num[32];
-            memcpy(num, e->val, e->len);
-            num[e->len] = 0;
-            if (strtoll(num, NULL, 10) >= target) break;
-        }
+    while (!ready(sv, arg)) {
         if (sv->stop || mono_ms() >= deadline) {
             pthread_mutex_unlock(&sv->mu);
             return SRV_STORE_TIMEOUT;
@@ -659,6 +657,56 @@ int srv_store_server_wait_count(srv_store_server *sv, const char *key, int64_t t
     }
     pthread_mutex_unlock(&sv->mu);
     return 0;
+}
+
+typedef struct {
+    const char *key;
+    int64_t target;
+} count_arg;
+
+static int count_reached(srv_store_server *sv, const void *arg)
+{
+    const count_arg *a = arg;
+    kv *e = find(sv, a->key);
+    if (!e || e->len == 0 || e->len >= 32) return 0;
+    char num[32];
+    memcpy(num, e->val, e->len);
+    num[e->len] = 0;
+    return strtoll(num, NULL, 10) >= a->target;
+}
+
+int srv_store_server_wait_count(srv_store_server *sv, const char *key, int64_t target, int timeout_ms)
+{
+    if (!sv || !key) return SRV_STORE_ERR;
+    count_arg a = {key, target};
+    return wait_until(sv, count_reached, &a, timeout_ms);
+}
+
+typedef struct {
+    const char *const *keys;
+    size_t n;
+} keys_arg;
+
+static int keys_exist(srv_store_server *sv, const void *arg)
+{
+    const keys_arg *a = arg;
+    return all_exist(sv, a->keys, a->n);
+}
+
+int srv_store_server_wait_keys(srv_store_server *sv, const char *const *keys, size_t n, int timeout_ms)
+{
+    if (!sv || !keys) return SRV_STORE_ERR;
+    keys_arg a = {keys, n};
+    return wait_until(sv, keys_exist, &a, timeout_ms);
+}
+
+int srv_store_server_delete(srv_store_server *sv, const char *key)
+{
+    if (!sv || !key) return 0;
+    pthread_mutex_lock(&sv->mu);
+    int d = del_kv(sv, key);
+    pthread_mutex_unlock(&sv->mu);
+    return d;
 }
 
 void srv_store_server_stop(srv_store_server *sv)
@@ -745,4 +793,92 @@ int srv_store_trl_host(const srv_store_req *req, const unsigned char id[SRV_STOR
     }
     *out = sv;
     return 0;
+}
+
+/* pickle.dumps(text) as Python writes a short str (protocol 4: PROTO, FRAME, SHORT_BINUNICODE,
+ * MEMOIZE, STOP); text under 256 bytes. Returns the length written into b (cap >= len + 16). */
+static size_t pickle_short_str(unsigned char *b, const char *text)
+{
+    size_t l = strlen(text), n = 0;
+    b[n++] = 0x80, b[n++] = 4, b[n++] = 0x95;
+    to_le64(b + n, l + 4); /* the frame: 0x8c, the length byte, the text, 0x94, '.' */
+    n += 8;
+    b[n++] = 0x8c, b[n++] = (unsigned char)l;
+    memcpy(b + n, text, l);
+    n += l;
+    b[n++] = 0x94, b[n++] = '.';
+    return n;
+}
+
+/* str(uuid.uuid4()): 16 random bytes, version 4, RFC 4122 variant, 8-4-4-4-12 lowercase hex */
+static int uuid4(char out[37])
+{
+    unsigned char r[16];
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t got = f ? fread(r, 1, sizeof r, f) : 0;
+    if (f) fclose(f);
+    if (got != sizeof r) return -1;
+    r[6] = (unsigned char)((r[6] & 0x0f) | 0x40);
+    r[8] = (unsigned char)((r[8] & 0x3f) | 0x80);
+    int n = 0;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) out[n++] = '-';
+        n += snprintf(out + n, 3, "%02x", r[i]);
+    }
+    out[n] = 0;
+    return 0;
+}
+
+int srv_store_trl_barrier(srv_store_server *sv, int world_size, int64_t *bcast_n, int timeout_ms, char *err,
+                          size_t errlen)
+{
+    if (!sv || world_size < 2 || world_size > SRV_STORE_SERVER_MAX_CONN || !bcast_n || *bcast_n < 1) {
+        snprintf(err, errlen, "trl barrier: bad arguments");
+        return SRV_STORE_ERR;
+    }
+    char id[8 + 37], bkey[64];
+    if (uuid4(id + 8) != 0) {
+        snprintf(err, errlen, "trl barrier: cannot read /dev/urandom for the barrier id");
+        return SRV_STORE_ERR;
+    }
+    memcpy(id, "barrier_", 8);
+    snprintf(bkey, sizeof bkey, "/broadcast_from/0/%lld", (long long)*bcast_n);
+    unsigned char pk[128];
+    size_t pn = pickle_short_str(pk, id);
+    /* phase 0: rank 0's broadcast_obj(barrier_id, src=0), the next of its broadcast counter */
+    if (srv_store_server_set(sv, bkey, pk, pn) != 0) {
+        snprintf(err, errlen, "trl barrier: the store is full");
+        return SRV_STORE_ERR;
+    }
+    ++*bcast_n;
+    /* phases 1 and 2: every rank's "arrival_<id>_<r>", then its "departure_<id>_<r>"; rank 0 waits
+     * for both before it leaves (it runs the store: the others must be done with it) */
+    static const char *const phase[2] = {"arrival", "departure"};
+    char keys[2][SRV_STORE_SERVER_MAX_CONN][96];
+    const char *kp[SRV_STORE_SERVER_MAX_CONN];
+    int rc = 0;
+    for (int ph = 0; ph < 2 && rc == 0; ph++) {
+        for (int r = 0; r < world_size; r++) {
+            snprintf(keys[ph][r], sizeof keys[ph][r], "/%s_%s_%d", phase[ph], id, r);
+            kp[r] = keys[ph][r];
+        }
+        if (srv_store_server_set(sv, kp[0], "1", 1) != 0) {
+            snprintf(err, errlen, "trl barrier: the store is full");
+            rc = SRV_STORE_ERR;
+        } else if (srv_store_server_wait_keys(sv, kp, (size_t)world_size, timeout_ms) != 0) {
+            snprintf(err, errlen, "trl barrier: the trainer did not reach the barrier after the broadcast within "
+                     "%d ms (phase %s)", timeout_ms, phase[ph]);
+            rc = SRV_STORE_TIMEOUT;
+        }
+        /* every rank has read the barrier id once it has arrived (the id names its arrival key):
+         * rank 0 drops it now rather than after vLLM's hour of data expiration, so a long run's
+         * per-parameter barriers do not fill the store */
+        if (ph == 0 && rc == 0) srv_store_server_delete(sv, bkey);
+    }
+    for (int ph = 0; ph < 2; ph++) /* as vLLM's rank 0: its arrival and departure keys go */
+        for (int r = 0; r < world_size; r++) {
+            snprintf(keys[ph][r], sizeof keys[ph][r], "/%s_%s_%d", phase[ph], id, r);
+            srv_store_server_delete(sv, keys[ph][r]);
+        }
+    return rc;
 }

@@ -125,6 +125,14 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     case SRV_CMD_IPC_BUCKET:
         srv_gpu_cmd_run(s, c, &st); /* weights_gpu.c */
         break;
+    case SRV_CMD_TRL_INIT:
+    case SRV_CMD_TRL_COMM:
+    case SRV_CMD_TRL_CHECK:
+    case SRV_CMD_TRL_PARAM:
+    case SRV_CMD_TRL_FINISH:
+    case SRV_CMD_TRL_CLOSE:
+        srv_trl_cmd_run(s, c, &st); /* weights_trl.c */
+        break;
     case SRV_CMD_LOAD: {
         /* the files again, right before they are opened (see confine_ckpt) */
         srv_err ce;
@@ -207,12 +215,21 @@ int srv_cmds_run(srv_state *s, int stopping)
         }
         s->wsess_last = srv_now(); /* any command is session activity */
         srv_weights_publish(s);
+        const int detached = c->detached; /* (a waited-for c may be freed once the lock is released) */
         pthread_mutex_lock(&s->mu);
         s->cmd_head = c->next;
         if (!s->cmd_head) s->cmd_tail = NULL;
         c->done = 1;
-        pthread_cond_broadcast(&c->cv);
+        if (!detached) pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&s->mu);
+        if (detached) { /* nobody waits for it: say what failed, then it is ours to free */
+            if (c->status != 200)
+                srv_logf("error", "weights", "%s failed (%d): %s", c->what[0] ? c->what : "a queued command",
+                         c->status, c->err);
+            srv_gpu_meta_free(&c->meta);
+            cJSON_Delete(c->result);
+            free(c);
+        }
     }
 }
 
@@ -233,6 +250,7 @@ double srv_weights_session_due(srv_state *s)
 void srv_weights_expire(srv_state *s)
 {
     const double due = srv_weights_session_due(s);
+    if (srv_trl_settle(s, due != -1 && due <= 0)) return; /* TRL's session ends by a finish (weights_trl.c) */
     if (due == -1 || due > 0) return; /* (-1 is exact: no session, or the timeout is off) */
     eng_weights_info wi;
     eng_weights_get_info(s->rt.e, &wi);
@@ -251,6 +269,24 @@ void srv_weights_expire(srv_state *s)
 }
 
 /* ---- handler side ------------------------------------------------------------------------------------ */
+
+void srv_cmd_post(srv_state *s, srv_cmd *c)
+{
+    c->detached = 1;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        srv_gpu_meta_free(&c->meta);
+        free(c);
+        return;
+    }
+    c->next = NULL;
+    if (s->cmd_tail) s->cmd_tail->next = c;
+    else s->cmd_head = c;
+    s->cmd_tail = c;
+    pthread_cond_signal(&s->inbox_cv);
+    pthread_mutex_unlock(&s->mu);
+}
 
 /* Queues c for the engine thread and waits for it. Returns c->status. */
 int srv_cmd_submit(srv_state *s, srv_cmd *c)
@@ -965,6 +1001,7 @@ void srv_weights_destroy(srv_state *s)
     free(s->staging);
     free(s->weights_root);
     srv_weights_sglang_destroy(s);
+    srv_weights_trl_destroy(s);
     srv_weights_areal_destroy(s);
     pthread_mutex_destroy(&s->store_mu);
     pthread_mutex_destroy(&s->wmu);

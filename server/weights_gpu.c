@@ -20,7 +20,7 @@
 /* ---- GPU transports, engine side ------------------------------------------------------------------ */
 
 /* The CUDA module's transport table; NULL on the CPU backend. */
-static const gs_gpu_transport *gpu_xport(const srv_state *s)
+const gs_gpu_transport *srv_gpu_xport(const srv_state *s)
 {
     if (!s->rt.be || strcmp(s->rt.be->ops->name, "cuda") != 0) return NULL;
     const gs_gpu_transport *(*get)(void);
@@ -40,7 +40,7 @@ static double gpu_timeout(const srv_state *s, const srv_cmd *c)
 
 void srv_gpu_ipc_release(srv_state *s)
 {
-    const gs_gpu_transport *x = gpu_xport(s);
+    const gs_gpu_transport *x = srv_gpu_xport(s);
     if (s->ipc_base && x) x->ipc_close(s->rt.be, s->ipc_base);
     s->ipc_base = NULL;
     s->ipc_bytes = s->ipc_offset = 0;
@@ -48,12 +48,14 @@ void srv_gpu_ipc_release(srv_state *s)
 
 static void nccl_release(srv_state *s)
 {
-    const gs_gpu_transport *x = gpu_xport(s);
+    const gs_gpu_transport *x = srv_gpu_xport(s);
     if (s->nccl && x) x->nccl_destroy(s->nccl);
     s->nccl = NULL;
     s->nccl_group[0] = 0;
-    s->nccl_rank = s->nccl_world = 0;
+    s->nccl_rank = s->nccl_world = s->nccl_root = 0;
 }
+
+void srv_gpu_nccl_release(srv_state *s) { nccl_release(s); }
 
 /* The number of the next GPU-transport bucket in the open session, from 1 (engine thread). */
 static uint64_t gpu_bucket_no(srv_state *s)
@@ -81,10 +83,11 @@ static void gpu_meta_bind(srv_gpu_meta *m, const uint8_t *base)
 static int nccl_recv_bucket(srv_state *s, const gs_gpu_transport *x, srv_cmd *c, char *err, size_t el)
 {
     if (!c->per_tensor)
-        return x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, gpu_timeout(s, c), err, el);
+        return x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, s->nccl_root, gpu_timeout(s, c), err, el);
     for (size_t i = 0; i < c->meta.n; i++)
         if (c->meta.t[i].nbytes && x->nccl_recv(s->nccl, (uint8_t *)s->nccl_staging + c->meta.off[i],
-                                                c->meta.t[i].nbytes, gpu_timeout(s, c), err, el) != 0)
+                                                c->meta.t[i].nbytes, s->nccl_root, gpu_timeout(s, c), err,
+                                                el) != 0)
             return -1;
     return 0;
 }
@@ -105,7 +108,7 @@ static void nccl_drain(srv_state *s, const gs_gpu_transport *x, srv_cmd *c)
 static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
 {
     eng_engine *e = s->rt.e;
-    const gs_gpu_transport *x = gpu_xport(s);
+    const gs_gpu_transport *x = srv_gpu_xport(s);
     char *err = c->err;
     const size_t el = sizeof c->err;
     snprintf(c->what, sizeof c->what, "nccl bucket %llu", (unsigned long long)gpu_bucket_no(s));
@@ -136,7 +139,7 @@ static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
 
 static int nccl_init_cmd(srv_state *s, srv_cmd *c, int *st)
 {
-    const gs_gpu_transport *x = gpu_xport(s);
+    const gs_gpu_transport *x = srv_gpu_xport(s);
     char *err = c->err;
     const size_t el = sizeof c->err;
     if (!x) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
@@ -170,6 +173,7 @@ static int nccl_init_cmd(srv_state *s, srv_cmd *c, int *st)
     }
     s->nccl_rank = c->rank;
     s->nccl_world = c->world;
+    s->nccl_root = c->root;
     snprintf(s->nccl_group, sizeof s->nccl_group, "%s", c->group);
     if (c->timeout > 0) s->nccl_timeout = c->timeout;
     c->result = cJSON_CreateObject();
@@ -191,7 +195,7 @@ static int nccl_update(srv_state *s, srv_cmd *c, int *st)
     eng_engine *e = s->rt.e;
     char *err = c->err;
     const size_t el = sizeof c->err;
-    const gs_gpu_transport *x = gpu_xport(s);
+    const gs_gpu_transport *x = srv_gpu_xport(s);
     if (!x) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
     if (!s->nccl)
         return snprintf(err, el, "no NCCL group: POST /init_weights_update_group first"), *st = 409, -1;
@@ -217,7 +221,7 @@ static int ipc_open_cmd(srv_state *s, srv_cmd *c, int *st)
     eng_weights_get_info(s->rt.e, &wi);
     char *err = c->err;
     const size_t el = sizeof c->err;
-    const gs_gpu_transport *x = gpu_xport(s);
+    const gs_gpu_transport *x = srv_gpu_xport(s);
     if (!wi.session_open)
         return snprintf(err, el, "ipc/open outside a session (state %s): POST /v1/weights/begin first",
                         eng_wstate_name(wi.state)), *st = 409, -1;
@@ -243,7 +247,7 @@ static int ipc_bucket_cmd(srv_state *s, srv_cmd *c, int *st)
     const size_t el = sizeof c->err;
     snprintf(c->what, sizeof c->what, "ipc bucket %llu", (unsigned long long)gpu_bucket_no(s));
     if (eng_weights_validate(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
-    if (!gpu_xport(s)) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
+    if (!srv_gpu_xport(s)) return snprintf(err, el, "%s", SRV_GPU_NEEDS_CUDA), *st = 501, -1;
     eng_weights_info wi;
     eng_weights_get_info(e, &wi);
     if (!s->ipc_base || s->ipc_session != wi.session_id)
@@ -640,7 +644,10 @@ int srv_nccl_store_fetch(srv_store_group *g, srv_cmd *c, srv_err *e)
     return 0;
 }
 
-int srv_gpu_available(const srv_state *s) { return gpu_xport(s) != NULL; }
+int srv_gpu_available(const srv_state *s) { return srv_gpu_xport(s) != NULL; }
+
+int srv_gpu_nccl_init(srv_state *s, srv_cmd *c, int *st) { return nccl_init_cmd(s, c, st); }
+int srv_gpu_nccl_bucket(srv_state *s, srv_cmd *c, int *st) { return nccl_bucket(s, c, st); }
 
 srv_cmd *srv_nccl_init_request(srv_state *s, struct mg_connection *conn, srv_store_kind kind, srv_err *e)
 {

@@ -43,6 +43,12 @@ typedef enum {
     SRV_CMD_NCCL_DESTROY, /* /destroy_weights_update_group */
     SRV_CMD_IPC_OPEN,     /* /v1/weights/ipc/open */
     SRV_CMD_IPC_BUCKET,   /* /v1/weights/ipc/bucket */
+    SRV_CMD_TRL_INIT,     /* /init_communicator/: the id made, the store hosted (weights_trl.c) */
+    SRV_CMD_TRL_COMM,     /* ... then the communicator (detached: the trainer joins after the answer) */
+    SRV_CMD_TRL_CHECK,    /* /update_named_param/: the session (begun if none), the tensor checked */
+    SRV_CMD_TRL_PARAM,    /* ... then its broadcast received, written, the barrier (detached) */
+    SRV_CMD_TRL_FINISH,   /* /reset_prefix_cache/: the TRL session finished (one hook) */
+    SRV_CMD_TRL_CLOSE,    /* /close_communicator/: finish, communicator and store gone */
 } srv_cmd_kind;
 
 /* Tensor metadata of a GPU-transport bucket: names / dtypes / shapes and each tensor's byte offset
@@ -78,6 +84,7 @@ struct srv_cmd {
     double timeout;     /* 0: default */
     char group[128];
     int warmup;         /* run the warm-up all_reduce after the communicator init (vLLM) */
+    int root;           /* NCCL_INIT: the rank the group's weights come from (0; TRL: world - 1) */
     int rendezvous;     /* no nccl_unique_id_b64: the id comes from the trainer's TCPStore */
     int per_tensor;     /* NCCL bucket: one broadcast per tensor (AReaL's trainer), not one packed */
     int keep_paused;    /* LOAD / NCCL_UPDATE: generation paused before stays paused after (AReaL
@@ -88,6 +95,7 @@ struct srv_cmd {
     /* drain state (wait mode) */
     int draining;
     double deadline;
+    int detached;       /* srv_cmd_post: nobody waits; the engine thread logs a failure and frees it */
     /* results */
     int done, status;
     char err[1024];
@@ -107,6 +115,10 @@ srv_cmd *srv_cmd_new(srv_cmd_kind k); /* zeroed; NULL on OOM */
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory")
 /* Queues c for the engine thread and waits for it. Returns c->status. */
 int srv_cmd_submit(srv_state *s, srv_cmd *c);
+/* Queues c for the engine thread without waiting (for a command that must run after the answer:
+ * TRL's trainer broadcasts only once /update_named_param/ has answered). The engine thread owns c
+ * from here: it logs a failure on stderr and frees c (and its meta). Commands run in queue order. */
+void srv_cmd_post(srv_state *s, srv_cmd *c);
 /* The answer of a finished command: ok_body (taken) with 200, else the error (409: "conflict"). */
 int srv_cmd_send_result(struct mg_connection *conn, srv_cmd *c, cJSON *ok_body);
 /* A command without arguments but a version; answers ok (taken) on success. */
@@ -168,6 +180,22 @@ int srv_wroute_weight_version(srv_state *s, struct mg_connection *conn); /* {"we
 int srv_gpu_available(const srv_state *s);
 /* Engine thread: runs an SRV_CMD_NCCL_* / SRV_CMD_IPC_* command; *st its HTTP status. */
 void srv_gpu_cmd_run(srv_state *s, srv_cmd *c, int *st);
+/* The CUDA module's transport table; NULL on the CPU backend. */
+const gs_gpu_transport *srv_gpu_xport(const srv_state *s);
+/* Engine thread, the NCCL steps the TRL commands reuse: create the group of c (rank, world, root,
+ * warm-up; 200 / 4xx / 5xx in *st), receive one bucket of c->meta into the open session (validated
+ * first; a refused bucket's bytes are still received, so both sides stay in step), and drop the
+ * group. */
+int srv_gpu_nccl_init(srv_state *s, srv_cmd *c, int *st);
+int srv_gpu_nccl_bucket(srv_state *s, srv_cmd *c, int *st);
+void srv_gpu_nccl_release(srv_state *s);
+/* Engine thread: runs an SRV_CMD_TRL_* command (weights_trl.c); *st its HTTP status. */
+void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st);
+/* Engine thread, between commands: ends an open TRL session when generation is waiting for it or
+ * it timed out (see weights_trl.c); returns 1 when it handled an expired session. */
+int srv_trl_settle(srv_state *s, int expired);
+/* At shutdown: the TRL store. */
+void srv_weights_trl_destroy(srv_state *s);
 /* Engine thread: unmaps the CUDA-IPC buffer of the session (at finish / abort / timeout). */
 void srv_gpu_ipc_release(srv_state *s);
 /* Parses names / dtypes / shapes (and, for IPC, offsets) of obj. pfx prefixes the field names in
@@ -208,6 +236,13 @@ void srv_weights_sglang_routes(srv_state *s);
 /* Leaves a joined SGLang group that never got its communicator (at shutdown). */
 void srv_weights_sglang_destroy(srv_state *s);
 void srv_weights_trl_routes(srv_state *s);
+/* SkyRL's /collective_rpc weight-sync methods and /fetch_weights (weights_skyrl.c) */
+void srv_weights_skyrl_routes(srv_state *s);
+/* prime-rl's /init_broadcaster (weights_primerl.c); after it succeeded (CUDA), /update_weights
+ * {"weight_dir"} is srv_primerl_update_nccl instead of a disk load */
+void srv_weights_primerl_routes(srv_state *s);
+int srv_primerl_broadcasting(const srv_state *s);
+int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSON *b);
 void srv_weights_areal_routes(srv_state *s);
 /* Drops a weight meta set by /areal_set_update_weight_meta (at shutdown). */
 void srv_weights_areal_destroy(srv_state *s);
@@ -219,13 +254,6 @@ void srv_weights_areal_destroy(srv_state *s);
  * communicator, then the update. Both take c and answer {success, message}. */
 int srv_nccl_group_init(srv_state *s, struct mg_connection *conn, srv_cmd *c, const char *update_route);
 int srv_nccl_group_update(srv_state *s, struct mg_connection *conn, srv_cmd *c);
-/* SkyRL's /collective_rpc weight-sync methods and /fetch_weights (weights_skyrl.c) */
-void srv_weights_skyrl_routes(srv_state *s);
-/* prime-rl's /init_broadcaster (weights_primerl.c); after it succeeded (CUDA), /update_weights
- * {"weight_dir"} is srv_primerl_update_nccl instead of a disk load */
-void srv_weights_primerl_routes(srv_state *s);
-int srv_primerl_broadcasting(const srv_state *s);
-int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSON *b);
 void srv_weights_gpu_routes(srv_state *s);
 
 #endif

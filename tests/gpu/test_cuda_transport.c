@@ -10,7 +10,10 @@
  *     an in-place ncclAllReduce of one float32 1.0 as vLLM's PyNcclCommunicator warm-up, then
  *     ncclBroadcast of a byte pattern), this process rank 1 through nccl_init, nccl_warmup (its
  *     zeroed float + the child's 1.0 = 1.0) and nccl_recv into an arena staging buffer, then
- *     nccl_destroy.
+ *     nccl_destroy;
+ *  4. NCCL with graphswap at rank 0 (TRL's /init_communicator/): this process makes the id with
+ *     nccl_unique_id and sends it; the child joins as rank 1 (the trainer), runs the warm-up
+ *     all_reduce and broadcasts another pattern from root 1, which nccl_recv(root 1) receives.
  * The child forks before this process touches CUDA (a forked child must not inherit a CUDA context). */
 #include <signal.h>
 #include <sys/wait.h>
@@ -52,6 +55,35 @@ static int rd(int fd, void *p, size_t n)
 }
 
 /* ---- the child (the "trainer") --------------------------------------------------------------------- */
+#if GS_HAVE_NCCL
+/* The trainer of one group of 2 at `rank`, the root of its broadcast: init, vLLM's warm-up
+ * all_reduce (vLLM sends zeros; 1.0 shows the sum ran), then a broadcast of the byte pattern
+ * i * mul + add; the group is destroyed once the parent has checked it. */
+static int child_nccl(ncclUniqueId id, int rank, unsigned mul, unsigned add, int from_parent)
+{
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, 2, id, rank) != ncclSuccess) return 1;
+    float one = 1.0f, *dw = NULL;
+    if (cudaMalloc((void **)&dw, sizeof one) != cudaSuccess ||
+        cudaMemcpy(dw, &one, sizeof one, cudaMemcpyHostToDevice) != cudaSuccess ||
+        ncclAllReduce(dw, dw, 1, ncclFloat32, ncclSum, comm, 0) != ncclSuccess || cudaDeviceSynchronize() != cudaSuccess)
+        return 1;
+    cudaFree(dw);
+    uint8_t *hb = malloc(N_NCCL), *db = NULL;
+    for (size_t i = 0; i < N_NCCL; i++) hb[i] = (uint8_t)(i * mul + add);
+    if (cudaMalloc((void **)&db, N_NCCL) != cudaSuccess || cudaMemcpy(db, hb, N_NCCL, cudaMemcpyHostToDevice) != cudaSuccess)
+        return 1;
+    if (ncclBroadcast(db, db, N_NCCL, ncclUint8, rank, comm, 0) != ncclSuccess) return 1;
+    cudaDeviceSynchronize();
+    char go;
+    if (rd(from_parent, &go, 1) != 0) return 1;
+    ncclCommDestroy(comm);
+    cudaFree(db);
+    free(hb);
+    return 0;
+}
+#endif
+
 static int child(int to_parent, int from_parent)
 {
     char status = 0;
@@ -76,27 +108,12 @@ static int child(int to_parent, int from_parent)
     cudaFree(d);
     free(h);
 #if GS_HAVE_NCCL
+    /* 3: this child is rank 0 and makes the id; 4: the parent is rank 0 (its id), this child rank 1 */
     ncclUniqueId id;
     if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
     (void)!write(to_parent, &id, sizeof id);
-    ncclComm_t comm;
-    if (ncclCommInitRank(&comm, 2, id, 0) != ncclSuccess) return 1;
-    float one = 1.0f, *dw = NULL; /* the warm-up all_reduce (vLLM sends zeros; 1.0 shows the sum ran) */
-    if (cudaMalloc((void **)&dw, sizeof one) != cudaSuccess ||
-        cudaMemcpy(dw, &one, sizeof one, cudaMemcpyHostToDevice) != cudaSuccess ||
-        ncclAllReduce(dw, dw, 1, ncclFloat32, ncclSum, comm, 0) != ncclSuccess || cudaDeviceSynchronize() != cudaSuccess)
-        return 1;
-    cudaFree(dw);
-    uint8_t *hb = malloc(N_NCCL), *db = NULL;
-    for (size_t i = 0; i < N_NCCL; i++) hb[i] = (uint8_t)(i * 131u + 7u);
-    if (cudaMalloc((void **)&db, N_NCCL) != cudaSuccess || cudaMemcpy(db, hb, N_NCCL, cudaMemcpyHostToDevice) != cudaSuccess)
-        return 1;
-    if (ncclBroadcast(db, db, N_NCCL, ncclUint8, 0, comm, 0) != ncclSuccess) return 1;
-    cudaDeviceSynchronize();
-    if (rd(from_parent, &go, 1) != 0) return 1;
-    ncclCommDestroy(comm);
-    cudaFree(db);
-    free(hb);
+    if (child_nccl(id, 0, 131u, 7u, from_parent) != 0) return 1;
+    if (rd(from_parent, &id, sizeof id) != 0 || child_nccl(id, 1, 29u, 3u, from_parent) != 0) return 1;
 #endif
     return 0;
 }
@@ -158,14 +175,14 @@ static void test_ipc(eng_backend *be, const gs_gpu_transport *x, int from_child,
 }
 
 #if GS_HAVE_NCCL
-static void test_nccl(eng_backend *be, const gs_gpu_transport *x, int from_child, int to_child)
+/* Joins the child's group as `rank` (the child is the other rank and the root), runs the warm-up
+ * and receives the child's pattern i * mul + add through nccl_recv into an arena staging buffer. */
+static void nccl_group(eng_backend *be, const gs_gpu_transport *x, const uint8_t *id, int rank, unsigned mul,
+                       unsigned add, int to_child)
 {
-    uint8_t id[GS_NCCL_ID_BYTES];
-    CHECK(rd(from_child, id, sizeof id) == 0, "no NCCL id from the child");
     char err[512] = "";
-    CHECK(x->nccl_init(be, id, sizeof id, 0, 2, 5, err, sizeof err) == NULL, "rank 0 refused (the trainer's)");
-    gs_nccl *g = x->nccl_init(be, id, sizeof id, 1, 2, 120, err, sizeof err);
-    CHECK(g != NULL, "nccl_init: %s", err);
+    gs_nccl *g = x->nccl_init(be, id, GS_NCCL_ID_BYTES, rank, 2, 120, err, sizeof err);
+    CHECK(g != NULL, "nccl_init rank %d: %s", rank, err);
     if (g) {
         uint8_t *stage = be->ops->alloc(be, N_NCCL + 4096, "t.nccl.staging");
         be->ops->upload(be, stage, "\x7f\x7f\x7f\x7f", 4); /* nccl_warmup zeroes it first */
@@ -173,17 +190,32 @@ static void test_nccl(eng_backend *be, const gs_gpu_transport *x, int from_child
         float w = 0;
         be->ops->download(be, &w, stage, sizeof w);
         CHECK(w == 1.0f, "warm-up all_reduce: %g, want 0 + 1 = 1", (double)w);
-        CHECK(x->nccl_recv(g, stage, N_NCCL, 120, err, sizeof err) == 0, "nccl_recv: %s", err);
+        CHECK(x->nccl_recv(g, stage, N_NCCL, 1 - rank, 120, err, sizeof err) == 0, "nccl_recv root %d: %s", 1 - rank,
+              err);
         uint8_t *got = malloc(N_NCCL);
         be->ops->download(be, got, stage, N_NCCL);
         size_t bad = 0;
-        for (size_t i = 0; i < N_NCCL; i++) bad += got[i] != (uint8_t)(i * 131u + 7u);
-        CHECK(bad == 0, "%zu of %zu broadcast bytes differ", bad, N_NCCL);
+        for (size_t i = 0; i < N_NCCL; i++) bad += got[i] != (uint8_t)(i * mul + add);
+        CHECK(bad == 0, "root %d: %zu of %zu broadcast bytes differ", 1 - rank, bad, N_NCCL);
         free(got);
     }
     char go = 1;
     (void)!write(to_child, &go, 1);
     x->nccl_destroy(g);
+}
+
+static void test_nccl(eng_backend *be, const gs_gpu_transport *x, int from_child, int to_child)
+{
+    uint8_t id[GS_NCCL_ID_BYTES];
+    char err[512] = "";
+    /* 3: the child (the trainer) is rank 0 and makes the id; this server rank 1 */
+    CHECK(rd(from_child, id, sizeof id) == 0, "no NCCL id from the child");
+    CHECK(x->nccl_init(be, id, sizeof id, 2, 2, 5, err, sizeof err) == NULL, "rank 2 of 2 refused");
+    nccl_group(be, x, id, 1, 131u, 7u, to_child);
+    /* 4: TRL's layout: this server is rank 0 and makes the id, the trainer (rank 1) is the root */
+    CHECK(x->nccl_unique_id(id, err, sizeof err) == 0, "nccl_unique_id: %s", err);
+    (void)!write(to_child, id, sizeof id);
+    nccl_group(be, x, id, 0, 29u, 3u, to_child);
 }
 #endif
 

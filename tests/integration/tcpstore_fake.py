@@ -271,5 +271,14 @@ class FakeClient:
         n = struct.unpack("<Q", _recv(self.s, 8))[0]
         return _recv(self.s, n)
 
+    def check(self, keys):
+        """TCPStore::check: CHECK of the prefixed keys, READY when all exist."""
+        msg = bytes([CHECK]) + struct.pack("<Q", len(keys))
+        for key in keys:
+            k = ("/" + key).encode()
+            msg += struct.pack("<Q", len(k)) + k
+        self.s.sendall(msg)
+        return _recv(self.s, 1)[0] == READY
+
     def close(self):
         self.s.close()

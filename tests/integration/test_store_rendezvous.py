@@ -24,9 +24,15 @@ unique id exactly as each framework's trainer does:
   touches no store; SGLang joins, then fetches; body errors are 400 naming the field before any
   connection; a store that never publishes is 504 (bounded by timeout_s), one that sends a bad
   pickle 502, with the rendezvous' message.
+- TRL (graphswap is rank 0 and hosts the store, `store-rendezvous --framework trl`): a trainer
+  client joins and unpickles the id; then N vLLM StatelessProcessGroup barriers (what every
+  /update_named_param/ ends with), the trainer's side written from vLLM's source (TRAINER_BARRIER):
+  fresh "barrier_<uuid4>" ids under rank 0's broadcast counter 1, 2, ..., graphswap leaving each
+  only after the trainer, and no barrier key left behind; a trainer that never arrives is a bounded
+  failure with a message.
 - With GS_PYTHON_TORCH=<python with torch>, the same vLLM and SGLang cases against a real
-  torch.distributed.TCPStore (master, wait_for_workers) and real PrefixStores; skipped with a
-  message otherwise.
+  torch.distributed.TCPStore (master, wait_for_workers) and real PrefixStores, and TRL's id and four
+  barriers with a real torch TCPStore client as the trainer; skipped with a message otherwise.
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import ctypes
@@ -271,10 +277,11 @@ def free_port():
     return port
 
 
-def start_trl_host(port, uid, world=2, timeout_ms=15000):
+def start_trl_host(port, uid, world=2, timeout_ms=15000, barriers=0):
     p = subprocess.Popen([BIN, "store-rendezvous", "--framework", "trl", "--host", "127.0.0.1", "--port", str(port),
                           "--rank-offset", "0", "--world-size", str(world), "--unique-id", uid.hex(),
-                          "--timeout-ms", str(timeout_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          "--barriers", str(barriers), "--timeout-ms", str(timeout_ms)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     first = json.loads(p.stdout.readline() or "null")
     expect(first == {"hosting": True, "port": port}, "trl host: %r %r" % (first, p.stderr.read() if not first else ""))
@@ -318,6 +325,67 @@ def test_trl():
     rc = p.wait(30)
     expect(rc == 1 and time.time() - t0 < 10 and "did not join" in p.stderr.read(), "trl no trainer rc %d" % rc)
     print("ok trl (graphswap hosts the store)")
+
+
+# The trainer's side of vLLM's StatelessProcessGroup.barrier() (rank != 0), written from
+# vllm-project/vllm@0d4044edd85de30d7d4558aeea4d1e95c7c556d6 vllm/distributed/utils.py (the
+# multi-phase barrier of the vLLM >= 0.17 that TRL@f2cd577 requires): broadcast_obj(None, src=0)
+# (GET "broadcast_from/0/<n>", unpickled), SET "arrival_<id>_<rank>" = b"1", GET every rank's
+# arrival key (GET waits for the key), SET "departure_<id>_<rank>" = b"1"; only rank 0 waits for the
+# departures and deletes the keys. The same text runs in-process (FakeClient) and under real torch.
+TRAINER_BARRIER = r"""
+def trainer_barrier(store, rank, world, counter):
+    bid = pickle.loads(store.get("broadcast_from/0/%d" % counter[0]))
+    counter[0] += 1
+    store.set("arrival_%s_%d" % (bid, rank), b"1")
+    for i in range(world):
+        store.get("arrival_%s_%d" % (bid, i))
+    store.set("departure_%s_%d" % (bid, rank), b"1")
+    return bid
+"""
+exec(TRAINER_BARRIER)
+BARRIER_ID = r"^barrier_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+
+
+def test_trl_barriers():
+    """TRL's /update_named_param/ ends with group.barrier() on both sides: graphswap (rank 0, the
+    store's host) publishes a fresh "barrier_<uuid4>" per barrier under its next broadcast counter,
+    and leaves only once the trainer has arrived and departed; then no barrier key is left in the
+    store. A trainer that never arrives fails the barrier within the timeout, with a message."""
+    import re
+    uid = make_id(9)
+    port = free_port()
+    p = start_trl_host(port, uid, barriers=3)
+    c = F.FakeClient("127.0.0.1", port, world_size=2)
+    expect(bytes(pickle.loads(c.get("broadcast_from/0/0"))) == uid, "trl barriers: id")
+    expect(json.loads(p.stdout.readline()) == {"joined": True, "rank": 0}, "trl barriers: joined")
+    counter, ids = [1], []
+    for i in range(3):
+        bid = trainer_barrier(c, 1, 2, counter)
+        expect(isinstance(bid, str) and re.match(BARRIER_ID, bid) is not None, "barrier id %r" % bid)
+        expect(json.loads(p.stdout.readline()) == {"barrier": i + 1}, "graphswap left barrier %d" % (i + 1))
+        ids.append(bid)
+    expect(len(set(ids)) == 3, "barrier ids repeat: %r" % ids)
+    # rank 0 deleted every barrier key (and each barrier's broadcast once all had arrived)
+    for bid in ids:
+        for k in ("arrival_%s_0" % bid, "arrival_%s_1" % bid, "departure_%s_0" % bid, "departure_%s_1" % bid):
+            expect(not c.check([k]), "key %s left in the store" % k)
+    for n in (1, 2, 3):
+        expect(not c.check(["broadcast_from/0/%d" % n]), "barrier broadcast %d left in the store" % n)
+    expect(c.check(["broadcast_from/0/0"]), "the id is kept")
+    c.close()
+    p.stdin.close()
+    expect(p.wait(20) == 0, "trl barriers exit %r" % p.stderr.read())
+    # the trainer joins but never arrives at the barrier: bounded, with the reason
+    port = free_port()
+    p = start_trl_host(port, uid, timeout_ms=1500, barriers=1)
+    c = F.FakeClient("127.0.0.1", port, world_size=2)
+    t0 = time.time()
+    rc = p.wait(30)
+    err = p.stderr.read()
+    expect(rc == 1 and time.time() - t0 < 10 and "did not reach the barrier" in err, "lost trainer: %d %r" % (rc, err))
+    c.close()
+    print("ok trl barriers (vLLM StatelessProcessGroup, rank 0)")
 
 
 def init_body(fw, body, timeout=30):
@@ -419,7 +487,8 @@ def test_route_rendezvous():
 
 
 TORCH_TRL = r"""
-import ctypes, datetime, pickle, sys, types
+import ctypes, datetime, pickle, re, sys, types
+""" + TRAINER_BARRIER + r"""
 from torch.distributed import TCPStore
 MOD = "vllm.distributed.device_communicators.pynccl_wrapper"
 for n in ("vllm", "vllm.distributed", "vllm.distributed.device_communicators", MOD):
@@ -439,6 +508,9 @@ try:
 except Exception as e:
     assert "timeout" in str(e).lower() or "timed out" in str(e).lower(), e
 assert store.get("c") == b"2"
+counter = [1]
+for i in range(int(sys.argv[2])):
+    assert re.match(sys.argv[3], trainer_barrier(store, 1, 2, counter))
 print(bytes(u).hex())
 """
 
@@ -488,8 +560,9 @@ def test_real_torch():
     # TRL: a real torch TCPStore client (the trainer) against graphswap's store server
     port = free_port()
     uid = make_id(88)
-    p = start_trl_host(port, uid)
-    r = subprocess.run([py, "-c", TORCH_TRL, str(port)], capture_output=True, text=True, timeout=120)
+    p = start_trl_host(port, uid, barriers=4)
+    r = subprocess.run([py, "-c", TORCH_TRL, str(port), "4", BARRIER_ID], capture_output=True, text=True,
+                       timeout=120)
     expect(r.returncode == 0 and r.stdout.strip() == uid.hex(), "torch trl: %r %r" % (r.stdout, r.stderr[-2000:]))
     p.stdin.close()
     expect(p.wait(20) == 0, "trl host exit")
@@ -504,6 +577,7 @@ def main():
     test_sglang()
     test_refusals()
     test_trl()
+    test_trl_barriers()
     test_route_rendezvous()
     test_real_torch()
     print("all ok")
