@@ -75,36 +75,142 @@ static void gpu_meta_bind(srv_gpu_meta *m, const uint8_t *base)
     for (size_t i = 0; i < m->n; i++) m->t[i].data = base + m->off[i];
 }
 
-/* Receives the bucket's bytes into the staging buffer at its packed offsets: one broadcast of them
- * all, or with c->per_tensor one broadcast per tensor in order (AReaL's trainer broadcasts each
- * tensor by itself; NCCL pairs collectives in order and a broadcast moves bytes, so tensor i's
- * broadcast lands at its offset whatever its dtype). Empty tensors move nothing (NCCL returns at
- * once for a count of 0 on every rank). */
-static int nccl_recv_bucket(srv_state *s, const gs_gpu_transport *x, srv_cmd *c, char *err, size_t el)
+/* ---- NCCL framing (srv_gpu_meta): the trainer's broadcasts and where they land in the staging ----
+ * The engine receives the broadcasts of a bucket in order, as many at a time as the staging holds
+ * (a group): each broadcast at a multiple of GPU_ALIGN, its tensors back to back as the trainer
+ * packed them (roff). The conversion kernels read whole elements, so a tensor that lands at an
+ * offset that is not a multiple of its dtype size (a bf16 tensor of odd length before an f32 one in
+ * a packed chunk) is then moved (a device memcpy) to an aligned place after the group's broadcasts
+ * (off); every other tensor is written from where it landed (off == roff). */
+#define ALIGN_UP(x) (((x) + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN)
+
+size_t srv_gpu_meta_frames(const srv_gpu_meta *m) { return m->nframes ? m->nframes : m->n; }
+
+static void frame_range(const srv_gpu_meta *m, size_t k, size_t *a, size_t *b)
 {
-    if (!c->per_tensor)
-        return x->nccl_recv(s->nccl, s->nccl_staging, c->meta.total, s->nccl_root, gpu_timeout(s, c), err, el);
-    for (size_t i = 0; i < c->meta.n; i++)
-        if (c->meta.t[i].nbytes && x->nccl_recv(s->nccl, (uint8_t *)s->nccl_staging + c->meta.off[i],
-                                                c->meta.t[i].nbytes, s->nccl_root, gpu_timeout(s, c), err,
-                                                el) != 0)
-            return -1;
-    return 0;
+    if (!m->nframes) {
+        *a = k, *b = k + 1;
+        return;
+    }
+    *a = k ? m->frame_end[k - 1] : 0;
+    *b = m->frame_end[k];
 }
 
-/* Receives the bucket into the staging buffer (the bytes of a bucket the engine refused, so the
- * trainer's broadcasts still complete and both sides stay in step). Appends to err on failure. */
+/* Staging bytes of broadcast k: its bytes (rounded up to GPU_ALIGN) and the room its misaligned
+ * tensors move to. */
+static void frame_cost(const srv_gpu_meta *m, size_t k, uint64_t *recv, uint64_t *move)
+{
+    size_t a, b;
+    frame_range(m, k, &a, &b);
+    uint64_t at = 0, mv = 0;
+    for (size_t i = a; i < b; i++) {
+        const size_t w = mdl_dtype_size(m->t[i].dtype);
+        if (w && at % w) mv += ALIGN_UP(m->t[i].nbytes);
+        at += m->t[i].nbytes;
+    }
+    *recv = ALIGN_UP(at);
+    *move = mv;
+}
+
+uint64_t srv_gpu_meta_frame_need(const srv_gpu_meta *m)
+{
+    uint64_t need = 0;
+    for (size_t k = 0; k < srv_gpu_meta_frames(m); k++) {
+        uint64_t r, mv;
+        frame_cost(m, k, &r, &mv);
+        if (r + mv > need) need = r + mv;
+    }
+    return need;
+}
+
+uint64_t srv_gpu_meta_layout(srv_gpu_meta *m, size_t k0, size_t k1)
+{
+    size_t a0, b, a, b1;
+    frame_range(m, k0, &a0, &b);
+    frame_range(m, k1 - 1, &a, &b1);
+    uint64_t at = 0;
+    for (size_t k = k0; k < k1; k++) {
+        frame_range(m, k, &a, &b);
+        at = ALIGN_UP(at);
+        for (size_t i = a; i < b; i++) m->roff[i] = at, at += m->t[i].nbytes;
+    }
+    for (size_t i = a0; i < b1; i++) {
+        const size_t w = mdl_dtype_size(m->t[i].dtype);
+        if (w && m->roff[i] % w) {
+            at = ALIGN_UP(at);
+            m->off[i] = at;
+            at += m->t[i].nbytes;
+        } else {
+            m->off[i] = m->roff[i];
+        }
+    }
+    return at;
+}
+
+/* Receives every broadcast of c's bucket, a group at a time, from the group's root. write: hands
+ * each group's tensors to the open session (eng_weights_bucket_device); else drops them (a refused
+ * bucket's bytes are still received, so the trainer's broadcasts complete and both sides stay in
+ * step). A failed write drains the rest. Every broadcast must fit the staging (checked by the
+ * caller: srv_gpu_meta_frame_need). 0, or -1 with err / *st (502 and the communicator released
+ * when a receive failed). */
+static int nccl_frames(srv_state *s, const gs_gpu_transport *x, srv_cmd *c, int write, char *err, size_t el,
+                       int *st)
+{
+    srv_gpu_meta *m = &c->meta;
+    eng_backend *be = s->rt.be;
+    uint8_t *base = s->nccl_staging;
+    const size_t nf = srv_gpu_meta_frames(m);
+    int failed = 0;
+    for (size_t k0 = 0, k1; k0 < nf; k0 = k1) {
+        uint64_t used = 0, r, mv;
+        for (k1 = k0; k1 < nf; k1++) { /* the group: as many broadcasts as the staging holds */
+            frame_cost(m, k1, &r, &mv);
+            if (k1 > k0 && used + r + mv > s->nccl_staging_bytes) break;
+            used += r + mv;
+        }
+        srv_gpu_meta_layout(m, k0, k1);
+        size_t a0, b1, a, b;
+        frame_range(m, k0, &a0, &b);
+        frame_range(m, k1 - 1, &a, &b1);
+        for (size_t k = k0; k < k1; k++) {
+            frame_range(m, k, &a, &b);
+            const uint64_t bytes = b > a ? m->roff[b - 1] + m->t[b - 1].nbytes - m->roff[a] : 0;
+            /* (an empty broadcast moves nothing: NCCL returns at once for a count of 0 on every rank) */
+            if (bytes && x->nccl_recv(s->nccl, base + m->roff[a], bytes, s->nccl_root, gpu_timeout(s, c), err, el)) {
+                *st = 502; /* the communicator is aborted: destroy and init again */
+                nccl_release(s);
+                return -1;
+            }
+        }
+        if (!write || failed) continue;
+        for (size_t i = a0; i < b1; i++)
+            if (m->off[i] != m->roff[i] && m->t[i].numel &&
+                be->ops->device_convert(be, base + m->off[i], m->t[i].dtype, base + m->roff[i], m->t[i].dtype,
+                                        m->t[i].numel) != 0) {
+                snprintf(err, el, "%s: moving %s to an aligned offset failed", c->what, m->t[i].name);
+                *st = 500;
+                failed = 1;
+            }
+        for (size_t i = a0; i < b1; i++) m->t[i].data = base + m->off[i];
+        if (!failed && eng_weights_bucket_device(s->rt.e, m->t + a0, b1 - a0, c->what, err, el, st) != 0) failed = 1;
+    }
+    return failed ? -1 : 0;
+}
+
+/* Receives and drops the bucket of a command the engine refused (see nccl_frames), when it can be
+ * received at all. Appends to c->err on failure. */
 static void nccl_drain(srv_state *s, const gs_gpu_transport *x, srv_cmd *c)
 {
-    if (!x || !s->nccl || c->meta.total > s->nccl_staging_bytes) return;
+    if (!x || !s->nccl || srv_gpu_meta_frame_need(&c->meta) > s->nccl_staging_bytes) return;
     char e2[512];
-    if (nccl_recv_bucket(s, x, c, e2, sizeof e2) != 0) {
+    int st2;
+    if (nccl_frames(s, x, c, 0, e2, sizeof e2, &st2) != 0) {
         size_t l = strlen(c->err);
         snprintf(c->err + l, sizeof c->err - l, "; receiving its bytes also failed: %s", e2);
     }
 }
 
-/* /update_weights: validate against the model -> receive one broadcast -> device write. */
+/* An NCCL bucket: validate against the model -> receive its broadcasts -> device writes. */
 static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
 {
     eng_engine *e = s->rt.e;
@@ -122,17 +228,13 @@ static int nccl_bucket(srv_state *s, srv_cmd *c, int *st)
     if (!s->nccl)
         return snprintf(err, el, "no NCCL group: POST /init_weight_transfer_engine (vLLM) or "
                                  "/init_weights_update_group (SGLang) first"), *st = 409, -1;
-    if (c->meta.total > s->nccl_staging_bytes)
-        return snprintf(err, el, "%s: %llu bytes is larger than the NCCL staging buffer (%zu bytes): split the "
-                                 "bucket", c->what, (unsigned long long)c->meta.total, s->nccl_staging_bytes),
-               *st = 400, -1;
-    if (nccl_recv_bucket(s, x, c, err, el) != 0) {
-        *st = 502; /* the communicator is aborted: destroy and init again */
-        nccl_release(s);
-        return -1;
-    }
-    gpu_meta_bind(&c->meta, s->nccl_staging);
-    if (eng_weights_bucket_device(e, c->meta.t, c->meta.n, c->what, err, el, st) != 0) return -1;
+    const uint64_t need = srv_gpu_meta_frame_need(&c->meta);
+    if (need > s->nccl_staging_bytes)
+        return snprintf(err, el, "%s: a broadcast needs %llu bytes of the NCCL staging buffer (%zu bytes): send "
+                                 "smaller broadcasts (vLLM: packed_buffer_size_bytes), or give the init a larger "
+                                 "staging_bytes (GRAPHSWAP_NCCL_STAGING_BYTES)", c->what, (unsigned long long)need,
+                        s->nccl_staging_bytes), *st = 400, -1;
+    if (nccl_frames(s, x, c, 1, err, el, st) != 0) return -1;
     *st = 200;
     return 0;
 }
@@ -301,10 +403,11 @@ void srv_gpu_cmd_run(srv_state *s, srv_cmd *c, int *st)
  * Bodies are validated whole here (400 naming the field); the engine thread then validates the
  * tensors against the model before any byte moves, and only then receives / copies.
  *
- * NCCL packing (vLLM /update_weights, SGLang /update_weights_from_distributed): the bucket is ONE
- * ncclBroadcast from rank 0 of uint8 bytes; tensor i starts at the first multiple of 256 at or after
- * the end of tensor i-1 (tensor 0 at 0), its bytes are numel * dtype size, contiguous, little
- * endian; the broadcast length is the end of the last tensor (no trailing padding). */
+ * NCCL framing, as each framework's trainer broadcasts (srv_gpu_meta): every tensor's bytes are
+ * numel * dtype size, contiguous, little endian, in the order of the metadata; either one broadcast
+ * per tensor (vLLM's /update_weights without packed, SGLang's /update_weights_from_distributed by
+ * default, AReaL, TRL) or broadcasts of several tensors back to back without padding (vLLM packed
+ * chunks: srv_gpu_meta_parse_vllm; SGLang's load_format "flattened_bucket"). */
 static int b64_val(int ch)
 {
     if (ch >= 'A' && ch <= 'Z') return ch - 'A';
@@ -356,11 +459,14 @@ void srv_gpu_meta_free(srv_gpu_meta *m)
     for (size_t i = 0; i < m->n; i++) free(m->t[i].name);
     free(m->t);
     free(m->off);
+    free(m->roff);
+    free(m->frame_end);
     memset(m, 0, sizeof *m);
 }
 
 /* Parses names / dtypes / shapes (and, for IPC, offsets) of obj. pfx prefixes the field names in
- * messages ("update_info."). offsets_key NULL: NCCL packing (GPU_ALIGN). */
+ * messages ("update_info."). offsets_key NULL: NCCL, one broadcast per tensor, each at a multiple of
+ * GPU_ALIGN (the engine lays the staging out again when it receives; see srv_gpu_meta_chunks). */
 int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key, const char *dtypes_key,
                           const char *offsets_key, srv_gpu_meta *m, srv_err *e)
 {
@@ -385,7 +491,8 @@ int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key,
         return srv_errf(e, 400, f[3], "%s must be a list of %d byte offsets (one per tensor)", f[3], n), -1;
     m->t = calloc((size_t)n, sizeof *m->t);
     m->off = calloc((size_t)n, sizeof *m->off);
-    if (!m->t || !m->off) {
+    m->roff = calloc((size_t)n, sizeof *m->roff);
+    if (!m->t || !m->off || !m->roff) {
         srv_gpu_meta_free(m);
         return srv_errf(e, 500, NULL, "out of memory"), -1;
     }
@@ -470,6 +577,52 @@ int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key,
 bad:
     srv_gpu_meta_free(m);
     return -1;
+}
+
+int srv_gpu_meta_chunks(srv_gpu_meta *m, uint64_t chunk_bytes, srv_err *e)
+{
+    free(m->frame_end);
+    m->frame_end = NULL;
+    m->nframes = 0;
+    if (!m->n) return 0;
+    m->frame_end = malloc(m->n * sizeof *m->frame_end);
+    if (!m->frame_end) return srv_errf(e, 500, NULL, "out of memory"), -1;
+    uint64_t total = 0;
+    for (size_t i = 0; i < m->n; i++) { /* vLLM pack_tensors: append, then cut once past the size */
+        total += m->t[i].nbytes;
+        if (total > chunk_bytes || i + 1 == m->n) {
+            m->frame_end[m->nframes++] = i + 1;
+            total = 0;
+        }
+    }
+    return 0;
+}
+
+/* vllm-project/vllm@04b06efe2a8eca78e3ce13cd80992f7f440c928a vllm/distributed/weight_transfer/
+ * nccl_engine.py NCCLWeightTransferUpdateInfo and receive_weights: packed -> packed_tensor.py
+ * packed_nccl_broadcast_consumer (@00a9ccfb4cefdaf0092392b0afba5721b33886e6: chunks cut past
+ * packed_buffer_size_bytes, default 1 GiB; packed_num_buffers only sets how many are in flight),
+ * else one broadcast per tensor. */
+#define VLLM_PACKED_BUFFER_BYTES (UINT64_C(1) << 30)
+
+int srv_gpu_meta_parse_vllm(const cJSON *ui, const char *pfx, srv_gpu_meta *m, srv_err *e)
+{
+    char f[96];
+    const cJSON *pk = cJSON_GetObjectItemCaseSensitive(ui, "packed");
+    long long buf, nbuf;
+    memset(m, 0, sizeof *m);
+    snprintf(f, sizeof f, "%spacked", pfx);
+    if (pk && !cJSON_IsNull(pk) && !cJSON_IsBool(pk)) return srv_errf(e, 400, f, "%s must be a boolean", f), -1;
+    if (srv_json_int(ui, pfx, "packed_buffer_size_bytes", 0, 1, (long long)1 << 50,
+                     (long long)VLLM_PACKED_BUFFER_BYTES, &buf, e) ||
+        srv_json_int(ui, pfx, "packed_num_buffers", 0, 1, 1024, 2, &nbuf, e) ||
+        srv_gpu_meta_parse(ui, pfx, "names", "dtype_names", NULL, m, e) != 0)
+        return -1;
+    if (cJSON_IsTrue(pk) && srv_gpu_meta_chunks(m, (uint64_t)buf, e) != 0) {
+        srv_gpu_meta_free(m);
+        return -1;
+    }
+    return 0;
 }
 
 /* An integer field of o in [lo, hi]; required or (dflt when absent). */

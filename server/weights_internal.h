@@ -52,13 +52,21 @@ typedef enum {
 } srv_cmd_kind;
 
 /* Tensor metadata of a GPU-transport bucket: names / dtypes / shapes and each tensor's byte offset
- * in the device buffer (NCCL: packed by gpu_pack; IPC: given by the trainer). data is NULL until
- * the engine thread points it into device memory. */
+ * in the device buffer (IPC: given by the trainer; NCCL: laid out by the engine thread as it
+ * receives, see weights_gpu.c). data is NULL until the engine thread points it into device memory.
+ *
+ * NCCL framing, how the trainer's broadcasts carry the tensors (in order): broadcast k carries
+ * tensors [k ? frame_end[k-1] : 0, frame_end[k]) back to back with no padding (vLLM's packed
+ * chunks, SGLang's flattened_bucket); nframes 0 means one broadcast per tensor (vLLM unpacked,
+ * SGLang's default, AReaL, TRL). */
 typedef struct {
     mdl_st_tensor *t;
     uint64_t *off;
+    uint64_t *roff; /* NCCL: where tensor i is received (off[i] unless it must move to be aligned) */
     size_t n;
     uint64_t total; /* bytes the buffer must hold: max(off + nbytes) */
+    size_t *frame_end;
+    size_t nframes;
 } srv_gpu_meta;
 
 struct srv_cmd {
@@ -86,7 +94,6 @@ struct srv_cmd {
     int warmup;         /* run the warm-up all_reduce after the communicator init (vLLM) */
     int root;           /* NCCL_INIT: the rank the group's weights come from (0; TRL: world - 1) */
     int rendezvous;     /* no nccl_unique_id_b64: the id comes from the trainer's TCPStore */
-    int per_tensor;     /* NCCL bucket: one broadcast per tensor (AReaL's trainer), not one packed */
     int keep_paused;    /* LOAD / NCCL_UPDATE: generation paused before stays paused after (AReaL
                          * gates generation until /areal_continue_generation) */
     char master_addr[256];
@@ -203,6 +210,23 @@ void srv_gpu_ipc_release(srv_state *s);
 int srv_gpu_meta_parse(const cJSON *obj, const char *pfx, const char *names_key, const char *dtypes_key,
                        const char *offsets_key, srv_gpu_meta *m, srv_err *e);
 void srv_gpu_meta_free(srv_gpu_meta *m);
+/* NCCL framing of m (see srv_gpu_meta): vLLM's packed chunks — a broadcast takes tensors until its
+ * bytes exceed chunk_bytes (the tensor that crosses it included; vLLM's pack_tensors) —, or with
+ * chunk_bytes UINT64_MAX one broadcast of all (SGLang's flattened_bucket). 0, or -1 on OOM (e). */
+int srv_gpu_meta_chunks(srv_gpu_meta *m, uint64_t chunk_bytes, srv_err *e);
+/* vLLM's update_info {names, dtype_names, shapes[, packed, packed_buffer_size_bytes,
+ * packed_num_buffers]} into m, framed as vLLM's NCCLWeightTransferEngine sends it: packed, its
+ * chunks; else one broadcast per tensor. pfx prefixes the fields in messages. */
+int srv_gpu_meta_parse_vllm(const cJSON *ui, const char *pfx, srv_gpu_meta *m, srv_err *e);
+/* The bytes of staging the largest broadcast of m needs (with its realignment room); 0 when m has
+ * no tensor. A bucket whose largest broadcast needs more than the staging cannot be received. */
+uint64_t srv_gpu_meta_frame_need(const srv_gpu_meta *m);
+/* The number of broadcasts of m, and the staging layout of broadcasts [k0, k1) from offset 0
+ * (engine thread, as it receives; exposed for the fuzz harness): each broadcast at a multiple of 256,
+ * its tensors back to back (roff); a tensor whose roff is not a multiple of its dtype size gets an
+ * aligned off after the broadcasts (else off = roff). Returns the bytes used. */
+size_t srv_gpu_meta_frames(const srv_gpu_meta *m);
+uint64_t srv_gpu_meta_layout(srv_gpu_meta *m, size_t k0, size_t k1);
 /* Standard or URL-safe base64 (padding optional) into out[0..cap): the decoded length, or -1. */
 long srv_b64_decode(const char *in, unsigned char *out, size_t cap);
 /* The NCCL group of an init body (init_info of vLLM, the top level of SGLang) into c: with

@@ -167,8 +167,13 @@ static int route_nccl_destroy(srv_state *s, struct mg_connection *conn)
 }
 
 /* SGLang POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
- * weight_version[, abort_all_requests]}: a partial session (begin, this bucket, finish). The prefix
- * cache is always dropped at finish (I6), whatever flush_cache says. */
+ * weight_version[, abort_all_requests, load_format]}: a partial session (begin, this bucket,
+ * finish). The prefix cache is always dropped at finish (I6), whatever flush_cache says. The bytes
+ * come as SGLang's model runner receives them (sgl-project/sglang python/sglang/srt/
+ * model_executor/model_runner.py update_weights_from_distributed): one torch.distributed.broadcast
+ * per tensor in names order, or with load_format "flattened_bucket" one broadcast of them all back
+ * to back (_update_bucketed_weights_from_distributed, FlattenedTensorBucket: each tensor
+ * flatten().view(uint8), concatenated). */
 static int route_nccl_update(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
@@ -179,6 +184,12 @@ static int route_nccl_update(srv_state *s, struct mg_connection *conn)
     int rc = srv_gpu_meta_parse(b, "", "names", "dtypes", NULL, &c->meta, &e);
     if (rc == 0 && (srv_opt_version(b, "weight_version", &version, &e) != 0)) rc = -1;
     if (rc == 0 && version) snprintf(c->version, sizeof c->version, "%s", version);
+    const cJSON *lf = cJSON_GetObjectItemCaseSensitive(b, "load_format");
+    if (rc == 0 && lf && !cJSON_IsNull(lf)) {
+        if (!cJSON_IsString(lf) || strcmp(lf->valuestring, "flattened_bucket") != 0)
+            rc = srv_errf(&e, 400, "load_format", "load_format must be null or \"flattened_bucket\"");
+        else rc = srv_gpu_meta_chunks(&c->meta, UINT64_MAX, &e);
+    }
     c->pause = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests")) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
     cJSON_Delete(b);
     if (rc != 0) {

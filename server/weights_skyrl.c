@@ -30,11 +30,10 @@
  * @04b06ef): with packed, the tensors in update_info order are cut into broadcasts: a broadcast takes
  * tensors until its byte total exceeds packed_buffer_size_bytes (default 1 GiB; the tensor that
  * crosses it is included), each broadcast is the tensors' bytes back to back with no padding (uint8);
- * without packed, one broadcast per tensor. Each broadcast here is one SRV_CMD_NCCL_BUCKET whose
- * offsets are those contiguous ones (not the 256-byte alignment srv_gpu_meta_parse computes for
- * vLLM's /update_weights). packed_num_buffers only sets how many broadcasts vLLM keeps in flight; the
- * order is the same. On the CPU backend the engine checks the names against the model (400) and then
- * answers 501.
+ * without packed, one broadcast per tensor: the framing of vLLM's own /update_weights
+ * (srv_gpu_meta_parse_vllm), one SRV_CMD_NCCL_BUCKET for the call. packed_num_buffers only sets how
+ * many broadcasts vLLM keeps in flight; the order is the same. On the CPU backend the engine checks
+ * the names against the model (400) and then answers 501.
  *
  * A failed update (a bad body, a tensor the model refuses, 501, a transport error) aborts the open
  * session before it is answered: SkyRL's sender raises out of send_chunks and never calls finish,
@@ -71,7 +70,6 @@
 #define SKYRL_DELTA                                                                                    \
     "SkyRL's checkpoint-delta sync (zstd-compressed XOR patches) is not implemented: use its broadcast " \
     "strategy, or load a full checkpoint (POST /v1/weights/load)"
-#define SKYRL_DEFAULT_BUFFER (UINT64_C(1) << 30) /* vLLM DEFAULT_PACKED_BUFFER_SIZE_BYTES */
 
 /* {"results": [null]}: vLLM's collective_rpc answer for one worker whose method returned None. */
 static int send_results(struct mg_connection *conn)
@@ -160,61 +158,27 @@ static int update_failed(srv_state *s, struct mg_connection *conn, const srv_err
     return srv_send_err(conn, e);
 }
 
-/* update_weights_nccl: the tensors cut into vLLM's broadcasts (see the top), one
- * SRV_CMD_NCCL_BUCKET each, in order. */
+/* update_weights_nccl: one SRV_CMD_NCCL_BUCKET, received as vLLM's trainer broadcasts it (see the
+ * top; srv_gpu_meta_parse_vllm). */
 static int rpc_nccl(srv_state *s, struct mg_connection *conn, const cJSON *kw)
 {
     srv_err e;
     const cJSON *ui = update_info(kw, &e);
     if (!ui) return update_failed(s, conn, &e);
-    int packed;
-    long long buf, nbuf;
-    if (opt_bool(ui, "packed", 0, &packed, &e) != 0) {
-        srv_errf(&e, 400, "kwargs.update_info.packed", "kwargs.update_info.packed must be a boolean");
-        return update_failed(s, conn, &e);
-    }
-    if (srv_json_int(ui, "kwargs.update_info.", "packed_buffer_size_bytes", 0, 1, (long long)1 << 50,
-                     (long long)SKYRL_DEFAULT_BUFFER, &buf, &e) ||
-        srv_json_int(ui, "kwargs.update_info.", "packed_num_buffers", 0, 1, 1024, 2, &nbuf, &e))
-        return update_failed(s, conn, &e);
-    srv_gpu_meta m;
-    if (srv_gpu_meta_parse(ui, "kwargs.update_info.", "names", "dtype_names", NULL, &m, &e) != 0)
-        return update_failed(s, conn, &e);
-    int failed = 0;
-    for (size_t a = 0; a < m.n && !failed;) {
-        /* one broadcast: tensors a..b-1 (packed: until the total exceeds buf; else one tensor) */
-        size_t b = a;
-        uint64_t total = 0;
-        do total += m.t[b++].nbytes;
-        while (packed && b < m.n && total <= (uint64_t)buf);
-        srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_BUCKET);
-        uint64_t *off = malloc((b - a) * sizeof *off);
-        if (!c || !off) {
-            srv_errf(&e, 500, NULL, "out of memory");
-            failed = 1;
-        } else {
-            uint64_t at = 0;
-            for (size_t i = a; i < b; i++) {
-                off[i - a] = at;
-                at += m.t[i].nbytes;
-            }
-            /* a view of m's tensors (m owns the names; the engine binds their data into staging) */
-            c->meta.t = m.t + a;
-            c->meta.off = off;
-            c->meta.n = b - a;
-            c->meta.total = total;
-            srv_cmd_submit(s, c);
-            if (c->status != 200) {
-                srv_errf(&e, c->status, NULL, "%s", c->err);
-                if (c->status == 409) e.type = "conflict";
-                failed = 1;
-            }
-        }
-        free(off);
+    srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_BUCKET);
+    if (!c) return srv_errf(&e, 500, NULL, "out of memory"), update_failed(s, conn, &e);
+    if (srv_gpu_meta_parse_vllm(ui, "kwargs.update_info.", &c->meta, &e) != 0) {
         free(c);
-        a = b;
+        return update_failed(s, conn, &e);
     }
-    srv_gpu_meta_free(&m);
+    srv_cmd_submit(s, c);
+    int failed = c->status != 200;
+    if (failed) {
+        srv_errf(&e, c->status, NULL, "%s", c->err);
+        if (c->status == 409) e.type = "conflict";
+    }
+    srv_gpu_meta_free(&c->meta);
+    free(c);
     return failed ? update_failed(s, conn, &e) : send_results(conn);
 }
 

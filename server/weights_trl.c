@@ -147,9 +147,9 @@ void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st)
         if (trl_group_ready(s, c, st) != 0 || trl_session(s, c, &began, st) != 0) return;
         snprintf(c->what, sizeof c->what, "update_named_param %.40s", c->meta.t[0].name);
         if (eng_weights_validate(s->rt.e, c->meta.t, c->meta.n, c->what, err, el, st) != 0 ||
-            (c->meta.total > s->nccl_staging_bytes &&
+            (srv_gpu_meta_frame_need(&c->meta) > s->nccl_staging_bytes &&
              (snprintf(err, el, "%s: %llu bytes is larger than the NCCL staging buffer (%zu bytes)", c->what,
-                       (unsigned long long)c->meta.total, s->nccl_staging_bytes), *st = 400))) {
+                       (unsigned long long)c->meta.t[0].nbytes, s->nccl_staging_bytes), *st = 400))) {
             if (began) { /* nothing written: the weights stay what they were */
                 int st2;
                 char e2[64];

@@ -51,8 +51,9 @@ static int route_nccl_init_vllm(srv_state *s, struct mg_connection *conn)
     return st;
 }
 
-/* vLLM POST /update_weights {"update_info":{names, dtype_names, shapes}}: one bucket of an open
- * session, its bytes one NCCL broadcast (packing in weights_gpu.c). */
+/* vLLM POST /update_weights {"update_info":{names, dtype_names, shapes[, packed,
+ * packed_buffer_size_bytes, packed_num_buffers]}}: tensors of an open session, received as vLLM's
+ * NCCLWeightTransferEngine.trainer_send_weights broadcasts them (srv_gpu_meta_parse_vllm). */
 static int nccl_bucket(srv_state *s, struct mg_connection *conn, cJSON *b)
 {
     srv_err e;
@@ -62,7 +63,7 @@ static int nccl_bucket(srv_state *s, struct mg_connection *conn, cJSON *b)
     if (!cJSON_IsObject(ui))
         srv_errf(&e, 400, "update_info", "update_info must be an object (vLLM's NCCL bucket), or give weight_dir "
                  "(prime-rl: a checkpoint folder to load from disk)");
-    else rc = srv_gpu_meta_parse(ui, "update_info.", "names", "dtype_names", NULL, &c->meta, &e);
+    else rc = srv_gpu_meta_parse_vllm(ui, "update_info.", &c->meta, &e);
     if (rc != 0) {
         free(c);
         return srv_send_err(conn, &e);

@@ -40,10 +40,12 @@ when these are called; this module imports without torch):
     gs.update_weights_nccl(nc, model.state_dict().items(), version="step-%d" % step)
     gs.nccl_destroy(nc)                          # POST /destroy_weights_update_group
 
-Packing (both transports): in a bucket, tensor i starts at the first multiple of 256 bytes at or
-after the end of tensor i-1 (tensor 0 at byte 0); its bytes are contiguous, in its own dtype
-(bfloat16, float16, float32). NCCL sends one ncclBroadcast (root 0, uint8) of exactly up to the end
-of the last tensor per bucket; IPC sends the offsets explicitly (same layout).
+Packing: IPC buckets place tensor i at the first multiple of 256 bytes at or after the end of
+tensor i-1 (tensor 0 at byte 0), each in its own dtype (bfloat16, float16, float32), and send the
+offsets. NCCL sends what vLLM's NCCLWeightTransferEngine.trainer_send_weights(packed=True) sends:
+the tensors cut into chunks (a chunk takes tensors until its bytes exceed packed_buffer_size_bytes),
+each chunk one ncclBroadcast (root 0, uint8) of its tensors back to back; SGLang's route takes one
+broadcast per tensor (its default load_format).
 """
 import hashlib
 import http.client
@@ -53,7 +55,7 @@ import sys
 import urllib.parse
 
 __all__ = ["GraphswapClient", "GraphswapError", "Tensor", "from_floats", "to_safetensors", "pack_plan",
-           "tensor_sha256", "state_dict_checksums"]
+           "vllm_chunks", "vllm_chunk_bytes", "tensor_sha256", "state_dict_checksums"]
 
 ALIGN = 256  # byte alignment of each tensor in a GPU-transport bucket (the server's GPU_ALIGN)
 
@@ -354,43 +356,49 @@ class GraphswapClient:
         r = call.join()
         return NcclGroup(comm, dev, world_size, int(r["staging_bytes"]))
 
-    def nccl_send_bucket(self, group, buf, entries, total, sglang=False, version=None):
-        """Announces one packed bucket (POST /update_weights, or SGLang's one-shot
-        /update_weights_from_distributed) and broadcasts its bytes."""
+    def nccl_send_sglang(self, group, named, version=None):
+        """SGLang's one-shot /update_weights_from_distributed (a partial session of these tensors),
+        one broadcast per tensor in order, as SGLang's trainers send them."""
         import torch
         import torch.cuda.nccl as tnccl
 
-        names, dtypes, shapes, _offsets = _torch_meta(entries)
-        if sglang:
-            body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": "graphswap",
-                    "flush_cache": True}
-            if version is not None:
-                body["weight_version"] = str(version)
-            call = _Call(self._call, "POST", "/update_weights_from_distributed", body)
-        else:
-            call = _Call(self._call, "POST", "/update_weights",
-                         {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes}})
+        names, dtypes, shapes, _ = _torch_meta([(n, t, 0) for n, t in named])
+        body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": "graphswap", "flush_cache": True}
+        if version is not None:
+            body["weight_version"] = str(version)
+        call = _Call(self._call, "POST", "/update_weights_from_distributed", body)
         with torch.cuda.device(group.device):
             stream = torch.cuda.current_stream(group.device)
-            tnccl.broadcast([buf[:total]], root=0, streams=[stream], comms=[group.comm])
+            for _, t in named:
+                tnccl.broadcast([t.contiguous().view(-1).view(torch.uint8)], root=0, streams=[stream],
+                                comms=[group.comm])
         return call.join()
 
     def update_weights_nccl(self, group, named, bucket_bytes=None, mode="full", model="target", pause="wait",
                             version=None):
-        """One vLLM-shaped session: POST /start_weight_update, a packed bucket per /update_weights +
-        one broadcast each, POST /finish_weight_update. Returns GET /v1/weights."""
+        """One vLLM-shaped session: POST /start_weight_update, one /update_weights whose tensors go
+        as vLLM's packed chunks (vllm_chunks), POST /finish_weight_update. Returns GET /v1/weights."""
         import torch
+        import torch.cuda.nccl as tnccl
 
-        size = min(bucket_bytes or group.staging_bytes, group.staging_bytes)
-        buf = torch.empty(size, dtype=torch.uint8, device=group.device)
+        named = [(n, t) for n, t in named]
+        chunk = vllm_chunk_bytes(named, min(bucket_bytes or group.staging_bytes, group.staging_bytes),
+                                 group.staging_bytes)
+        names, dtypes, shapes, _ = _torch_meta([(n, t, 0) for n, t in named])
         body = {"mode": mode, "model": model, "pause": pause}
         if version is not None:
             body["version"] = str(version)
         self._call("POST", "/start_weight_update", body)
         try:
-            for entries, total in pack_plan(named, size):
-                _pack_into(buf, entries)
-                self.nccl_send_bucket(group, buf, entries, total)
+            info = {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": True,
+                    "packed_buffer_size_bytes": chunk}
+            call = _Call(self._call, "POST", "/update_weights", {"update_info": info})
+            with torch.cuda.device(group.device):
+                stream = torch.cuda.current_stream(group.device)
+                for part in vllm_chunks(named, chunk):
+                    flat = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in part])
+                    tnccl.broadcast([flat], root=0, streams=[stream], comms=[group.comm])
+            call.join()
             self._call("POST", "/finish_weight_update", {} if version is None else {"weight_version": str(version)})
         except BaseException:
             try:
@@ -432,6 +440,45 @@ class GraphswapClient:
         mine = self.checksums(model)
         theirs = other.checksums(model) if isinstance(other, GraphswapClient) else other
         return sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+
+
+def vllm_chunks(named, chunk_bytes):
+    """vLLM's packed chunks (vllm/distributed/weight_transfer/packed_tensor.py pack_tensors): yields
+    lists of (name, tensor), each taking tensors until its bytes exceed chunk_bytes."""
+    part, total = [], 0
+    for name, t in named:
+        part.append((name, t))
+        total += _nbytes(t)
+        if total > chunk_bytes:
+            yield part
+            part, total = [], 0
+    if part:
+        yield part
+
+
+def _chunk_need(part):
+    """The server's staging need for one broadcast (weights_gpu.c frame_cost): its bytes rounded up
+    to 256, plus room to realign each tensor that lands off its dtype's alignment."""
+    at, move = 0, 0
+    for _, t in part:
+        nb, w = _nbytes(t), t.element_size()
+        if at % w:
+            move += (nb + ALIGN - 1) // ALIGN * ALIGN
+        at += nb
+    return (at + ALIGN - 1) // ALIGN * ALIGN + move
+
+
+def vllm_chunk_bytes(named, want, staging_bytes):
+    """The largest packed_buffer_size_bytes <= want whose every chunk fits the server's staging."""
+    chunk = max(1, want)
+    while True:
+        need = max(_chunk_need(p) for p in vllm_chunks(named, chunk))
+        if need <= staging_bytes:
+            return chunk
+        if chunk == 1:
+            raise ValueError("a tensor needs %d bytes of NCCL staging, more than the server's %d: give nccl_init "
+                             "a larger staging_bytes" % (need, staging_bytes))
+        chunk //= 2
 
 
 def pack_plan(named, bucket_bytes, align=ALIGN):

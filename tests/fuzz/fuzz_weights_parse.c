@@ -8,7 +8,12 @@
  * Properties beyond "no crash":
  *   tensor metadata: one entry per name, names non-empty and unique, numel = product of the shape,
  *   nbytes = numel x dtype size, every tensor inside `total`; NCCL packing: tensor 0 at 0, each
- *   offset 256-aligned and past the previous tensor, total = end of the last; IPC: offsets are
+ *   offset 256-aligned and past the previous tensor, total = end of the last; vLLM's framing
+ *   (packed chunks): broadcasts cover the tensors in order, and the staging layout of all of them
+ *   (srv_gpu_meta_layout) puts each broadcast's tensors back to back from a 256-aligned start, every
+ *   tensor's final place aligned to its dtype, inside the bytes used, no two final places (nor a
+ *   final place and another tensor's landing bytes) overlapping, and the largest broadcast's need
+ *   (srv_gpu_meta_frame_need) covering a layout of it alone; IPC: offsets are
  *   multiples of the dtype size and tensors do not overlap. A refusal leaves the metadata empty.
  *   NCCL init: 1 <= rank < world, a 128-byte unique id. IPC open: a 64-byte handle, a 256-aligned
  *   offset. Every refusal is a 4xx/5xx with a message.
@@ -65,6 +70,43 @@ static void check_meta(const cJSON *obj, const char *names_key, int ipc, const s
         }
     }
     if (!ipc) FZ_CHECK(m->total == end_prev);
+}
+
+static int overlap(uint64_t a, uint64_t an, uint64_t b, uint64_t bn) { return an && bn && a < b + bn && b < a + an; }
+
+/* vLLM's /update_weights framing (srv_gpu_meta_parse_vllm) and the engine's staging layout */
+static void vllm_case(const cJSON *ui)
+{
+    srv_gpu_meta m;
+    srv_err e;
+    memset(&e, 0, sizeof e);
+    if (srv_gpu_meta_parse_vllm(ui, "update_info.", &m, &e) != 0) {
+        check_err(&e);
+        FZ_CHECK(m.n == 0 && m.t == NULL && m.frame_end == NULL);
+        return;
+    }
+    const size_t nf = srv_gpu_meta_frames(&m);
+    FZ_CHECK(nf >= 1 && nf <= m.n && (m.nframes == 0 || m.frame_end[m.nframes - 1] == m.n));
+    for (size_t k = 1; k < m.nframes; k++) FZ_CHECK(m.frame_end[k] > m.frame_end[k - 1]);
+    const uint64_t need = srv_gpu_meta_frame_need(&m);
+    for (size_t k = 0; k < nf; k++) FZ_CHECK(srv_gpu_meta_layout(&m, k, k + 1) <= need);
+    const uint64_t used = srv_gpu_meta_layout(&m, 0, nf);
+    for (size_t k = 0, a = 0; k < nf; k++) {
+        const size_t b = m.nframes ? m.frame_end[k] : k + 1;
+        FZ_CHECK(m.roff[a] % GPU_ALIGN == 0);
+        for (size_t i = a + 1; i < b; i++) FZ_CHECK(m.roff[i] == m.roff[i - 1] + m.t[i - 1].nbytes);
+        a = b;
+    }
+    for (size_t i = 0; i < m.n; i++) {
+        const size_t w = mdl_dtype_size(m.t[i].dtype);
+        FZ_CHECK(w && m.off[i] % w == 0 && m.off[i] + m.t[i].nbytes <= used && m.roff[i] + m.t[i].nbytes <= used);
+        for (size_t j = 0; j < m.n; j++) {
+            if (j == i) continue;
+            FZ_CHECK(!overlap(m.off[i], m.t[i].nbytes, m.off[j], m.t[j].nbytes));
+            FZ_CHECK(m.off[i] == m.roff[i] || !overlap(m.off[i], m.t[i].nbytes, m.roff[j], m.t[j].nbytes));
+        }
+    }
+    srv_gpu_meta_free(&m);
 }
 
 static void meta_case(const cJSON *obj, const char *pfx, const char *names_key, const char *dtypes_key, int ipc)
@@ -131,6 +173,7 @@ static void *run(void *arg)
     case 3: { /* vLLM /update_weights */
         const cJSON *ui = cJSON_GetObjectItemCaseSensitive(b, "update_info");
         if (cJSON_IsObject(ui)) meta_case(ui, "update_info.", "names", "dtype_names", 0);
+        if (cJSON_IsObject(ui)) vllm_case(ui);
         break;
     }
     case 4: /* SGLang /update_weights_from_distributed */

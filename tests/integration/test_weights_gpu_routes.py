@@ -116,6 +116,10 @@ def test_update(C, srv, hidden):
         ({"update_info": dict(good, shapes=[[1.5]])}, "update_info.shapes"),
         ({"update_info": dict(good, shapes=[5])}, "update_info.shapes"),
         ({"update_info": {"names": good["names"], "shapes": good["shapes"]}}, "update_info.dtype_names"),
+        # vLLM's packed framing fields (NCCLWeightTransferUpdateInfo)
+        ({"update_info": dict(good, packed="yes")}, "update_info.packed"),
+        ({"update_info": dict(good, packed=True, packed_buffer_size_bytes=0)}, "update_info.packed_buffer_size_bytes"),
+        ({"update_info": dict(good, packed=True, packed_num_buffers="two")}, "update_info.packed_num_buffers"),
     ]
     for body, field in bad:
         H.error_ok(C, "update_weights %s" % json.dumps(body)[:90], H.post(srv, "/update_weights", body), 400, field)
@@ -137,6 +141,8 @@ def test_update(C, srv, hidden):
     is_501(C, "update_weights (good bucket)", H.post(srv, "/update_weights", {"update_info": good}))
     for dt in ("torch.bfloat16", "float32", "F16", "half"):
         is_501(C, "update_weights dtype %s" % dt, H.post(srv, "/update_weights", {"update_info": dict(good, dtype_names=[dt])}))
+    is_501(C, "update_weights packed", H.post(srv, "/update_weights", {"update_info": dict(
+        good, packed=True, packed_buffer_size_bytes=1 << 20, packed_num_buffers=2)}))
 
     # IPC in the same session
     H.error_ok(C, "ipc/open bad handle", H.post(srv, "/v1/weights/ipc/open", {"handle_b64": "AAAA", "bytes": 10}), 400, "handle_b64")
@@ -174,7 +180,11 @@ def test_update(C, srv, hidden):
                H.post(srv, "/update_weights_from_distributed", dict(sg, names=None)), 400, "names")
     H.error_ok(C, "update_weights_from_distributed bad dtypes",
                H.post(srv, "/update_weights_from_distributed", dict(sg, dtypes=["bf16", "bf16"])), 400, "dtypes")
+    H.error_ok(C, "update_weights_from_distributed bad load_format",
+               H.post(srv, "/update_weights_from_distributed", dict(sg, load_format="direct")), 400, "load_format")
     is_501(C, "update_weights_from_distributed", H.post(srv, "/update_weights_from_distributed", sg), sglang=True)
+    is_501(C, "update_weights_from_distributed flattened_bucket",
+           H.post(srv, "/update_weights_from_distributed", dict(sg, load_format="flattened_bucket")), sglang=True)
     w = H.get(srv, "/v1/weights").json
     C.check(w.get("state") == "ready" and not w.get("session_open"), "still ready: %r" % w)
 
