@@ -718,6 +718,10 @@ int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, c
         const cJSON *ab = cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests");
         c->pause = cJSON_IsTrue(ab) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
     }
+    /* SGLang and prime-rl (vLLM) keep a /pause_generation or /pause until its /continue_generation or
+     * /resume: slime and prime-rl pause, update (several buckets for slime), then resume themselves,
+     * so an update must not let queued requests run on half-updated weights */
+    if (style == SRV_LOAD_SGLANG || style == SRV_LOAD_PRIMERL) c->keep_paused = 1;
     /* prime-rl pauses with mode=keep before it updates: the requests it froze stay frozen through the
      * load and go on with the new weights (a "wait" load would first run them to the end) */
     if (style == SRV_LOAD_PRIMERL && !cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_KEEP;

@@ -334,11 +334,18 @@ def test_abort(C, srv):
         time.sleep(0.05)
     C.check(num_requests_from_load(T.get(srv, "/v1/loads?include=core").json) == 0, "not idle after abort_all")
 
-    # by rid: only that request ends (slime agent adapters: {"rid": rid})
+    # by rid: only that request ends (slime agent adapters: {"rid": rid}). Both are queued behind a
+    # pause first, so that they run together however late either thread's request arrives (the tiny
+    # model decodes 400 tokens faster than a loaded machine may start the second thread)
     out = {}
+    C.check(T.post(srv, "/pause_generation", {"mode": "in_place"}).status == 200, "pause before the rid case")
     ta = long_request(srv, out, "a", {"input_ids": [5, 6], "sampling_params": big, "rid": "victim-1"})
     tb = long_request(srv, out, "b", {"input_ids": [5, 7], "sampling_params": dict(big, max_new_tokens=400),
                                       "rid": "keeper-1"})
+    t0 = time.time()
+    while time.time() - t0 < 20 and T.get(srv, "/v1/loads?include=core").json["loads"][0]["num_waiting_reqs"] < 2:
+        time.sleep(0.02)
+    C.check(T.post(srv, "/continue_generation", {}).status == 200, "continue before the rid case")
     C.check(wait_running(srv, 2), "rid requests never ran")
     C.check(T.post(srv, "/abort_request", {"rid": "victim-1"}).status == 200, "abort rid")
     ta.join(60)

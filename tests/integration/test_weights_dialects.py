@@ -16,6 +16,8 @@
   message; the NCCL ones validate their bodies (400 naming the field) and answer 501 on the CPU
   backend ("need the CUDA backend"), as the vLLM / SGLang NCCL routes do; trailing-slash paths only
   take POST (405).
+- SGLang /pause_generation -> /update_weights_from_disk -> /continue_generation: the pause lasts
+  until continue (and prime-rl's /pause until /resume), not until the update.
 - SGLang GET and POST /flush_cache (sgl-project/sglang@9c0549b python/sglang/srt/entrypoints/
   http_server.py): 200 with the text body starting "Cache flushed."; ?timeout= validated.
 - --admin-allow: 127.0.0.0/8 with --api-key admits a keyless loopback client to the weight routes
@@ -59,6 +61,7 @@ def test_prime_rl(C, srv, root, t0, t1):
     C.check(r.status == 200 and r.json.get("status") == "paused", "prime-rl /pause: %r" % r)
     r = H.post(srv, "/update_weights", {"weight_dir": t1})
     C.check(r.status == 200 and r.json == {"status": "ok"}, "prime-rl /update_weights weight_dir: %r" % r)
+    C.check(H.get(srv, "/is_paused").json.get("is_paused") is True, "the update ended prime-rl's pause")
     r = H.post(srv, "/resume", None)
     C.check(r.status == 200 and r.json.get("status") == "resumed", "prime-rl /resume: %r" % r)
     w = H.get(srv, "/v1/weights").json
@@ -87,6 +90,24 @@ def test_prime_rl(C, srv, root, t0, t1):
     H.error_ok(C, "update_weights {}", H.post(srv, "/update_weights", {}), 400, "update_info")
     C.check(sums(srv) == before and H.get(srv, "/v1/weights").json["state"] == "ready",
             "refused updates changed nothing")
+
+
+def test_sglang_pause(C, srv, t0, t1):
+    """slime (THUDM/slime@02a644a79e3f06a317f1ea3b441d61f18a65b411 slime/backends/megatron_utils/
+    update_weight/update_weight_from_distributed.py update_weights(): pause_generation, flush_cache,
+    the buckets, continue_generation) pauses around many updates (disk here; NCCL buckets are
+    /update_weights_from_distributed with the same keep_paused): an update in between must not end
+    the pause, or queued requests would run on half-updated weights."""
+    r = H.post(srv, "/pause_generation", {"mode": "in_place"})
+    C.check(r.status == 200, "SGLang /pause_generation: %r" % r)
+    r = H.post(srv, "/update_weights_from_disk", {"model_path": t1})
+    C.check(r.status == 200 and r.json.get("success") is True, "SGLang update_weights_from_disk: %r" % r)
+    C.check(H.get(srv, "/is_paused").json.get("is_paused") is True, "the update ended SGLang's pause")
+    r = H.post(srv, "/continue_generation", {})
+    C.check(r.status == 200 and H.get(srv, "/is_paused").json.get("is_paused") is False, "continue: %r" % r)
+    r = H.post(srv, "/update_weights_from_disk", {"model_path": t0})
+    C.check(r.status == 200 and H.get(srv, "/is_paused").json.get("is_paused") is False,
+            "an update without a pause leaves generation running: %r" % r)
 
 
 def test_prime_rl_no_root(C, srv, t1):
@@ -227,6 +248,7 @@ def main():
         srv = H.Server(C, binary, t0, ["--weights-root", tmp])
         try:
             test_prime_rl(C, srv, tmp, t0, t1)
+            test_sglang_pause(C, srv, t0, t1)
             test_trl(C, srv, hidden)
             test_flush_cache(C, srv)
         finally:
