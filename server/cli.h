@@ -55,6 +55,8 @@ int srv_cmd_bench(int argc, char **argv);
 int srv_cmd_eval(int argc, char **argv); /* server/cmd_eval.c */
 /* server/cmd_store.c: `graphswap store-rendezvous` (server/tcpstore.h from the command line) */
 int srv_cmd_store_rendezvous(int argc, char **argv);
+/* server/cmd_primerl.c: `graphswap primerl-meta` (server/primerl_meta.c from the command line) */
+int srv_cmd_primerl_meta(int argc, char **argv);
 /* bench/bench_serve.c: `graphswap bench serve` (drives a running server over loopback) */
 int srv_bench_serve(int argc, char **argv);
 /* bench/bench_update.c: `graphswap bench update` (weight-update throughput over loopback HTTP) */

@@ -18,6 +18,7 @@ static const char usage[] =
     "  bench      benchmarks: decode, spec, serve, update, transfer (graphswap bench --help)\n"
     "  store-rendezvous  join a trainer's torch TCPStore (vLLM / SGLang NCCL init) and print the\n"
     "             NCCL unique id and graphswap's rank\n"
+    "  primerl-meta  parse one pickle of prime-rl's NCCL per-state-dict metadata and print it (JSON)\n"
     "  help       this list\n"
     "\n"
     "graphswap <command> --help shows the command's options.\n";
@@ -36,6 +37,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "eval") == 0) return srv_cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return srv_cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "store-rendezvous") == 0) return srv_cmd_store_rendezvous(argc - 1, argv + 1);
+    if (strcmp(cmd, "primerl-meta") == 0) return srv_cmd_primerl_meta(argc - 1, argv + 1);
     fprintf(stderr, "graphswap: unknown command %s\n%s", cmd, usage);
     return 2;
 }

@@ -133,6 +133,9 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     case SRV_CMD_TRL_CLOSE:
         srv_trl_cmd_run(s, c, &st); /* weights_trl.c */
         break;
+    case SRV_CMD_PRIMERL_UPDATE:
+        srv_primerl_cmd_run(s, c, &st); /* weights_primerl.c */
+        break;
     case SRV_CMD_LOAD: {
         /* the files again, right before they are opened (see confine_ckpt) */
         srv_err ce;

@@ -801,6 +801,22 @@ int srv_gpu_available(const srv_state *s) { return srv_gpu_xport(s) != NULL; }
 
 int srv_gpu_nccl_init(srv_state *s, srv_cmd *c, int *st) { return nccl_init_cmd(s, c, st); }
 int srv_gpu_nccl_bucket(srv_state *s, srv_cmd *c, int *st) { return nccl_bucket(s, c, st); }
+void srv_gpu_nccl_drain(srv_state *s, srv_cmd *c) { nccl_drain(s, srv_gpu_xport(s), c); }
+
+int srv_gpu_nccl_recv_host(srv_state *s, srv_cmd *c, void *host, size_t bytes, int *st)
+{
+    const gs_gpu_transport *x = srv_gpu_xport(s);
+    if (!x || !s->nccl || bytes > s->nccl_staging_bytes) {
+        snprintf(c->err, sizeof c->err, "no NCCL group to receive %zu bytes with", bytes);
+        return *st = 500, -1;
+    }
+    if (x->nccl_recv(s->nccl, s->nccl_staging, bytes, s->nccl_root, gpu_timeout(s, c), c->err, sizeof c->err)) {
+        nccl_release(s); /* aborted: destroy and init again */
+        return *st = 502, -1;
+    }
+    s->rt.be->ops->download(s->rt.be, host, s->nccl_staging, bytes); /* (synchronous) */
+    return 0;
+}
 
 srv_cmd *srv_nccl_init_request(srv_state *s, struct mg_connection *conn, srv_store_kind kind, srv_err *e)
 {

@@ -49,6 +49,7 @@ typedef enum {
     SRV_CMD_TRL_PARAM,    /* ... then its broadcast received, written, the barrier (detached) */
     SRV_CMD_TRL_FINISH,   /* /reset_prefix_cache/: the TRL session finished (one hook) */
     SRV_CMD_TRL_CLOSE,    /* /close_communicator/: finish, communicator and store gone */
+    SRV_CMD_PRIMERL_UPDATE, /* prime-rl's /update_weights in broadcaster mode: its whole framed stream */
 } srv_cmd_kind;
 
 /* Tensor metadata of a GPU-transport bucket: names / dtypes / shapes and each tensor's byte offset
@@ -196,6 +197,15 @@ const gs_gpu_transport *srv_gpu_xport(const srv_state *s);
 int srv_gpu_nccl_init(srv_state *s, srv_cmd *c, int *st);
 int srv_gpu_nccl_bucket(srv_state *s, srv_cmd *c, int *st);
 void srv_gpu_nccl_release(srv_state *s);
+/* Engine thread, prime-rl's in-band framing (weights_primerl.c): receive one broadcast of `bytes`
+ * bytes (at most the staging's) from the group's root into the staging and download it into host
+ * (0, or -1 with c->err and *st 502, the communicator released; 500 without a group or when bytes
+ * exceed the staging); receive and drop the broadcasts of
+ * c->meta (as a refused bucket: a failure appends to c->err and releases the communicator). */
+int srv_gpu_nccl_recv_host(srv_state *s, srv_cmd *c, void *host, size_t bytes, int *st);
+void srv_gpu_nccl_drain(srv_state *s, srv_cmd *c);
+/* Engine thread: runs SRV_CMD_PRIMERL_UPDATE (weights_primerl.c); *st its HTTP status. */
+void srv_primerl_cmd_run(srv_state *s, srv_cmd *c, int *st);
 /* Engine thread: runs an SRV_CMD_TRL_* command (weights_trl.c); *st its HTTP status. */
 void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st);
 /* Engine thread, between commands: ends an open TRL session when generation is waiting for it or

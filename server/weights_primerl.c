@@ -27,49 +27,52 @@
  *                 filesystem mode: the NCCL worker ignores the folder, which holds only the STABLE and
  *                 NCCL_READY markers) and /resume; the trainer waits for NCCL_READY, then broadcasts.
  *
+ * What the trainer broadcasts per update (transports/weights/nccl.py broadcast_weights /
+ * broadcast_state_dict / broadcast_integer; the receiving side, inference/vllm/worker/nccl.py
+ * receive_integer / receive_state_dict, reads the same sequence), every broadcast from src=0 with
+ * PyNcclCommunicator.broadcast on a CUDA tensor:
+ *   1. broadcast_integer(N): torch.tensor([N], dtype=torch.long).cuda(), one int64 (8 bytes, little
+ *      endian), N = layers + 1 state dicts;
+ *   2. N times, first the non-layer tensors (embeddings, final norm, lm_head) then layer 0, 1, ...
+ *      (filter_state_dict_by_layers):
+ *        a. the metadata's byte length L: torch.tensor([len(state)], dtype=torch.long).cuda();
+ *        b. L bytes, torch.ByteTensor(list(state)).cuda(): state = pickle.dumps(metadata) (default
+ *           protocol), metadata = {torch.dtype: [(name, torch.Size, numel), ...]} in the state
+ *           dict's order, one key per dtype present;
+ *        c. per dtype, in the dict's order: one broadcast of torch.cat of the dtype's tensors
+ *           flattened (numel = the sum of the numels, no padding).
+ *   The names are Hugging Face checkpoint names (preprocess_layer_checkpoint: convert_layer_to_hf /
+ *   revert_weight_conversion). With quantize_in_weight_transfer the layers come in vLLM's kernel
+ *   format with FP8 weights (preprocess_layer_quantized): refused here at init.
+ *   (ncclBroadcast moves count * dtype-size bytes whatever the dtype: the int64s and each dtype's
+ *   concatenation are received as that many uint8 into the NCCL staging, engine/transport_cuda.h.)
+ *
  * graphswap: /init_broadcaster validates its body (400 naming the field); on the CPU backend it
  * answers 501 before any network I/O; on CUDA it is vLLM's init (SRV_CMD_NCCL_INIT after the
  * SRV_STORE_VLLM rendezvous) at rank rank_offset + 1 of inference_world_size + 1 (graphswap is one
- * GPU: local rank 0), warm-up all_reduce included, answered {"status": "ok"}. The server is then in
- * broadcaster mode, and /update_weights {"weight_dir"} answers 501 (srv_primerl_update_nccl)
- * because prime-rl's framing differs from the one the NCCL transport receives (weights_gpu.c):
+ * GPU: local rank 0; the trainer, root 0), warm-up all_reduce included, answered {"status": "ok"}.
+ * The server is then in broadcaster mode: /update_weights {"weight_dir"} is SRV_CMD_PRIMERL_UPDATE
+ * (srv_primerl_cmd_run, below), which on the engine thread opens a partial session on the target
+ * with pause "keep" (unless one is open), receives 1. and reads it back to the host, then per state
+ * dict receives a. and b. into the staging, downloads them, unpickles b. with a strict unpickler
+ * of exactly that shape (server/primerl_meta.c: torch dtype globals, torch.Size reductions, nothing
+ * executed), and receives each c. as one NCCL bucket of one frame (weights_gpu.c: validated against
+ * the model before any byte moves; refused tensors are received and dropped so the trainer stays in
+ * step); the session is finished once at the end (one post-load hook), and the answer is prime-rl's
+ * {"status": "ok"}. Generation stays paused until prime-rl's /resume. Each dtype group of one state
+ * dict must fit the NCCL staging (GRAPHSWAP_NCCL_STAGING_BYTES, else --max-bucket-bytes).
  *
- *   weights_gpu.c receives  one ncclBroadcast per bucket of uint8 bytes, the tensors' names /
- *                           dtypes / shapes given in the HTTP body, tensors at 256-byte aligned
- *                           offsets, written straight into the model.
- *   prime-rl broadcasts     (transports/weights/nccl.py broadcast_weights / broadcast_state_dict)
- *     1. one int64 (torch.long, 8 bytes): the number of state dicts N = layers + 1;
- *     2. N times, first the non-layer tensors (embeddings, final norm, lm_head) then layer 0, 1, ...:
- *        a. one int64: the byte length L of the metadata;
- *        b. L uint8: pickle.dumps(metadata) (default protocol), metadata = {torch.dtype: [(name,
- *           torch.Size, numel), ...]} in the state dict's order, one entry per dtype present;
- *        c. per dtype, in the dict's order: one broadcast of that dtype, numel = sum of the numels,
- *           the tensors flattened and concatenated with no padding (torch.cat).
- *     The names and shapes come in-band (b), not over HTTP, so a receiver must read the count and
- *     lengths back to the host and unpickle a dict keyed by torch.dtype globals (pickle GLOBAL /
- *     STACK_GLOBAL "torch" "bfloat16") with torch.Size reductions; the names are Hugging Face
- *     checkpoint names (preprocess_layer_checkpoint: convert_layer_to_hf / revert_weight_conversion).
- *     With quantize_in_weight_transfer the layers come in vLLM's kernel format with FP8 weights
- *     (preprocess_layer_quantized): refused here at init.
- *   What is missing: an engine-side command that receives a broadcast of N bytes and hands them to
- *   the host (the transport table has nccl_recv and the backend has download, but no srv_cmd kind
- *   runs them for a handler), a strict unpickler for that metadata shape, and a bucket per dtype
- *   group with contiguous (not 256-aligned) offsets. Until then the update is refused (501): the
- *   trainer's broadcasts then go unmatched and end at its NCCL timeout.
+ * Verified: the unpickler against pickles real torch 2.15 wrote (tests/unit/test_primerl_meta.c,
+ * tests/integration/test_primerl_meta.py, fuzzed by tests/fuzz/fuzz_primerl_meta.c). The engine
+ * path is compile-checked only: it has never run on a GPU against prime-rl's trainer.
  */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/primerl_meta.h"
 #include "server/weights_internal.h"
-
-#define PRIMERL_NEEDS_FRAMING                                                                          \
-    "prime-rl's NCCL weight broadcast is not received yet: its trainer sends an int64 count, then per " \
-    "layer an int64 length, a pickled {dtype: [(name, shape, numel)]} and one concatenated broadcast "  \
-    "per dtype, while graphswap's NCCL transport receives one 256-byte-aligned bucket whose names come " \
-    "over HTTP (see server/weights_primerl.c); use prime-rl's filesystem mode (weight_broadcast.type = " \
-    "\"filesystem\": POST /update_weights {\"weight_dir\"} loads the checkpoint from disk)"
 
 /* The server whose /init_broadcaster created its NCCL group (broadcaster mode), else NULL. Set by
  * the handler once the engine thread has created the communicator; read by /update_weights'
@@ -146,16 +149,198 @@ static int route_init_broadcaster(srv_state *s, struct mg_connection *conn)
     return st;
 }
 
+/* ---- the update, engine side ------------------------------------------------------------------------
+ * prime-rl's stream (see the top of the file), received in order from root 0 into the NCCL staging:
+ * the count N, then per state dict its length L, its pickle (downloaded to the host and unpickled:
+ * server/primerl_meta.c) and one broadcast per dtype group, each received as a bucket of one frame
+ * (the group's tensors back to back: srv_gpu_meta_chunks(m, UINT64_MAX)) with the code of vLLM's
+ * and SGLang's buckets (srv_gpu_nccl_bucket: validated against the model first; a refused group is
+ * still received and dropped). After the first refusal every later group is received and dropped
+ * too (srv_gpu_nccl_drain) so the trainer completes its broadcasts and the communicator stays in
+ * step for the next update; the session is then aborted and the first refusal answered. What makes
+ * the stream impossible to follow (a count, length or pickle refused, a group larger than the
+ * staging, a failed receive) releases the communicator: no later receive can be matched with the
+ * right broadcast, so the trainer's pending broadcast ends at its NCCL timeout instead. */
+
+#define PRIMERL_MAX_STATE_DICTS 100000 /* N = decoder layers + 1 */
+
+static uint64_t le64(const unsigned char b[8])
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+
+/* The group [a, b) of pm as c->meta (names moved out of pm): one frame of all its tensors. */
+static int group_meta(srv_primerl_meta *pm, size_t a, size_t b, srv_cmd *c)
+{
+    srv_gpu_meta *m = &c->meta;
+    srv_err se;
+    memset(m, 0, sizeof *m);
+    m->t = calloc(b - a, sizeof *m->t);
+    m->off = calloc(b - a, sizeof *m->off);
+    m->roff = calloc(b - a, sizeof *m->roff);
+    if (!m->t || !m->off || !m->roff) {
+        srv_gpu_meta_free(m);
+        return -1;
+    }
+    for (size_t i = a; i < b; i++) {
+        m->t[m->n] = pm->t[i];
+        pm->t[i].name = NULL; /* (m owns it now) */
+        m->total += m->t[m->n].nbytes;
+        m->n++;
+    }
+    if (srv_gpu_meta_chunks(m, UINT64_MAX, &se) != 0) {
+        srv_gpu_meta_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+void srv_primerl_cmd_run(srv_state *s, srv_cmd *c, int *st)
+{
+    eng_engine *e = s->rt.e;
+    const gs_gpu_transport *x = srv_gpu_xport(s);
+    char *err = c->err;
+    const size_t el = sizeof c->err;
+    if (!x || !x->have_nccl) {
+        snprintf(err, el, "%s", x ? "this server's CUDA module was built without NCCL" : SRV_GPU_NEEDS_CUDA);
+        *st = 501;
+        return;
+    }
+    if (!s->nccl) {
+        snprintf(err, el, "no NCCL group: POST /init_broadcaster first (a failed receive closes the group)");
+        *st = 409;
+        return;
+    }
+    char first[sizeof c->err] = ""; /* the first refusal, while the stream is still followed */
+    char why[sizeof c->err];
+    int refused = 0, fst = 500, bst;
+    uint64_t nd = 0, d = 0;
+    unsigned char b8[8], *buf = NULL;
+    srv_primerl_meta pm;
+    memset(&pm, 0, sizeof pm);
+    eng_weights_info wi;
+    eng_weights_get_info(e, &wi);
+    /* a partial session on the target, pause "keep": prime-rl has paused with mode=keep, and resumes
+     * with /resume itself (s->paused is left as it is) */
+    if (!wi.session_open &&
+        eng_weights_begin(e, 0, ENG_WMODEL_TARGET, ENG_PAUSE_KEEP, c->version, &c->session, first, sizeof first,
+                          &fst) != 0)
+        refused = 1;
+    /* 1. the count: one torch.long, 8 bytes little endian */
+    if (srv_gpu_nccl_recv_host(s, c, b8, 8, st) != 0) goto recv_failed;
+    nd = le64(b8);
+    if (nd == 0 || nd > PRIMERL_MAX_STATE_DICTS) {
+        snprintf(why, sizeof why, "a state-dict count of %llu (1..%d expected)", (unsigned long long)nd,
+                 PRIMERL_MAX_STATE_DICTS);
+        goto lost;
+    }
+    for (d = 0; d < nd; d++) {
+        /* 2a. the pickle's length, 2b. the pickle */
+        if (srv_gpu_nccl_recv_host(s, c, b8, 8, st) != 0) goto recv_failed;
+        const uint64_t len = le64(b8);
+        if (len < 4 || len > SRV_PRIMERL_META_MAX_BYTES || len > s->nccl_staging_bytes) {
+            snprintf(why, sizeof why, "a metadata pickle of %llu bytes (4..%u, and at most the NCCL staging's %zu)",
+                     (unsigned long long)len, SRV_PRIMERL_META_MAX_BYTES, s->nccl_staging_bytes);
+            goto lost;
+        }
+        if (!(buf = malloc((size_t)len))) {
+            snprintf(why, sizeof why, "out of memory");
+            goto lost;
+        }
+        if (srv_gpu_nccl_recv_host(s, c, buf, (size_t)len, st) != 0) goto recv_failed;
+        if (srv_primerl_meta_unpickle(buf, (size_t)len, &pm, why, sizeof why) != 0) goto lost;
+        free(buf);
+        buf = NULL;
+        /* 2c. one broadcast per dtype, in the dict's order */
+        for (size_t g = 0; g < pm.ngroups; g++) {
+            const char *tn = srv_primerl_torch_dtype_name(pm.group_dtype[g]);
+            if (group_meta(&pm, g ? pm.group_end[g - 1] : 0, pm.group_end[g], c) != 0) {
+                snprintf(why, sizeof why, "out of memory");
+                goto lost;
+            }
+            const uint64_t need = srv_gpu_meta_frame_need(&c->meta);
+            if (need > s->nccl_staging_bytes) {
+                snprintf(why, sizeof why, "its torch.%s tensors come in one broadcast of %llu bytes, more than the NCCL "
+                         "staging holds (%zu bytes: set GRAPHSWAP_NCCL_STAGING_BYTES before /init_broadcaster)", tn,
+                         (unsigned long long)need, s->nccl_staging_bytes);
+                goto lost;
+            }
+            if (!refused) {
+                if (srv_gpu_nccl_bucket(s, c, &bst) != 0) {
+                    if (!s->nccl) goto recv_failed; /* (c->err: the receive's failure) */
+                    refused = 1;
+                    fst = bst;
+                    snprintf(first, sizeof first, "%.900s (prime-rl state dict %llu of %llu, its torch.%s tensors)",
+                             err, (unsigned long long)d + 1, (unsigned long long)nd, tn);
+                }
+            } else {
+                err[0] = 0;
+                srv_gpu_nccl_drain(s, c);
+                if (!s->nccl) goto recv_failed;
+            }
+            srv_gpu_meta_free(&c->meta);
+        }
+        srv_primerl_meta_free(&pm);
+    }
+    eng_weights_get_info(e, &wi);
+    if (refused) {
+        if (wi.session_open) {
+            char e2[64];
+            eng_weights_abort(e, e2, sizeof e2, &bst);
+        }
+        snprintf(err, el, "%s", first);
+        *st = fst;
+        return;
+    }
+    if (eng_weights_finish(e, c->version, err, el, st) != 0) return; /* (one post-load hook) */
+    *st = 200;
+    return;
+
+recv_failed: /* the communicator is released (srv_gpu_nccl_*) */
+    snprintf(why, sizeof why, "receiving the broadcast failed: %.700s", err + (strncmp(err, "; ", 2) ? 0 : 2));
+lost:
+    srv_gpu_nccl_release(s);
+    free(buf);
+    srv_primerl_meta_free(&pm);
+    srv_gpu_meta_free(&c->meta);
+    eng_weights_get_info(e, &wi);
+    if (wi.session_open) {
+        char e2[64];
+        eng_weights_abort(e, e2, sizeof e2, &bst);
+    }
+    snprintf(err, el, "%.300s%sprime-rl's NCCL stream, state dict %llu of %llu: %.450s; the NCCL group is closed "
+             "(its stream cannot be followed past this): POST /init_broadcaster again", first,
+             first[0] ? "; then " : "", (unsigned long long)(d < nd ? d + 1 : d), (unsigned long long)nd, why);
+    *st = 502;
+}
+
 /* /update_weights {"weight_dir"} in broadcaster mode (weights_vllm.c asks srv_primerl_broadcasting
- * first): the update would be a receive of prime-rl's framing, which is not implemented (see the
- * top of the file). weight_dir is only checked for its type, as prime-rl's NCCL worker ignores it. */
+ * first): the whole framed stream of one update received by the engine thread (above), answered
+ * {"status": "ok"} as prime-rl's server does. weight_dir is only checked for its type, as
+ * prime-rl's NCCL worker ignores it. */
 int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSON *b)
 {
-    (void)s;
     const cJSON *wd = cJSON_GetObjectItemCaseSensitive(b, "weight_dir");
     if (wd && !cJSON_IsNull(wd) && !cJSON_IsString(wd))
         return srv_send_error(conn, 400, "weight_dir", "weight_dir must be a string");
-    return srv_send_error(conn, 501, NULL, "%s", PRIMERL_NEEDS_FRAMING);
+    if (!srv_gpu_available(s)) return srv_send_error(conn, 501, NULL, "%s", SRV_GPU_NEEDS_CUDA);
+    SRV_NEW_CMD(c, SRV_CMD_PRIMERL_UPDATE);
+    c->which = ENG_WMODEL_TARGET;
+    c->pause = ENG_PAUSE_KEEP;
+    c->keep_paused = 1;
+    snprintf(c->what, sizeof c->what, "prime-rl NCCL update");
+    srv_cmd_submit(s, c);
+    cJSON *o = NULL;
+    if (c->status == 200) {
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "status", "ok");
+    }
+    int st = srv_cmd_send_result(conn, c, o);
+    srv_gpu_meta_free(&c->meta);
+    free(c);
+    return st;
 }
 
 void srv_weights_primerl_routes(srv_state *s)

@@ -89,7 +89,7 @@ static int nccl_bucket(srv_state *s, struct mg_connection *conn, cJSON *b)
  *                             "pause" field may override the default "keep" (srv_weights_load).
  *                             After a successful prime-rl /init_broadcaster (CUDA only) the same
  *                             body means "receive the trainer's NCCL broadcast" (prime-rl's NCCL
- *                             worker ignores the folder): weights_primerl.c, 501 for now
+ *                             worker ignores the folder): weights_primerl.c (compile-checked only)
  * Giving both is refused: the server would have to guess which transport the trainer drives. */
 static int route_update_weights(srv_state *s, struct mg_connection *conn)
 {
