@@ -77,11 +77,18 @@ class FakeStore:
         self.t.start()
 
     def close(self):
+        """Stops listening for good: shutdown() first wakes the accept() of the serving thread (a
+        bare close() from another thread leaves the kernel socket listening until that accept
+        returns, so a later client of the port could still reach this store and its keys)."""
         self.stop = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        with self.cv:
+            self.data.clear()
+        for f in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                f()
+            except OSError:
+                pass
+        self.t.join(5)
 
     def _accept(self):
         while not self.stop:
