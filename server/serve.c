@@ -27,8 +27,14 @@
 
 #include "server/srv.h"
 
-static volatile sig_atomic_t g_signal;
-static void on_signal(int sig) { g_signal = sig; }
+static volatile sig_atomic_t g_signal, g_started;
+/* SIGINT / SIGTERM: a clean shutdown once the server runs; during start-up (a long model load) the
+ * first signal defers the shutdown to the end of the start, a second one exits at once. */
+static void on_signal(int sig)
+{
+    if (g_signal && !g_started) _exit(128 + sig);
+    g_signal = sig;
+}
 
 /* ---- engine thread ------------------------------------------------------------------------------- */
 
@@ -659,14 +665,17 @@ void srv_server_stop(srv_server *sv)
 int srv_cmd_serve(int argc, char **argv)
 {
     char err[1024];
-    srv_server *sv = srv_server_start(argc, argv, err, sizeof err);
-    if (!sv) fatal("%s", err);
+    /* the handlers first: a client may send SIGTERM as soon as the "serving ... on" line is out
+     * (installed after it, a quick stop killed the process instead of shutting it down) */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    srv_server *sv = srv_server_start(argc, argv, err, sizeof err);
+    if (!sv) fatal("%s", err);
+    g_started = 1;
     while (!g_signal) usleep(20000);
     srv_logf("info", "serve", "signal %d, shutting down", (int)g_signal);
     srv_server_stop(sv);
