@@ -40,6 +40,7 @@
  * (an opcode makes at most one node and pushes at most one value; every cell consumes a pushed
  * value), itself bounded by SRV_PRIMERL_META_MAX_BYTES: at most ~40 bytes per input byte.
  */
+#include "server/le.h"
 #include "server/primerl_meta.h"
 
 #include <stdio.h>
@@ -157,13 +158,6 @@ static int memo_put(upk *u, uint64_t idx, size_t at)
     if (u->memo[idx] == NONE) u->memo_len++;
     u->memo[idx] = u->stack[u->sp - 1];
     return 0;
-}
-
-static uint64_t le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
 }
 
 /* The length of the UTF-8 sequence at s[0..n) (1..4; no overlong forms, surrogates or code points
@@ -300,7 +294,7 @@ static int parse(upk *u, uint32_t *root)
         case 0x95: /* FRAME: 8-byte length of the frame that follows */
             if (frame_end) return bad(u, at, "FRAME inside a frame%s", NULL);
             if (n - i < 8) return bad(u, at, "truncated FRAME%s", NULL);
-            len = (size_t)le(p + i, 8) > n ? n : (size_t)le(p + i, 8);
+            len = (size_t)srv_le(p + i, 8) > n ? n : (size_t)srv_le(p + i, 8);
             i += 8;
             if (len > n - i) return bad(u, at, "FRAME longer than the data%s", NULL);
             frame_end = len ? i + len : 0;
@@ -309,7 +303,7 @@ static int parse(upk *u, uint32_t *root)
         case 'X':  /* BINUNICODE: 4-byte length */
             need = op == 0x8c ? 1 : 4;
             if (n - i < need) return bad(u, at, "truncated string length%s", NULL);
-            len = (size_t)le(p + i, (int)need);
+            len = (size_t)srv_le(p + i, (int)need);
             i += need;
             if (len > n - i) return bad(u, at, "string longer than the data%s", NULL);
             if (len > MAX_STR) return bad(u, at, "string too long%s", NULL);
@@ -330,14 +324,14 @@ static int parse(upk *u, uint32_t *root)
                 len = p[i++];
                 if (len > 8) return bad(u, at, "an integer wider than 64 bits%s", NULL);
                 if (n - i < len) return bad(u, at, "truncated LONG1%s", NULL);
-                uint64_t w = le(p + i, (int)len);
+                uint64_t w = srv_le(p + i, (int)len);
                 if (len && len < 8 && (p[i + len - 1] & 0x80)) w |= ~UINT64_C(0) << (8 * len); /* sign */
                 memcpy(&v, &w, sizeof v);
                 i += len;
             } else {
                 need = op == 'K' ? 1 : op == 'M' ? 2 : 4;
                 if (n - i < need) return bad(u, at, "truncated integer%s", NULL);
-                uint64_t w = le(p + i, (int)need);
+                uint64_t w = srv_le(p + i, (int)need);
                 v = op == 'J' ? (int64_t)(int32_t)(uint32_t)w : (int64_t)w;
                 i += need;
             }
@@ -381,14 +375,14 @@ static int parse(upk *u, uint32_t *root)
         case 'r': /* LONG_BINPUT: 4-byte index */
             need = op == 'q' ? 1 : 4;
             if (n - i < need) return bad(u, at, "truncated memo index%s", NULL);
-            if (memo_put(u, le(p + i, (int)need), at)) return -1;
+            if (memo_put(u, srv_le(p + i, (int)need), at)) return -1;
             i += need;
             break;
         case 'h': /* BINGET */
         case 'j': { /* LONG_BINGET */
             need = op == 'h' ? 1 : 4;
             if (n - i < need) return bad(u, at, "truncated memo index%s", NULL);
-            const uint64_t k = le(p + i, (int)need);
+            const uint64_t k = srv_le(p + i, (int)need);
             i += need;
             if (k >= u->memo_cap || u->memo[k] == NONE) return bad(u, at, "memo read of an unset index%s", NULL);
             if (push(u, u->memo[k], at)) return -1;

@@ -1,6 +1,7 @@
 /* server/tcpstore.c — c10d TCPStore client and the frameworks' NCCL-id rendezvous (tcpstore.h has
  * the protocol and where it was read). */
 #include "server/tcpstore.h"
+#include "server/le.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -187,7 +188,7 @@ static void wb_u32(wbuf *b, uint32_t v)
 static void wb_u64(wbuf *b, uint64_t v)
 {
     unsigned char c[8];
-    for (int i = 0; i < 8; i++) c[i] = (unsigned char)(v >> (8 * i));
+    srv_put_le64(c, v);
     wb_put(b, c, 8);
 }
 
@@ -195,13 +196,6 @@ static void wb_bytes(wbuf *b, const void *p, size_t n)
 {
     wb_u64(b, n);
     if (n) wb_put(b, p, n);
-}
-
-static uint64_t rd_u64(const unsigned char *c)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | c[i];
-    return v;
 }
 
 static uint32_t rd_u32(const unsigned char *c)
@@ -259,7 +253,7 @@ static int recv_vector(srv_store *s, unsigned char **val, size_t *len, int64_t d
     *len = 0;
     int rc = recv_all(s, h, 8, deadline, what, err, errlen);
     if (rc) return rc;
-    uint64_t n = rd_u64(h);
+    uint64_t n = srv_le64(h);
     if (n > SRV_STORE_MAX_VALUE) {
         s->broken = 1;
         snprintf(err, errlen, "TCPStore: %s from %s announces %llu bytes, over the %u-byte limit", what, s->peer,
@@ -287,7 +281,7 @@ static int recv_i64(srv_store *s, int64_t *out, int64_t deadline, const char *wh
     unsigned char h[8];
     int rc = recv_all(s, h, 8, deadline, what, err, errlen);
     if (rc) return rc;
-    uint64_t u = rd_u64(h);
+    uint64_t u = srv_le64(h);
     memcpy(out, &u, sizeof u);
     return 0;
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "server/le.h"
 #include "server/tcpstore.h"
 
 #define MAX_NODES 24
@@ -89,13 +90,6 @@ static int memo_put(upk *u, size_t idx, size_t at)
     return 0;
 }
 
-static uint64_t le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
 static int eq(const unsigned char *p, size_t n, const char *s)
 {
     return n == strlen(s) && memcmp(p, s, n) == 0;
@@ -125,7 +119,7 @@ int srv_store_unpickle_nccl_id(const unsigned char *p, size_t n, unsigned char i
         switch (op) {
         case 0x95: /* FRAME: 8-byte length of the frame that follows */
             if (n - i < 8) return bad(&u, "truncated FRAME", at);
-            len = (size_t)le(p + i, 8);
+            len = (size_t)srv_le(p + i, 8);
             i += 8;
             if (len > n - i) return bad(&u, "FRAME longer than the data", at);
             break;
@@ -135,7 +129,7 @@ int srv_store_unpickle_nccl_id(const unsigned char *p, size_t n, unsigned char i
         case 'B': { /* BINBYTES: 4-byte length */
             need = (op == 0x8c || op == 'C') ? 1 : 4;
             if (n - i < need) return bad(&u, "truncated length", at);
-            len = (size_t)le(p + i, (int)need);
+            len = (size_t)srv_le(p + i, (int)need);
             i += need;
             if (len > n - i) return bad(&u, "string or bytes longer than the data", at);
             int is_str = op == 0x8c || op == 'X';
@@ -187,14 +181,14 @@ int srv_store_unpickle_nccl_id(const unsigned char *p, size_t n, unsigned char i
         case 'r': /* LONG_BINPUT: 4-byte index */
             need = op == 'q' ? 1 : 4;
             if (n - i < need) return bad(&u, "truncated memo index", at);
-            if (memo_put(&u, (size_t)le(p + i, (int)need), at)) return SRV_STORE_ERR;
+            if (memo_put(&u, (size_t)srv_le(p + i, (int)need), at)) return SRV_STORE_ERR;
             i += need;
             break;
         case 'h': /* BINGET */
         case 'j': { /* LONG_BINGET */
             need = op == 'h' ? 1 : 4;
             if (n - i < need) return bad(&u, "truncated memo index", at);
-            uint64_t k = le(p + i, (int)need);
+            uint64_t k = srv_le(p + i, (int)need);
             i += need;
             if (k >= MAX_MEMO || u.memo[k] < 0) return bad(&u, "memo read of an unset index", at);
             if (push(&u, u.memo[k], at)) return SRV_STORE_ERR;

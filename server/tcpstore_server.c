@@ -17,6 +17,7 @@
  * the protocol closes that connection (not the server).
  */
 #include "server/tcpstore.h"
+#include "server/le.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -136,23 +137,11 @@ static int put_bytes(conn *c, const void *buf, size_t n)
     return 0;
 }
 
-static uint64_t le64(const unsigned char *b)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
-    return v;
-}
-
-static void to_le64(unsigned char *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-
 static int get_u64(conn *c, uint64_t *v)
 {
     unsigned char b[8];
     if (get_bytes(c, b, 8, 0)) return -1;
-    *v = le64(b);
+    *v = srv_le64(b);
     return 0;
 }
 
@@ -189,7 +178,7 @@ static int get_key(conn *c, char **key)
 static int put_vec(conn *c, const unsigned char *p, size_t n)
 {
     unsigned char h[8];
-    to_le64(h, n);
+    srv_put_le64(h, n);
     return put_bytes(c, h, 8) || (n && put_bytes(c, p, n)) ? -1 : 0;
 }
 
@@ -198,7 +187,7 @@ static int put_i64(conn *c, int64_t v)
     unsigned char h[8];
     uint64_t u;
     memcpy(&u, &v, sizeof u);
-    to_le64(h, u);
+    srv_put_le64(h, u);
     return put_bytes(c, h, 8);
 }
 
@@ -756,7 +745,7 @@ static size_t pickle_nccl_id(unsigned char *b, const unsigned char id[SRV_STORE_
     static const unsigned char tail[] = {0x94, 0x86, 0x94, 0x86, 0x94, 'R', 0x94, '.'};
     memcpy(b + n, tail, sizeof tail);
     n += sizeof tail;
-    to_le64(b + fl, n - fl - 8);
+    srv_put_le64(b + fl, n - fl - 8);
     return n;
 }
 
@@ -801,7 +790,7 @@ static size_t pickle_short_str(unsigned char *b, const char *text)
 {
     size_t l = strlen(text), n = 0;
     b[n++] = 0x80, b[n++] = 4, b[n++] = 0x95;
-    to_le64(b + n, l + 4); /* the frame: 0x8c, the length byte, the text, 0x94, '.' */
+    srv_put_le64(b + n, l + 4); /* the frame: 0x8c, the length byte, the text, 0x94, '.' */
     n += 8;
     b[n++] = 0x8c, b[n++] = (unsigned char)l;
     memcpy(b + n, text, l);

@@ -29,14 +29,19 @@ const gs_gpu_transport *srv_gpu_xport(const srv_state *s)
     return t && t->abi == GS_GPU_TRANSPORT_ABI ? t : NULL;
 }
 
-static double gpu_timeout(const srv_state *s, const srv_cmd *c)
+double srv_nccl_timeout_s(const srv_state *s, double req)
 {
-    if (c->timeout > 0) return c->timeout;
-    if (s->nccl_timeout > 0) return s->nccl_timeout;
-    const char *v = getenv("GRAPHSWAP_NCCL_TIMEOUT_S");
-    double t = v ? strtod(v, NULL) : 0;
-    return t > 0 ? t : 300.0;
+    double t = req;
+    if (!(t > 0) && s && s->nccl_timeout > 0) t = s->nccl_timeout;
+    if (!(t > 0)) {
+        const char *v = getenv("GRAPHSWAP_NCCL_TIMEOUT_S");
+        t = v ? strtod(v, NULL) : 0;
+    }
+    if (!(t > 0)) t = 300;
+    return t > 86400 ? 86400 : t;
 }
+
+static double gpu_timeout(const srv_state *s, const srv_cmd *c) { return srv_nccl_timeout_s(s, c->timeout); }
 
 void srv_gpu_ipc_release(srv_state *s)
 {
@@ -732,17 +737,8 @@ int srv_nccl_init_parse(const cJSON *b, srv_store_kind kind, srv_cmd *c, srv_err
 
 /* ---- the TCPStore rendezvous of an init body (handler threads) ------------------------------------------ */
 
-static int store_timeout_ms(const srv_cmd *c)
-{
-    double t = c->timeout;
-    if (!(t > 0)) {
-        const char *v = getenv("GRAPHSWAP_NCCL_TIMEOUT_S");
-        t = v ? strtod(v, NULL) : 0;
-    }
-    if (!(t > 0)) t = 300;
-    if (t > 86400) t = 86400;
-    return (int)(t * 1000);
-}
+/* (handler threads: the group's timeout, s->nccl_timeout, is the engine thread's) */
+static int store_timeout_ms(const srv_cmd *c) { return (int)(srv_nccl_timeout_s(NULL, c->timeout) * 1000); }
 
 static void store_req(const srv_cmd *c, srv_store_kind kind, srv_store_req *r)
 {

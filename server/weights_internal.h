@@ -190,6 +190,10 @@ int srv_gpu_available(const srv_state *s);
 void srv_gpu_cmd_run(srv_state *s, srv_cmd *c, int *st);
 /* The CUDA module's transport table; NULL on the CPU backend. */
 const gs_gpu_transport *srv_gpu_xport(const srv_state *s);
+/* Seconds an NCCL step (communicator init, a broadcast, a store wait) may take: req when > 0, else
+ * the group's timeout_s (s may be NULL: handler threads), else GRAPHSWAP_NCCL_TIMEOUT_S, else 300;
+ * at most a day. */
+double srv_nccl_timeout_s(const srv_state *s, double req);
 /* Engine thread, the NCCL steps the TRL commands reuse: create the group of c (rank, world, root,
  * warm-up; 200 / 4xx / 5xx in *st), receive one bucket of c->meta into the open session (validated
  * first; a refused bucket's bytes are still received, so both sides stay in step), and drop the

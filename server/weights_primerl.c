@@ -71,6 +71,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/le.h"
 #include "server/primerl_meta.h"
 #include "server/weights_internal.h"
 
@@ -164,13 +165,6 @@ static int route_init_broadcaster(srv_state *s, struct mg_connection *conn)
 
 #define PRIMERL_MAX_STATE_DICTS 100000 /* N = decoder layers + 1 */
 
-static uint64_t le64(const unsigned char b[8])
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
-    return v;
-}
-
 /* The group [a, b) of pm as c->meta (names moved out of pm): one frame of all its tensors. */
 static int group_meta(srv_primerl_meta *pm, size_t a, size_t b, srv_cmd *c)
 {
@@ -230,7 +224,7 @@ void srv_primerl_cmd_run(srv_state *s, srv_cmd *c, int *st)
         refused = 1;
     /* 1. the count: one torch.long, 8 bytes little endian */
     if (srv_gpu_nccl_recv_host(s, c, b8, 8, st) != 0) goto recv_failed;
-    nd = le64(b8);
+    nd = srv_le64(b8);
     if (nd == 0 || nd > PRIMERL_MAX_STATE_DICTS) {
         snprintf(why, sizeof why, "a state-dict count of %llu (1..%d expected)", (unsigned long long)nd,
                  PRIMERL_MAX_STATE_DICTS);
@@ -239,7 +233,7 @@ void srv_primerl_cmd_run(srv_state *s, srv_cmd *c, int *st)
     for (d = 0; d < nd; d++) {
         /* 2a. the pickle's length, 2b. the pickle */
         if (srv_gpu_nccl_recv_host(s, c, b8, 8, st) != 0) goto recv_failed;
-        const uint64_t len = le64(b8);
+        const uint64_t len = srv_le64(b8);
         if (len < 4 || len > SRV_PRIMERL_META_MAX_BYTES || len > s->nccl_staging_bytes) {
             snprintf(why, sizeof why, "a metadata pickle of %llu bytes (4..%u, and at most the NCCL staging's %zu)",
                      (unsigned long long)len, SRV_PRIMERL_META_MAX_BYTES, s->nccl_staging_bytes);

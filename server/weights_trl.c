@@ -47,13 +47,7 @@
 
 /* ---- engine side --------------------------------------------------------------------------------- */
 
-static int trl_timeout_ms(const srv_state *s)
-{
-    double t = s->nccl_timeout > 0 ? s->nccl_timeout : 300;
-    const char *v = getenv("GRAPHSWAP_NCCL_TIMEOUT_S");
-    if (s->nccl_timeout <= 0 && v && strtod(v, NULL) > 0) t = strtod(v, NULL);
-    return (int)(t > 86400 ? 86400000 : t * 1000);
-}
+static int trl_timeout_ms(const srv_state *s) { return (int)(srv_nccl_timeout_s(s, 0) * 1000); }
 
 static void trl_store_stop(srv_state *s)
 {
@@ -189,8 +183,7 @@ void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st)
     case SRV_CMD_TRL_CLOSE:
         trl_finish(s, c, st);
         srv_gpu_nccl_release(s);
-        trl_store_stop(s);
-        if (*st == 200 || !c->err[0]) *st = 200;
+        trl_store_stop(s); /* (*st: the finish's) */
         return;
     default:
         snprintf(err, el, "not a TRL command");
