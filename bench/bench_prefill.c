@@ -47,6 +47,13 @@ __attribute__((target("avx512f"))) static double fma_avx512(long iters)
 {
     FMA12(__m512, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_reduce_add_ps);
 }
+/* vdpbf16ps: 16 lanes x 2 products per instruction (the --bf16-activations matmul's instruction) */
+__attribute__((target("avx512f,avx512bf16"))) static double dp_avx512bf16(long iters)
+{
+#define DP_BF(a, m, c) _mm512_dpbf16_ps((a), (__m512bh)(m), (__m512bh)(c))
+    FMA12(__m512, DP_BF, _mm512_set1_ps, _mm512_reduce_add_ps);
+#undef DP_BF
+}
 __attribute__((target("avx2,fma"))) static float red256(__m256 v)
 {
     float t[8];
@@ -72,7 +79,11 @@ static void fma_task(void *vctx, int tid, int nth)
     (void)tid, (void)nth;
     const fma_ctx *c = vctx;
 #ifdef KERN_HAVE_X86
-    if (c->isa == KERN_ISA_AVX512) {
+    if (c->isa == -1) { /* the bf16 dot-product peak */
+        bench_sink(dp_avx512bf16(c->iters));
+        return;
+    }
+    if (c->isa >= KERN_ISA_AVX512) {
         bench_sink(fma_avx512(c->iters));
         return;
     }
@@ -85,10 +96,11 @@ static void fma_task(void *vctx, int tid, int nth)
 }
 
 /* Best of several runs, GFLOP/s over all pool threads (an FMA is 2 FLOPs per lane). */
-static double fma_peak(kern_pool *pool, const char **isa_name)
+static double fma_peak(kern_pool *pool, const char **isa_name, int bf16_dot)
 {
     const kern_simd_ops *so = kern_simd();
-    fma_ctx c = {.isa = so->isa, .lanes = so->isa == KERN_ISA_AVX512 ? 16 : so->isa == KERN_ISA_AVX2 ? 8 : 1};
+    fma_ctx c = {.isa = so->isa, .lanes = so->isa >= KERN_ISA_AVX512 ? 16 : so->isa == KERN_ISA_AVX2 ? 8 : 1};
+    if (bf16_dot) c = (fma_ctx){.isa = -1, .lanes = 32}; /* two products per lane */
     *isa_name = so->name;
     c.iters = c.isa == KERN_ISA_SCALAR ? 2000000 : 4000000;
     int nth = kern_pool_threads(pool);
@@ -170,12 +182,18 @@ int srv_bench_prefill(int argc, char **argv)
     bench_preflight("prefill", "prompt tokens/s against the FMA peak measured in the same run");
     kern_pool *pool = kern_pool_create(ro.threads);
     const char *isa;
-    double peak = fma_peak(pool, &isa);
+    double peak = fma_peak(pool, &isa, 0);
+    /* --bf16-activations where the CPU has vdpbf16ps: its peak too (bf16 matmuls run on it) */
+    const int dot = ro.bf16_activations && kern_simd()->isa == KERN_ISA_AVX512BF16;
+    double dpeak = dot ? fma_peak(pool, &isa, 1) : 0;
     int nthreads = kern_pool_threads(pool);
     kern_pool_destroy(pool);
-    printf("model: %s  threads: %d  isa: %s\n", ro.model_dir, nthreads, isa);
+    printf("model: %s  threads: %d  isa: %s%s\n", ro.model_dir, nthreads, isa,
+           ro.bf16_activations ? "  --bf16-activations" : "");
     printf("FMA peak: %.1f GFLOP/s (%d threads)\n", peak, nthreads);
-    printf("%-6s %10s %10s %10s %10s %10s %8s\n", "len", "tok/s", "ms", "min ms", "max ms", "GFLOP/s", "% peak");
+    if (dot) printf("BF16 dot peak (vdpbf16ps): %.1f GFLOP/s (%d threads)\n", dpeak, nthreads);
+    printf("%-6s %10s %10s %10s %10s %10s %8s%s\n", "len", "tok/s", "ms", "min ms", "max ms", "GFLOP/s", "% peak",
+           dot ? "  % dot peak" : "");
     for (int li = 0; li < n_lengths; li++) {
         int L = lengths[li];
         srv_runtime_opts o = ro;
@@ -197,8 +215,10 @@ int srv_bench_prefill(int argc, char **argv)
         qsort(t, (size_t)reps, sizeof *t, cmp_double);
         double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
         double gf = prefill_flops(c, L) / med / 1e9;
-        printf("%-6d %10.1f %10.2f %10.2f %10.2f %10.1f %7.1f%%\n", L, L / med, med * 1e3, t[0] * 1e3,
+        printf("%-6d %10.1f %10.2f %10.2f %10.2f %10.1f %7.1f%%", L, L / med, med * 1e3, t[0] * 1e3,
                t[reps - 1] * 1e3, gf, 100.0 * gf / peak);
+        if (dot) printf(" %11.1f%%", 100.0 * gf / dpeak);
+        printf("\n");
         fflush(stdout);
         free(prompt);
         free(t);

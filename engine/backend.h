@@ -87,6 +87,7 @@ typedef struct {
     size_t arena_bytes; /* address space reserved for the arena */
     int threads;        /* CPU worker threads (<= 0: all online CPUs) */
     int checked;
+    int bf16_activations; /* CPU: bf16-weight matmuls round activations to bf16 (kern_pool_set_bf16_activations) */
 } eng_backend_config;
 
 /* CPU backend: arena in host memory, ops run by kernels/cpu on a fixed thread pool. Returns NULL

@@ -270,5 +270,6 @@ eng_backend *eng_backend_cpu_create(const eng_backend_config *cfg, char *err, si
         cpu_destroy(be);
         return NULL;
     }
+    kern_pool_set_bf16_activations(c->pool, cfg->bf16_activations);
     return be;
 }

@@ -344,6 +344,11 @@ kern_pool *kern_pool_create(int nthreads); /* nthreads <= 0: number of online CP
 void kern_pool_destroy(kern_pool *pool);
 int kern_pool_threads(const kern_pool *pool);
 void kern_pool_run(kern_pool *pool, kern_task_fn fn, void *ctx);
+/* Off by default. On: the pool's matmuls of bf16 weights round their activations to bf16 and sum
+ * bf16 products in pairs, as vdpbf16ps does (bitwise the same with or without AVX512_BF16; see
+ * kernels/cpu/kern_cpu.h) — twice the arithmetic rate where the CPU has it, activations at bf16
+ * precision. Set between ops, never while one runs. */
+void kern_pool_set_bf16_activations(kern_pool *pool, int on);
 
 /* Runs one op on the CPU, using the pool's threads. Asserts on malformed ops (a bug). */
 void kern_cpu_exec(kern_pool *pool, const kern_op *op);

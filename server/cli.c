@@ -160,6 +160,10 @@ const char srv_runtime_help[] =
     "  --gpu-memory-mb N      CUDA arena size (default: all free device memory but 2 GiB)\n"
     "  --threads N            CPU worker threads (default: all cores)\n"
     "  --checked              verify every baked plan pointer at replay (also GRAPHSWAP_CHECKED=1)\n"
+    "  --bf16-activations     CPU, bf16 weights: round each matmul's activations to bf16 and sum\n"
+    "                         bf16 products in pairs as vdpbf16ps does (as llama.cpp does; about\n"
+    "                         twice the prefill matmul rate on CPUs with AVX512_BF16, the same bits\n"
+    "                         elsewhere, slower there); default off: activations stay f32\n"
     "  --eager                run the op tape each step instead of replaying captured plans\n"
     "  --max-seqs N           concurrent sequences (default 64)\n"
     "  --max-step-tokens N    rows of the largest plan bucket (default 256)\n"
@@ -197,6 +201,7 @@ int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
         srv_arg_float(argc, argv, i, "--spec-confidence-threshold", 0, 1, &o->ecfg.spec_conf_threshold) ||
         srv_arg_int(argc, argv, i, "--threads", 1, 256, &o->threads) ||
         srv_arg_flag(argc, argv, i, "--checked", &o->checked) ||
+        srv_arg_flag(argc, argv, i, "--bf16-activations", &o->bf16_activations) ||
         srv_arg_int(argc, argv, i, "--max-seqs", 1, 4096, &o->ecfg.max_seqs) ||
         srv_arg_int(argc, argv, i, "--max-step-tokens", 1, 16384, &o->ecfg.max_step_tokens) ||
         srv_arg_int(argc, argv, i, "--prefill-chunk", 1, 1 << 20, &o->ecfg.prefill_chunk) ||
@@ -273,6 +278,11 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     mdl_config cfg;
     if (mdl_config_load(o->model_dir, &cfg, err, errlen) != 0) return -1;
     if (o->backend && strcmp(o->backend, "cuda") == 0) {
+        if (o->bf16_activations) {
+            snprintf(err, errlen, "--bf16-activations is a CPU-backend option (the CUDA backend's "
+                                  "counterpart is GS_CUDA_FAST_GEMM=1)");
+            return -1;
+        }
 #ifdef GS_HAVE_CUDA
         eng_backend_config bc = {.arena_bytes = o->gpu_arena_bytes, .threads = o->threads, .checked = o->checked};
         rt->be = cuda_backend_create(&bc, err, errlen);
@@ -281,7 +291,10 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
         return -1;
 #endif
     } else {
-        eng_backend_config bc = {.arena_bytes = (size_t)64 << 30, .threads = o->threads, .checked = o->checked};
+        eng_backend_config bc = {.arena_bytes = (size_t)64 << 30,
+                                 .threads = o->threads,
+                                 .checked = o->checked,
+                                 .bf16_activations = o->bf16_activations};
         rt->be = eng_backend_cpu_create(&bc, err, errlen);
     }
     if (!rt->be) return -1;

@@ -96,7 +96,7 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
         m[qi] = -INFINITY;
         l[qi] = 0.0f;
     }
-    float S[ATT_Q][ATT_CHUNK], pj[ATT_CHUNK];
+    float S[ATT_Q][ATT_CHUNK];
     const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK];
     for (int32_t j0 = 0; j0 < Lmax; j0 += ATT_CHUNK) {
         const int cmax = Lmax - j0 < ATT_CHUNK ? (int)(Lmax - j0) : ATT_CHUNK;
@@ -121,9 +121,14 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
             for (int i0 = 0; i0 < cmax && j0 + i0 < lb; i0 += 4)
                 simd->dots4x4(qp + q0, bq, krow + i0, cmax - i0 < 4 ? cmax - i0 : 4, hd, &S[q0][i0], ATT_CHUNK);
         }
+        /* each live query: scale its scores, raise m to the chunk max (rescaling l and acc), then
+         * S[qi][i] = p = exp(s - m) */
+        int cq[ATT_Q], cmaxq = 0;
         for (int qi = 0; qi < nq; qi++) {
-            if (L[qi] <= j0) continue;
-            const int c = L[qi] - j0 < ATT_CHUNK ? (int)(L[qi] - j0) : ATT_CHUNK;
+            cq[qi] = L[qi] <= j0 ? 0 : L[qi] - j0 < ATT_CHUNK ? (int)(L[qi] - j0) : ATT_CHUNK;
+            const int c = cq[qi];
+            if (c > cmaxq) cmaxq = c;
+            if (c == 0) continue;
             float *s = S[qi];
             float mc = -INFINITY;
             for (int i = 0; i < c; i++) {
@@ -138,12 +143,15 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
                 }
                 m[qi] = mc;
             }
-            for (int i = 0; i < c; i++) {
-                pj[i] = expf(s[i] - m[qi]);
-                l[qi] = l[qi] + pj[i];
-            }
-            simd->axpys(acc[qi], pj, vrow, c, hd);
+            for (int i = 0; i < c; i++) s[i] = expf(s[i] - m[qi]);
         }
+        /* l[qi] = l[qi] + p, key by key in order for each query; the queries' chains interleaved
+         * (one serial add chain per query would wait an add latency per key) */
+        for (int i = 0; i < cmaxq; i++)
+            for (int qi = 0; qi < nq; qi++)
+                if (i < cq[qi]) l[qi] = l[qi] + S[qi][i];
+        for (int qi = 0; qi < nq; qi++)
+            if (cq[qi] > 0) simd->axpys(acc[qi], S[qi], vrow, cq[qi], hd);
     }
     for (int qi = 0; qi < nq; qi++) {
         const int ri = qi / nhq, h = hb + qi % nhq;

@@ -16,6 +16,18 @@
  * + i+1), then the k % 16 tail is added in order (s = s + a*b, unfused). The scalar, AVX2 (two 8-wide halves) and AVX-512 instantiations all
  * perform exactly these IEEE operations, so results are bitwise identical on every x86-64 machine,
  * for every row count, tile shape and thread split. Tests check this by forcing each ISA.
+ *
+ * "bf16 pairs" — the matmul of bf16 weights when the pool's bf16-activation mode is on
+ * (kern_pool_set_bf16_activations; off by default): each activation is first rounded to bf16
+ * (kern_f32_to_bf16_daz), and lane i accumulates the pairs k = 32s + 2i, 32s + 2i + 1 for
+ * s = 0, 1, ... as vdpbf16ps does: acc = fma(x[k+1], w[k+1], acc), then acc = fma(x[k], w[k], acc),
+ * each with denormal inputs read as zero and a tiny result flushed to zero with its sign (both
+ * products are exact: 8-bit significands). Then the same fixed tree over the 16 lanes and the
+ * k % 32 tail in order (s = s + x * w, unfused, x rounded), in plain IEEE arithmetic. The native
+ * AVX512_BF16 kernel (vcvtne2ps2bf16 + vdpbf16ps) and the emulations in the scalar, AVX2 and
+ * AVX-512 builds give the same bits; on this scheme bf16 matmuls do twice the products per
+ * instruction, at the cost of activations carried at bf16 precision into each matmul (what
+ * llama.cpp and vLLM do for bf16 models; graphswap's default keeps them f32).
  */
 #ifndef GS_KERN_CPU_H
 #define GS_KERN_CPU_H
@@ -33,7 +45,8 @@ _Noreturn void kern_cpu_fail(const kern_op *op, const char *what, const char *fi
     } while (0)
 
 /* ---- instruction-set selection ----------------------------------------------------------------- */
-typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2 } kern_isa;
+/* AVX512BF16: AVX-512 plus the native bf16-pairs matmul (every other entry is AVX-512's) */
+typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2, KERN_ISA_AVX512BF16 = 3 } kern_isa;
 
 /* Arguments of one GEMV/GEMM call: out[r, n] (+)= x[r, :] . W[n, :] + bias[n], r < M. */
 typedef struct {
@@ -52,6 +65,8 @@ typedef struct {
     const char *name;
     /* all rows 0..M-1, output columns [n0, n1) */
     void (*mm_cols)(const kern_mm_args *a, int n0, int n1);
+    /* the same for bf16 weights in the bf16-pairs scheme (activations rounded to bf16) */
+    void (*mm_cols_bf16x)(const kern_mm_args *a, int n0, int n1);
     /* sum_i a[i]*b[i] in the 16-lane scheme */
     float (*dot)(const float *a, const float *b, int n);
     /* out[i * ldo + j] = dot(q[i], k[j], n) for i < nq <= 4, j < nk <= 4: bitwise as nq * nk calls
@@ -68,10 +83,25 @@ extern const kern_simd_ops kern_simd_scalar;
 #define KERN_HAVE_X86 1
 extern const kern_simd_ops kern_simd_avx2;
 extern const kern_simd_ops kern_simd_avx512;
+extern const kern_simd_ops kern_simd_avx512bf16;
+void kern_mm_cols_bf16x_native(const kern_mm_args *a, int n0, int n1); /* simd_avx512bf16.c */
 #endif
 
-/* The ISA in use: the best the CPU supports, or GS_KERN_ISA=scalar|avx2|avx512 (capped at what
- * the CPU supports). Chosen on first use. */
+/* f32 -> bf16 as vcvtne2ps2bf16 rounds: to nearest even, a denormal input reads as zero (keeping
+ * its sign), NaN stays a quiet NaN. The activation rounding of the bf16-pairs matmul. */
+static inline uint16_t kern_f32_to_bf16_daz(float f)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.f = f};
+    if ((v.u & 0x7f800000u) == 0) return (uint16_t)((v.u >> 16) & 0x8000u);
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* The ISA in use: the best the CPU supports, or GS_KERN_ISA=scalar|avx2|avx512|avx512bf16 (capped
+ * at what the CPU supports). Chosen on first use. */
 const kern_simd_ops *kern_simd(void);
 /* Test hook: force an ISA. Returns 0, or -1 if the CPU lacks it. Not thread-safe against running
  * kernels; call between ops. */
@@ -107,6 +137,9 @@ static inline void kern_split(int64_t total, int tid, int nt, int64_t align, int
     *b = ub * align < total ? ub * align : total;
     *e = ue * align < total ? ue * align : total;
 }
+
+/* Whether the pool runs bf16-weight matmuls in the bf16-pairs scheme (0 for a NULL pool). */
+int kern_pool_bf16_activations(const kern_pool *pool);
 
 /* Test hook: how long an idle worker spins before sleeping, in microseconds (default 1000, or
  * GS_KERN_SPIN_US). */

@@ -10,6 +10,7 @@
 typedef struct {
     kern_mm_args a;
     const kern_simd_ops *simd;
+    int bf16x; /* bf16 weights in the bf16-pairs scheme (the pool's bf16-activation mode) */
 } mm_task;
 
 static void mm_run(void *ctx, int tid, int nt)
@@ -19,7 +20,11 @@ static void mm_run(void *ctx, int tid, int nt)
     /* 16-column units: ranges start on whole tiles (8 or 6 columns) for most of each share and
      * W rows of a share stay contiguous. */
     kern_split(t->a.N, tid, nt, 16, &b, &e);
-    if (b < e) t->simd->mm_cols(&t->a, (int)b, (int)e);
+    if (b >= e) return;
+    if (t->bf16x)
+        t->simd->mm_cols_bf16x(&t->a, (int)b, (int)e);
+    else
+        t->simd->mm_cols(&t->a, (int)b, (int)e);
 }
 
 void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
@@ -40,6 +45,7 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
             .accumulate = p[4],
         },
         .simd = kern_simd(),
+        .bf16x = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool),
     };
     kern_cpu_parallel(pool, mm_run, &t, (size_t)M * (size_t)p[0] * (size_t)p[1]);
 }

@@ -35,6 +35,7 @@ struct kern_pool {
     void *ctx;
     atomic_long spin_ns;
     atomic_int stop;
+    int bf16_activations; /* bf16-weight matmuls in the bf16-pairs scheme (kern_cpu.h) */
     /* separate cache lines: `gen` is read-mostly by spinning workers, `done` is written by them */
     _Alignas(64) atomic_uint gen;
     _Alignas(64) atomic_int done;
@@ -231,3 +232,7 @@ void kern_cpu_parallel(kern_pool *pool, kern_task_fn fn, void *ctx, size_t work)
     else
         kern_pool_run(pool, fn, ctx);
 }
+
+void kern_pool_set_bf16_activations(kern_pool *pool, int on) { pool->bf16_activations = on != 0; }
+
+int kern_pool_bf16_activations(const kern_pool *pool) { return pool ? pool->bf16_activations : 0; }

@@ -13,6 +13,8 @@ static int cpu_has(kern_isa isa)
 #ifdef KERN_HAVE_X86
     __builtin_cpu_init();
     switch (isa) {
+    case KERN_ISA_AVX512BF16:
+        return cpu_has(KERN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
     case KERN_ISA_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
                __builtin_cpu_supports("fma");
@@ -31,6 +33,8 @@ static const kern_simd_ops *ops_for(kern_isa isa)
 {
     switch (isa) {
 #ifdef KERN_HAVE_X86
+    case KERN_ISA_AVX512BF16:
+        return &kern_simd_avx512bf16;
     case KERN_ISA_AVX512:
         return &kern_simd_avx512;
     case KERN_ISA_AVX2:
@@ -45,8 +49,9 @@ const kern_simd_ops *kern_simd(void)
 {
     const kern_simd_ops *s = atomic_load_explicit(&g_simd, memory_order_acquire);
     if (s) return s;
-    kern_isa want = KERN_ISA_AVX512;
+    kern_isa want = KERN_ISA_AVX512BF16;
     const char *env = getenv("GS_KERN_ISA");
+    if (env && strcmp(env, "avx512") == 0) want = KERN_ISA_AVX512;
     if (env && strcmp(env, "scalar") == 0) want = KERN_ISA_SCALAR;
     if (env && strcmp(env, "avx2") == 0) want = KERN_ISA_AVX2;
     while (want > KERN_ISA_SCALAR && !cpu_has(want)) want = (kern_isa)(want - 1);

@@ -72,12 +72,67 @@ AI2 void V_HSUM16_STORE(float *out, const V *a)
     for (int j = 0; j < 16; j++) out[j] = z[4 * (j % 4) + j / 4]; /* lane 4u + v holds a[u + 4v] */
 }
 
+/* bf16 pairs (kern_cpu.h), emulated with FMAs: e = even k, o = odd k of each lane's pair (lanes
+ * 0-7 take x[0..15], lanes 8-15 x[16..31]); the flushes are explicit, MXCSR is left alone. */
+typedef struct {
+    V e, o;
+} pairs;
+#define XP pairs
+#define WP pairs
+AI2 __m256i flush_tiny_i(__m256i u, __m256i of) /* lanes of u where `of` has a zero exponent -> signed zero */
+{
+    const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(of, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    return _mm256_blendv_epi8(u, _mm256_and_si256(u, _mm256_set1_epi32((int)0x80000000u)), tiny);
+}
+AI2 __m256 flush_tiny(__m256 v)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    return _mm256_castsi256_ps(flush_tiny_i(u, u));
+}
+AI2 __m256 round_bf16_daz(__m256 f) /* kern_f32_to_bf16_daz, as an f32 (low 16 bits zero) */
+{
+    const __m256i u = _mm256_castps_si256(f), hi = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), hi);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_and_si256(u, hi), _mm256_set1_epi32(0x00400000)), nan);
+    return _mm256_castsi256_ps(flush_tiny_i(r, u));
+}
+/* 16 floats -> rounded evens (x[0], x[2], ..., x[14]) and odds */
+AI2 void split16(const float *x, __m256 *e, __m256 *o)
+{
+    const __m256 a = round_bf16_daz(_mm256_loadu_ps(x)), b = round_bf16_daz(_mm256_loadu_ps(x + 8));
+    /* per 128-bit half [a0 a2 b0 b2 | a4 a6 b4 b6]; the 64-bit permute puts them in order */
+    *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
+    *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
+}
+AI2 XP XP_LOAD(const float *x)
+{
+    XP p;
+    split16(x, &p.e.lo, &p.o.lo);
+    split16(x + 16, &p.e.hi, &p.o.hi);
+    return p;
+}
+AI2 WP WP_LOAD(const uint16_t *w)
+{
+    const __m256i m = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i u0 = _mm256_loadu_si256((const __m256i *)w), u1 = _mm256_loadu_si256((const __m256i *)(w + 16));
+    return (WP){{flush_tiny(_mm256_castsi256_ps(_mm256_slli_epi32(u0, 16))), flush_tiny(_mm256_castsi256_ps(_mm256_slli_epi32(u1, 16)))},
+                {flush_tiny(_mm256_castsi256_ps(_mm256_and_si256(u0, m))), flush_tiny(_mm256_castsi256_ps(_mm256_and_si256(u1, m)))}};
+}
+AI2 V V_DP2(V acc, XP x, WP w)
+{
+    acc = (V){flush_tiny(_mm256_fmadd_ps(x.o.lo, w.o.lo, acc.lo)), flush_tiny(_mm256_fmadd_ps(x.o.hi, w.o.hi, acc.hi))};
+    return (V){flush_tiny(_mm256_fmadd_ps(x.e.lo, w.e.lo, acc.lo)), flush_tiny(_mm256_fmadd_ps(x.e.hi, w.e.hi, acc.hi))};
+}
+
 #include "kernels/cpu/simd_body.inc"
 
 const kern_simd_ops kern_simd_avx2 = {
     .isa = KERN_ISA_AVX2,
     .name = "avx2",
     .mm_cols = simd_mm_cols_avx2,
+    .mm_cols_bf16x = simd_mm_cols_bf16x_avx2,
     .dot = simd_dot_avx2,
     .dots4x4 = simd_dots4x4_avx2,
     .axpys = simd_axpys_avx2,

@@ -3,59 +3,55 @@
 #include "kernels/cpu/kern_cpu.h"
 
 #ifdef KERN_HAVE_X86
-#include <immintrin.h>
-
 #define SIMD_TARGET __attribute__((target("avx512f,avx2,fma")))
 #define SIMD_SFX(name) name##_avx512
-#define V __m512
-/* 32 zmm registers: a 4x6 tile holds 24 accumulators + 4 x vectors + the weight in flight. */
-#define MM_MR_MAX 4
-#define MM_NR_ONE 8
-#define MM_NR_MULTI 6
-#define MM_NR_MAX 8
+#include "kernels/cpu/simd_avx512_v.h"
 
-static inline __attribute__((always_inline)) SIMD_TARGET V V_ZERO(void) { return _mm512_setzero_ps(); }
-static inline __attribute__((always_inline)) SIMD_TARGET V V_LOAD(const float *p) { return _mm512_loadu_ps(p); }
-/* bf16 -> f32 is the 16-bit pattern moved to the high half: zero-extend to 32 bits, shift left. */
-static inline __attribute__((always_inline)) SIMD_TARGET V V_LOADBF(const uint16_t *p)
+/* bf16 pairs (kern_cpu.h), emulated with FMAs: e = even k, o = odd k of each lane's pair. The
+ * flushes are explicit (MXCSR is left alone: the compiler may move arithmetic across a change of
+ * it). */
+typedef struct {
+    V e, o;
+} pairs;
+#define XP pairs
+#define WP pairs
+#define AI5 static inline __attribute__((always_inline)) SIMD_TARGET
+AI5 __m512i flush_tiny_i(__m512i u) /* denormal -> zero of the same sign */
 {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_and_epi32(u, tiny, u, _mm512_set1_epi32((int)0x80000000u));
 }
-static inline __attribute__((always_inline)) SIMD_TARGET void V_STORE(float *p, V v) { _mm512_storeu_ps(p, v); }
-static inline __attribute__((always_inline)) SIMD_TARGET V V_SET1(float f) { return _mm512_set1_ps(f); }
-static inline __attribute__((always_inline)) SIMD_TARGET V V_ADD(V a, V b) { return _mm512_add_ps(a, b); }
-static inline __attribute__((always_inline)) SIMD_TARGET V V_MUL(V a, V b) { return _mm512_mul_ps(a, b); }
-static inline __attribute__((always_inline)) SIMD_TARGET V V_FMA(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-static inline __attribute__((always_inline)) SIMD_TARGET float V_HSUM(V v)
+AI5 V flush_tiny(V v) { return _mm512_castsi512_ps(flush_tiny_i(_mm512_castps_si512(v))); }
+/* kern_f32_to_bf16_daz, kept in the high half of each 32-bit lane (the bf16 value as an f32) */
+AI5 __m512i round_bf16_daz(__m512i u)
 {
-    __m256 lo = _mm512_castps512_ps256(v);
-    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    __m256 s8 = _mm256_add_ps(lo, hi);                                                   /* i + i+8 */
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* + i+4 */
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 /* + i+2 */
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));                             /* + i+1 */
-    return _mm_cvtss_f32(s1);
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
+    const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_and_si512(u, hi), _mm512_set1_epi32(0x00400000));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)); /* of the input */
+    return _mm512_mask_and_epi32(r, tiny, u, _mm512_set1_epi32((int)0x80000000u));
 }
-
-/* out[j] = V_HSUM(a[j]) for 16 accumulators at once: the same tree and the same adds, on vectors
- * that each carry pieces of several accumulators (u0..u3 are 128-bit units):
- *   level 1  P_i = [a2i.u0 a2i.u1 a2i+1.u0 a2i+1.u1] + [a2i.u2 a2i.u3 a2i+1.u2 a2i+1.u3]
- *            = [s8 of a[2i] | s8 of a[2i+1]]                                          (8 vectors)
- *   level 2  R_i from (P_2i, P_2i+1): unit u = s4 of a[4i + u]                        (4 vectors)
- *   level 3  T_i from (R_2i, R_2i+1): unit u = [s2 of a[8i+u] (2 lanes), s2 of a[8i+4+u]] (2)
- *   level 4  Z from (T_0, T_1): unit u = final sums of a[u], a[u+4], a[u+8], a[u+12]
- * so lane 4u + v of Z is the sum of a[u + 4v]; one permute puts them in order. */
-#define HSUM_ADD2(op, a, b, i0, i1) _mm512_add_ps(op((a), (b), (i0)), op((a), (b), (i1)))
-static inline __attribute__((always_inline)) SIMD_TARGET void V_HSUM16_STORE(float *out, const V *a)
+AI5 XP XP_LOAD(const float *x)
 {
-    V p[8], r[4], t[2];
-    SIMD_UNROLL for (int i = 0; i < 8; i++) p[i] = HSUM_ADD2(_mm512_shuffle_f32x4, a[2 * i], a[2 * i + 1], 0x44, 0xEE);
-    SIMD_UNROLL for (int i = 0; i < 4; i++) r[i] = HSUM_ADD2(_mm512_shuffle_f32x4, p[2 * i], p[2 * i + 1], 0x88, 0xDD);
-    SIMD_UNROLL for (int i = 0; i < 2; i++)
-        t[i] = HSUM_ADD2(_mm512_shuffle_ps, r[2 * i], r[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0), _MM_SHUFFLE(3, 2, 3, 2));
-    V z = HSUM_ADD2(_mm512_shuffle_ps, t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0), _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, z));
+    const __m512 a = _mm512_castsi512_ps(round_bf16_daz(_mm512_castps_si512(_mm512_loadu_ps(x))));
+    const __m512 b = _mm512_castsi512_ps(round_bf16_daz(_mm512_castps_si512(_mm512_loadu_ps(x + 16))));
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return (XP){_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b)};
+}
+AI5 WP WP_LOAD(const uint16_t *w)
+{
+    const __m512i u = _mm512_loadu_si512((const void *)w); /* lane i: w[2i] | w[2i+1] << 16 */
+    return (WP){flush_tiny(_mm512_castsi512_ps(_mm512_slli_epi32(u, 16))),
+                flush_tiny(_mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u))))};
+}
+AI5 V V_DP2(V acc, XP x, WP w)
+{
+    acc = flush_tiny(_mm512_fmadd_ps(x.o, w.o, acc));
+    return flush_tiny(_mm512_fmadd_ps(x.e, w.e, acc));
 }
 
 #include "kernels/cpu/simd_body.inc"
@@ -64,6 +60,19 @@ const kern_simd_ops kern_simd_avx512 = {
     .isa = KERN_ISA_AVX512,
     .name = "avx512",
     .mm_cols = simd_mm_cols_avx512,
+    .mm_cols_bf16x = simd_mm_cols_bf16x_avx512,
+    .dot = simd_dot_avx512,
+    .dots4x4 = simd_dots4x4_avx512,
+    .axpys = simd_axpys_avx512,
+    .scale = simd_scale_avx512,
+};
+
+/* AVX-512 with the native bf16-pairs matmul (simd_avx512bf16.c) */
+const kern_simd_ops kern_simd_avx512bf16 = {
+    .isa = KERN_ISA_AVX512BF16,
+    .name = "avx512bf16",
+    .mm_cols = simd_mm_cols_avx512,
+    .mm_cols_bf16x = kern_mm_cols_bf16x_native,
     .dot = simd_dot_avx512,
     .dots4x4 = simd_dots4x4_avx512,
     .axpys = simd_axpys_avx512,

@@ -71,12 +71,55 @@ AIS void V_HSUM16_STORE(float *out, const V *a)
     for (int j = 0; j < 16; j++) out[j] = V_HSUM(a[j]);
 }
 
+/* bf16 pairs (kern_cpu.h): e = even k, o = odd k of each lane's pair; the flushes spelled out */
+typedef struct {
+    V e, o;
+} pairs;
+#define XP pairs
+#define WP pairs
+AIS float flush_tiny(float f) /* denormal -> zero of the same sign (DAZ on inputs, FTZ on results) */
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.f = f};
+    if ((v.u & 0x7f800000u) == 0) v.u &= 0x80000000u;
+    return v.f;
+}
+AIS XP XP_LOAD(const float *x)
+{
+    XP p;
+    for (int i = 0; i < 16; i++) {
+        p.e.l[i] = kern_bf16_to_f32(kern_f32_to_bf16_daz(x[2 * i]));
+        p.o.l[i] = kern_bf16_to_f32(kern_f32_to_bf16_daz(x[2 * i + 1]));
+    }
+    return p;
+}
+AIS WP WP_LOAD(const uint16_t *w)
+{
+    WP p;
+    for (int i = 0; i < 16; i++) {
+        p.e.l[i] = flush_tiny(kern_bf16_to_f32(w[2 * i]));
+        p.o.l[i] = flush_tiny(kern_bf16_to_f32(w[2 * i + 1]));
+    }
+    return p;
+}
+AIS V V_DP2(V acc, XP x, WP w)
+{
+    for (int i = 0; i < 16; i++) {
+        acc.l[i] = flush_tiny(fmaf(x.o.l[i], w.o.l[i], acc.l[i]));
+        acc.l[i] = flush_tiny(fmaf(x.e.l[i], w.e.l[i], acc.l[i]));
+    }
+    return acc;
+}
+
 #include "kernels/cpu/simd_body.inc"
 
 const kern_simd_ops kern_simd_scalar = {
     .isa = KERN_ISA_SCALAR,
     .name = "scalar",
     .mm_cols = simd_mm_cols_scalar,
+    .mm_cols_bf16x = simd_mm_cols_bf16x_scalar,
     .dot = simd_dot_scalar,
     .dots4x4 = simd_dots4x4_scalar,
     .axpys = simd_axpys_scalar,

@@ -12,6 +12,10 @@
     same prompt filled the prefix cache (scoring computes it again), and with a DFlash drafter; the
     generated tokens are unchanged by asking for them (values are checked against the numpy reference
     in tests/reference/test_reference.py)
+(h) --bf16-activations (bf16 weights, activations rounded to bf16 in every matmul): plan replay ==
+    eager, a batch == each request alone, and every instruction set (GS_KERN_ISA) gives the same
+    bits; the logprobs move from the default mode's (the mode is on) by little (it is rounding);
+    --backend cuda refuses the option
 (g) the command surface: `graphswap --help` lists every command, `graphswap bench --help` every
     bench; mkmodel reports the folder, its files and the parameter count of what it wrote;
     `generate --prompt TEXT` encodes as POST /tokenize does (same ids, BOS included) and prints the
@@ -525,6 +529,61 @@ def test_cli_surface(binary, tmp, models):
         C.check("memcpy" not in p.stderr.decode(), "(g) memcpy warning below a low expected figure: %r" % p.stderr)
 
 
+# ------------------------------------------------------------------------------------------------
+# (h) --bf16-activations
+# ------------------------------------------------------------------------------------------------
+
+def test_bf16_activations(binary, tmp, models):
+    rng = np.random.default_rng(55)
+    x = ["--bf16-activations"]
+    for mname, (d, vocab) in models.items():
+        p = rand_prompt(rng, vocab, 19)
+        what = "(h) %s --bf16-activations" % mname
+        base = H.generate(C, what, binary, d, p, max_tokens=12, logprobs=3, extra=x)
+        if base is None:
+            continue
+        H.validate_shape(C, what, base, 12, 3)
+        same(what + ": plan replay vs --eager", base,
+             H.generate(C, what + " --eager", binary, d, p, max_tokens=12, logprobs=3, eager=True, extra=x))
+        same(what + ": --prefill-chunk 5 vs one-shot", base,
+             H.generate(C, what + " --prefill-chunk 5", binary, d, p, max_tokens=12, logprobs=3, prefill_chunk=5,
+                        extra=x))
+        reqs = [{"prompt_ids": rand_prompt(rng, vocab, n), "max_tokens": m, "logprobs": 2, "ignore_eos": True,
+                 "temperature": 0.0} for n, m in ((3, 9), (11, 4), (27, 7))]
+        reqs.append({"prompt_ids": p, "max_tokens": 12, "logprobs": 3, "ignore_eos": True, "temperature": 0.0})
+        outs = H.generate_batch(C, what + " batch", binary, d, reqs, os.path.join(tmp, "bf16x_%s.jsonl" % mname),
+                                extra=x)
+        if outs is not None:
+            same(what + ": request in a batch vs alone", outs[3], base)
+            for i, r in enumerate(reqs[:3]):
+                same(what + ": batch request %d vs alone" % i, outs[i],
+                     H.generate(C, what + " alone %d" % i, binary, d, r["prompt_ids"], max_tokens=r["max_tokens"],
+                                logprobs=2, extra=x))
+        saved = os.environ.get("GS_KERN_ISA")
+        try:
+            for isa in ("scalar", "avx2", "avx512"):  # capped at what the CPU has: then a repeat, still valid
+                os.environ["GS_KERN_ISA"] = isa
+                same(what + ": GS_KERN_ISA=%s vs the best ISA" % isa, base,
+                     H.generate(C, what + " " + isa, binary, d, p, max_tokens=12, logprobs=3, extra=x))
+        finally:
+            if saved is None:
+                os.environ.pop("GS_KERN_ISA", None)
+            else:
+                os.environ["GS_KERN_ISA"] = saved
+        # against the default (f32 activations): the same first token's logprob up to bf16 rounding of
+        # the activations, and not bitwise the same (the option took effect)
+        f32 = H.generate(C, "(h) %s default" % mname, binary, d, p, max_tokens=1, logprobs=3)
+        if f32 is not None:
+            a, b = H.num(base["logprobs"][0]), H.num(f32["logprobs"][0])
+            C.check(base["logprobs"][0] != f32["logprobs"][0],
+                    what + ": first logprob bitwise equal to the default mode's (%r): option not in effect" % a)
+            C.check(abs(a - b) < 0.05, what + ": first logprob %r vs %r with f32 activations" % (a, b))
+    res = H.run([binary, "generate", "--model", next(iter(models.values()))[0], "--backend", "cuda",
+                 "--bf16-activations", "--prompt-ids", "1,2", "--max-tokens", "1"])
+    C.check(res.rc != 0 and "CPU-backend option" in res.stderr,
+            "(h) --backend cuda --bf16-activations: rc %s, stderr %r" % (res.rc, res.stderr[-300:]))
+
+
 def main():
     binary = H.require_bin(C)
     tmp = H.scratch_dir("engine_cli")
@@ -534,6 +593,7 @@ def main():
     test_prompt_logprobs(binary, tmp, models)
     test_load_errors(binary, tmp)
     test_cli_surface(binary, tmp, models)
+    test_bf16_activations(binary, tmp, models)
     return C.finish()
 
 

@@ -76,12 +76,13 @@ static int isa_list(kern_isa *out)
 #ifdef KERN_HAVE_X86
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out[n++] = KERN_ISA_AVX2;
     if (__builtin_cpu_supports("avx512f")) out[n++] = KERN_ISA_AVX512;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) out[n++] = KERN_ISA_AVX512BF16;
 #endif
     return n;
 }
 static void isa_reset(void)
 {
-    kern_isa l[3];
+    kern_isa l[4];
     int n = isa_list(l);
     assert_int_equal(kern_simd_force(l[n - 1]), 0);
 }
@@ -297,7 +298,7 @@ static void mm_check_case(kern_pool *pool, int K, int N, int M, int max_rows, in
 static void test_matmul_reference(void **state)
 {
     (void)state;
-    kern_isa isas[3];
+    kern_isa isas[4];
     int nisa = isa_list(isas);
     size_t old = kern_cpu_set_min_parallel_work(0);
     kern_pool *pools[2] = {kern_pool_create(1), kern_pool_create(3)};
@@ -329,7 +330,7 @@ static void test_matmul_reference(void **state)
 static void test_matmul_bitwise(void **state)
 {
     (void)state;
-    kern_isa isas[3];
+    kern_isa isas[4];
     int nisa = isa_list(isas);
     size_t old = kern_cpu_set_min_parallel_work(0);
     const int M = 17;
@@ -374,6 +375,191 @@ static void test_matmul_bitwise(void **state)
         mm_free(&c);
     }
     isa_reset();
+    kern_cpu_set_min_parallel_work(old);
+}
+
+/* ---- bf16-activation matmul (the "bf16 pairs" scheme of kern_cpu.h) --------------------------- */
+
+/* A float drawn from every class: normal values near 1, huge and tiny normals, denormals, zeros,
+ * infinities, NaNs (fully random bits), so rounding and flushing edge cases all occur. */
+static float rnd_any_float(void)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)rnd_u64()};
+    switch (rnd_int(4)) {
+    case 0: v.u = (v.u & 0x807fffffu) | (uint32_t)(120 + rnd_int(14)) << 23; break; /* near 1 */
+    case 1: v.u &= 0x807fffffu; break;                                              /* denormal or zero */
+    case 2: v.u = (v.u & 0x807fffffu) | (uint32_t)(1 + rnd_int(3)) << 23; break;    /* tiny normal */
+    default: break;                                                                 /* anything */
+    }
+    return v.f;
+}
+
+#ifdef KERN_HAVE_X86
+#include <immintrin.h>
+__attribute__((target("avx512f,avx512bf16"))) static void cvt_native(const float *x, uint16_t *out)
+{
+    _mm512_storeu_si512((void *)out, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x)));
+}
+#endif
+
+/* kern_f32_to_bf16_daz is what vcvtne2ps2bf16 computes, on every class of input (where the CPU has
+ * the instruction; elsewhere the matmul tests below still check the emulations against each
+ * other). */
+static void test_bf16_round_daz(void **state)
+{
+    (void)state;
+    /* fixed points: RNE ties, denormals flushed with their sign, NaN quieted, overflow to inf */
+    assert_int_equal(kern_f32_to_bf16_daz(1.0f), 0x3f80);
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = 0x3f808000u; /* tie, even below */
+    assert_int_equal(kern_f32_to_bf16_daz(v.f), 0x3f80);
+    v.u = 0x3f818000u; /* tie, odd below: up */
+    assert_int_equal(kern_f32_to_bf16_daz(v.f), 0x3f82);
+    v.u = 0x807fffffu; /* largest negative denormal: -0, not the nearest normal */
+    assert_int_equal(kern_f32_to_bf16_daz(v.f), 0x8000);
+    v.u = 0x7f800001u; /* signalling NaN -> quiet */
+    assert_int_equal(kern_f32_to_bf16_daz(v.f), 0x7fc0);
+    v.u = 0x7f7fffffu; /* FLT_MAX rounds to inf */
+    assert_int_equal(kern_f32_to_bf16_daz(v.f), 0x7f80);
+#ifdef KERN_HAVE_X86
+    if (!__builtin_cpu_supports("avx512bf16")) {
+        print_message("no avx512bf16 here: the native rounding is not compared\n");
+        return;
+    }
+    float x[32];
+    uint16_t got[32];
+    for (int it = 0; it < 20000; it++) {
+        for (int i = 0; i < 32; i++) x[i] = rnd_any_float();
+        cvt_native(x, got);
+        for (int i = 0; i < 32; i++) {
+            memcpy(&v.u, &x[i], 4);
+            if (got[i] != kern_f32_to_bf16_daz(x[i]))
+                fail_msg("vcvtne2ps2bf16(%08x) = %04x, kern_f32_to_bf16_daz gives %04x", v.u, got[i],
+                         kern_f32_to_bf16_daz(x[i]));
+        }
+    }
+#endif
+}
+
+/* The scheme computed the slow, obvious way: out[r, n] of the bf16-pairs matmul. */
+static float flush_denormal(float f)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.f = f};
+    if ((v.u & 0x7f800000u) == 0) v.u &= 0x80000000u;
+    return v.f;
+}
+static float bf16x_ref_one(const float *x, const uint16_t *w, int K)
+{
+#define FLUSH flush_denormal
+    float lane[16] = {0};
+    const int K32 = K & ~31;
+    for (int k0 = 0; k0 < K32; k0 += 32)
+        for (int i = 0; i < 16; i++) {
+            const int k = k0 + 2 * i;
+            float xo = kern_bf16_to_f32(kern_f32_to_bf16_daz(x[k + 1])), xe = kern_bf16_to_f32(kern_f32_to_bf16_daz(x[k]));
+            float wo = FLUSH(kern_bf16_to_f32(w[k + 1])), we = FLUSH(kern_bf16_to_f32(w[k]));
+            lane[i] = FLUSH(fmaf(xo, wo, lane[i]));
+            lane[i] = FLUSH(fmaf(xe, we, lane[i]));
+        }
+#undef FLUSH
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = lane[i] + lane[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    float s = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    for (int k = K32; k < K; k++) s = s + kern_bf16_to_f32(kern_f32_to_bf16_daz(x[k])) * kern_bf16_to_f32(w[k]);
+    return s;
+}
+
+/* Every ISA (emulated and, where the CPU has it, native vdpbf16ps), every thread count, every row
+ * count: each output bitwise equal to bf16x_ref_one (the scheme written out), so rows are batch
+ * invariant and the ISAs identical; on data of every float class (denormals, NaN, inf included)
+ * and on ordinary data, where the result is also within f32 rounding of a double-precision sum
+ * over the bf16-rounded activations (an independent check of the arithmetic). Mode off: the
+ * pool's matmul is the f32-activation scheme, unchanged. */
+static void test_matmul_bf16_activations(void **state)
+{
+    (void)state;
+    kern_isa isas[4];
+    const int nisa = isa_list(isas);
+    size_t old = kern_cpu_set_min_parallel_work(0);
+    kern_pool *pools[3] = {kern_pool_create(1), kern_pool_create(2), kern_pool_create(3)};
+    for (int i = 0; i < 3; i++) kern_pool_set_bf16_activations(pools[i], 1);
+    static const int Ks[] = {32, 45, 64, 100, 775};
+    static const int Ns[] = {1, 7, 19, 40};
+    for (int special = 0; special <= 2; special++)
+        for (int ki = 0; ki < 5; ki++)
+            for (int ni = 0; ni < 4; ni++) {
+                const int K = Ks[ki], N = Ns[ni], M = ki == 4 ? 70 : 1 + rnd_int(17), bias = rnd_int(2);
+                mm_case c;
+                mm_init(&c, K, N, M, 1, bias, 0);
+                uint16_t *w = (uint16_t *)c.w;
+                if (special == 1) { /* a third of the values from every class */
+                    for (size_t i = 0; i < (size_t)M * K; i++)
+                        if (rnd_int(3) == 0) c.x[i] = rnd_any_float();
+                    for (size_t i = 0; i < (size_t)N * K; i++)
+                        if (rnd_int(3) == 0) w[i] = kern_f32_to_bf16(rnd_any_float());
+                }
+                if (special == 2) { /* products and sums around FLT_MIN: the flushes decide the bits */
+                    for (size_t i = 0; i < (size_t)M * K; i++)
+                        c.x[i] = rnd_int(8) == 0 ? 1.0f : ldexpf(rnd_f(-2.0f, 2.0f), -62 - rnd_int(3));
+                    for (size_t i = 0; i < (size_t)N * K; i++)
+                        w[i] = rnd_int(8) == 0 ? (uint16_t)(rnd_u64() & 0x807f) /* denormal */
+                                               : kern_f32_to_bf16(ldexpf(rnd_f(-2.0f, 2.0f), -62 - rnd_int(3)));
+                }
+                float *want = falloc((size_t)M * N);
+                for (int r = 0; r < M; r++)
+                    for (int n = 0; n < N; n++) {
+                        float s = bf16x_ref_one(c.x + (size_t)r * K, (const uint16_t *)c.w + (size_t)n * K, K);
+                        want[(size_t)r * N + n] = bias ? s + c.bias[n] : s;
+                        if (special) continue;
+                        double d = 0, mag = 0;
+                        for (int k = 0; k < K; k++) {
+                            double t = (double)kern_bf16_to_f32(kern_f32_to_bf16_daz(c.x[(size_t)r * K + k])) *
+                                       c.wf[(size_t)n * K + k];
+                            d += t;
+                            mag += fabs(t);
+                        }
+                        if (bias) d += c.bias[n], mag += fabs(c.bias[n]);
+                        assert_close(want[(size_t)r * N + n], d, mag, 1e-5, "bf16x reference", r, n);
+                    }
+                for (int ii = 0; ii < nisa; ii++) {
+                    assert_int_equal(kern_simd_force(isas[ii]), 0);
+                    for (int pi = 0; pi < 3; pi++) {
+                        const int m = pi == 0 ? M : 1 + rnd_int(M); /* a prefix of the rows */
+                        c.n_rows = m;
+                        poison(c.out, (size_t)M * N);
+                        kern_op op = mm_op(&c);
+                        kern_cpu_exec(pools[pi], &op);
+                        for (size_t i = 0; i < (size_t)m * N; i++)
+                            if (memcmp(&c.out[i], &want[i], 4) != 0 && !(isnan(c.out[i]) && isnan(want[i])))
+                                fail_msg("bf16x matmul K %d N %d rows %d/%d isa %s threads %d: out[%zu] = %a, the "
+                                         "scheme gives %a",
+                                         K, N, m, M, kern_simd()->name, pi + 1, i, (double)c.out[i], (double)want[i]);
+                        assert_all_nan(c.out + (size_t)m * N, (size_t)(M - m) * N);
+                    }
+                }
+                free(want);
+                mm_free(&c);
+            }
+    /* the mode is per pool: off again, the f32-activation path (checked against doubles of the
+     * unrounded x, which the bf16 path would miss by far more than 1e-5) */
+    for (int ii = 0; ii < nisa; ii++) {
+        assert_int_equal(kern_simd_force(isas[ii]), 0);
+        kern_pool_set_bf16_activations(pools[1], 0);
+        mm_check_case(pools[1], 256, 24, 9, 9, 1, 1, 0);
+        kern_pool_set_bf16_activations(pools[1], 1);
+    }
+    isa_reset();
+    for (int i = 0; i < 3; i++) kern_pool_destroy(pools[i]);
     kern_cpu_set_min_parallel_work(old);
 }
 
@@ -735,7 +921,7 @@ static float *attn_rows_alone(const paged *pg, const attn_rows *a, int n, float 
  * computed alone. what names the case in a failure. */
 static void attn_check_vs_alone(const paged *pg, attn_rows *a, float scale, int n_min, const char *what)
 {
-    kern_isa isas[3];
+    kern_isa isas[4];
     const int nisa = isa_list(isas), n_max = a->n;
     const size_t row = (size_t)pg->nh * pg->hd, old = kern_cpu_set_min_parallel_work(0);
     float *golden = attn_rows_alone(pg, a, n_max, scale);
@@ -808,7 +994,7 @@ static void test_attention_prefill_bitwise(void **state)
 static void test_simd_batched_bitwise(void **state)
 {
     (void)state;
-    kern_isa isas[3];
+    kern_isa isas[4];
     int nisa = isa_list(isas);
     enum { NMAX = 136 };
     float *k = falloc(16 * NMAX), *y0 = falloc(NMAX), *y1 = falloc(NMAX), a[16];
@@ -1185,6 +1371,8 @@ int main(void)
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_matmul_reference),
         cmocka_unit_test(test_matmul_bitwise),
+        cmocka_unit_test(test_bf16_round_daz),
+        cmocka_unit_test(test_matmul_bf16_activations),
         cmocka_unit_test(test_simd_batched_bitwise),
         cmocka_unit_test(test_attention_prefill_bitwise),
         cmocka_unit_test(test_rmsnorm),
