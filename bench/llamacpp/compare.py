@@ -346,9 +346,9 @@ class Graphswap:
         self.bin, self.threads, self.timeout = binary, threads, timeout
         self.new_flags = True  # --batches / --modes
 
-    def decode(self, model: str, batch: int, tokens: int) -> dict:
+    def decode(self, model: str, batch: int, tokens: int, extra: tuple = ()) -> dict:
         base = [self.bin, "bench", "decode", "--model", model, "--threads", str(self.threads),
-                "--tokens", str(tokens)]
+                "--tokens", str(tokens)] + list(extra)
         cmd = base + (["--batches", str(batch), "--modes", "plan"] if self.new_flags else [])
         p = run_cmd(cmd, self.timeout)
         if p.returncode != 0 and self.new_flags and re.search(r"--batches|--modes|unknown|usage",
@@ -362,9 +362,9 @@ class Graphswap:
             gs_fail(f"decode batch {batch} (row `{batch} plan ...`)", cmd, p)
         return r
 
-    def prefill(self, model: str, length: int, reps: int) -> dict:
+    def prefill(self, model: str, length: int, reps: int, extra: tuple = ()) -> dict:
         cmd = [self.bin, "bench", "prefill", "--model", model, "--threads", str(self.threads),
-               "--lengths", str(length), "--reps", str(reps)]
+               "--lengths", str(length), "--reps", str(reps)] + list(extra)
         p = run_cmd(cmd, self.timeout)
         r = parse_gs_prefill(p.stdout or "", length) if p.returncode == 0 else None
         if r is None:
@@ -388,11 +388,17 @@ class Graphswap:
 # ---- checkpoints
 
 
+# "bf16x": the BF16 checkpoint and GGUF, graphswap run with --bf16-activations (activations rounded
+# to bf16 in each matmul, vdpbf16ps where the CPU has AVX512_BF16: what llama.cpp does for BF16)
+GS_FLAGS = {"f32": (), "bf16": (), "bf16x": ("--bf16-activations",)}
+FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16"}
+
+
 def ensure_checkpoints(a) -> dict[str, dict]:
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
     out = {}
-    for dt in a.dtypes:
+    for dt in dict.fromkeys(FILE_DTYPE[d] for d in a.dtypes):
         given = getattr(a, f"checkpoint_{dt}")
         if given:
             ck = Path(given)
@@ -424,6 +430,8 @@ def ensure_checkpoints(a) -> dict[str, dict]:
             if p.returncode != 0:
                 die(f"conversion failed:\n{p.stdout}\n{p.stderr}")
         out[dt] = {"checkpoint": str(ck), "gguf": str(gguf)}
+    for d in a.dtypes:
+        out[d] = out[FILE_DTYPE[d]]
     return out
 
 
@@ -599,6 +607,9 @@ def write_outputs(a, doc: dict, rows, final: bool):
           f"- llama.cpp: KV cache {c['kv_type']}, flash attention {c['flash_attn']}, no mmap; "
           "graphswap: captured plans, KV cache f32",
           f"- model: random-init Qwen3 ({' '.join(MKMODEL_GEOMETRY)})",
+          "- dtype bf16x: the bf16 checkpoint and GGUF again, graphswap with --bf16-activations "
+          "(activations rounded to bf16 inside each matmul, as llama.cpp's bf16 path does; the bf16 rows "
+          "keep graphswap's f32 activations)" if "bf16x" in c["dtypes"] else "",
           ""]
     chk = doc.get("check")
     if chk:
@@ -671,7 +682,9 @@ def main() -> int:
     ap.add_argument("--prefill", type=csv_ints, default=[512], help="prefill lengths (default 512)")
     ap.add_argument("--prefill-reps", type=int, default=3,
                     help="timed prefills per repetition, median taken, after a warm-up (default 3)")
-    ap.add_argument("--dtypes", default="f32,bf16", help="f32,bf16 (default both)")
+    ap.add_argument("--dtypes", default="f32,bf16,bf16x",
+                    help="f32, bf16, bf16x (the BF16 checkpoint, graphswap with --bf16-activations); "
+                         "default all three")
     ap.add_argument("--checkpoint-f32", help="use this F32 checkpoint instead of making one")
     ap.add_argument("--checkpoint-bf16", help="use this BF16 checkpoint instead of making one")
     ap.add_argument("--kv-type", choices=["f16", "f32", "bf16"], default="f16",
@@ -691,8 +704,8 @@ def main() -> int:
     if a.selftest:
         return selftest()
     a.dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
-    if not a.dtypes or any(d not in ("f32", "bf16") for d in a.dtypes):
-        die("--dtypes takes f32, bf16 or f32,bf16")
+    if not a.dtypes or any(d not in GS_FLAGS for d in a.dtypes):
+        die("--dtypes takes a list of f32, bf16, bf16x")
     if a.tokens < 4:
         die("--tokens must be >= 4 (two untimed steps)")
     if a.reps < 1 or a.prefill_reps < 1 or a.threads < 1:
@@ -749,7 +762,7 @@ def main() -> int:
                                        "batch": f["batch"], "tokens": a.tokens, "kv_type": a.kv_type,
                                        "flash_attn": a.flash_attn, "verbose": a.verbose}, a.timeout)
                     else:
-                        r = gs.decode(m["checkpoint"], f["batch"], a.tokens)
+                        r = gs.decode(m["checkpoint"], f["batch"], a.tokens, GS_FLAGS[f["dtype"]])
                 else:
                     if eng == "llama.cpp":
                         r = run_llama({"kind": "prefill", "gguf": m["gguf"], "threads": a.threads,
@@ -757,7 +770,7 @@ def main() -> int:
                                        "kv_type": a.kv_type, "flash_attn": a.flash_attn,
                                        "verbose": a.verbose}, a.timeout)
                     else:
-                        r = gs.prefill(m["checkpoint"], f["length"], a.prefill_reps)
+                        r = gs.prefill(m["checkpoint"], f["length"], a.prefill_reps, GS_FLAGS[f["dtype"]])
                 raw[f["id"]][eng].append(r["tok_s"])
                 detail[f["id"]][eng].append(dict(r, rep=rep))
                 got[eng] = r["tok_s"]
