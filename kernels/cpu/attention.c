@@ -9,6 +9,7 @@
 #include "kernels/cpu/kern_cpu.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* ---- KOP_KV_WRITE: a few KB per row, done on the calling thread --------------------------------- */
@@ -61,6 +62,7 @@ typedef struct {
     size_t head; /* floats per cached position: nkv * hd */
     int64_t num_blocks, max_seqs;
     float scale;
+    atomic_int next; /* the next unclaimed query tile (attn_run) */
 } attn_task;
 
 /* One tile of queries: rows r0 .. r0+nr-1 (one sequence slot >= 0) times query heads hb ..
@@ -165,13 +167,16 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
 }
 
 /* Consecutive rows of one sequence form row tiles (up to ATT_Q / group rows, at least 1);
- * each row tile is cut into query tiles by KV head (and by ATT_Q when a group has more heads). Query
- * tiles are dealt to threads in turn (tile k to thread k % nt), not in contiguous ranges: in a causal
- * prefill a row's keys grow with its position, so contiguous ranges would hand the last thread most
- * of the work. Every thread walks the same rows and finds the same tiles. */
+ * each row tile is cut into query tiles by KV head (and by ATT_Q when a group has more heads). Every
+ * thread walks the same rows and finds the same tiles, numbered k = 0, 1, ...; a thread runs the
+ * tile numbers it claims from a shared counter (in increasing order, so one walk finds them all).
+ * Claimed one at a time, tiles balance themselves: in a causal prefill a row's keys grow with its
+ * position, and on time-shared cores a thread may stall; fixed shares would wait for the slowest. */
 static void attn_run(void *ctx, int tid, int nt)
 {
-    const attn_task *t = ctx;
+    attn_task *t = ctx;
+    (void)tid, (void)nt;
+    int mine = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
     const int group = t->group, nkv = t->nh / t->group;
     const int rows_per = group < ATT_Q ? ATT_Q / group : 1;
     int k = 0;
@@ -180,15 +185,19 @@ static void attn_run(void *ctx, int tid, int nt)
         while (e < t->n_rows && e - r < rows_per && t->slot[e] == t->slot[r]) e++;
         const int nr = e - r;
         if (t->slot[r] < 0) { /* masked padding rows */
-            if (k++ % nt == tid)
+            if (k++ == mine) {
                 memset(t->out + (size_t)r * (size_t)t->nh * (size_t)t->hd, 0,
                        (size_t)nr * (size_t)t->nh * (size_t)t->hd * sizeof(float));
+                mine = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+            }
         } else {
             const int per = ATT_Q / nr < group ? ATT_Q / nr : group; /* query heads per tile */
             for (int g = 0; g < nkv; g++)
                 for (int hb = g * group; hb < (g + 1) * group; hb += per)
-                    if (k++ % nt == tid)
+                    if (k++ == mine) {
                         attn_tile(t, r, nr, hb, (g + 1) * group - hb < per ? (g + 1) * group - hb : per);
+                        mine = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+                    }
         }
         r = e;
     }
@@ -223,6 +232,7 @@ void kern_cpu_attention(kern_pool *pool, const kern_op *op)
         .max_seqs = (int64_t)(op->buf[6].bytes / ((size_t)max_blocks * 4)),
         .scale = op->f[0],
     };
+    atomic_init(&t.next, 0);
     size_t keys = 0;
     for (int r = 0; r < n; r++)
         if (t.slot[r] >= 0 && t.kv_len[r] > 0) keys += (size_t)t.kv_len[r];

@@ -1,30 +1,45 @@
 /* kernels/cpu/matmul.c — KOP_MATMUL: out[r, n] (+)= x[r, :] . W[n, :] + bias[n].
  *
  * Batch-1 decode makes this a GEMV bound by reading W once, so the work is split across threads by
- * output columns (contiguous ranges of W rows: each thread streams its own part of W from memory),
- * never by K (that would change the order of each sum). The tiles themselves live in
+ * output columns (contiguous ranges of W rows, each streamed from memory by one thread), never by
+ * K (that would change the order of each sum). The tiles themselves live in
  * simd_body.inc; any split and any row count give the same bits for every output.
  */
 #include "kernels/cpu/kern_cpu.h"
 
+#include <stdatomic.h>
+
 typedef struct {
     kern_mm_args a;
     const kern_simd_ops *simd;
-    int bf16x; /* bf16 weights in the bf16-pairs scheme (the pool's bf16-activation mode) */
+    int bf16x;       /* bf16 weights in the bf16-pairs scheme (the pool's bf16-activation mode) */
+    int chunk;       /* output columns per work unit: a multiple of MM_CHUNK_UNIT */
+    int nchunks;
+    atomic_int next; /* the next unclaimed unit */
 } mm_task;
+
+/* Columns are handed out in units claimed from a shared counter, not as one fixed share per
+ * thread: on a machine whose cores are time-shared (a VM), a thread that loses its core for a
+ * while no longer holds up the whole op — the others take the units it has not claimed. Each unit
+ * is a contiguous range of W rows (every core still streams whole rows), a multiple of 48 columns
+ * (whole tiles of 6 or 8, and of AVX2's 6), about 8 units per thread. Which thread computes a
+ * column never changes its bits. */
+#define MM_CHUNK_UNIT 48
+#define MM_CHUNKS_PER_THREAD 8
 
 static void mm_run(void *ctx, int tid, int nt)
 {
-    const mm_task *t = ctx;
-    int64_t b, e;
-    /* 16-column units: ranges start on whole tiles (8 or 6 columns) for most of each share and
-     * W rows of a share stay contiguous. */
-    kern_split(t->a.N, tid, nt, 16, &b, &e);
-    if (b >= e) return;
-    if (t->bf16x)
-        t->simd->mm_cols_bf16x(&t->a, (int)b, (int)e);
-    else
-        t->simd->mm_cols(&t->a, (int)b, (int)e);
+    mm_task *t = ctx;
+    (void)tid, (void)nt;
+    for (;;) {
+        const int c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (c >= t->nchunks) return;
+        const int b = c * t->chunk, e = b + t->chunk < t->a.N ? b + t->chunk : t->a.N;
+        if (t->bf16x)
+            t->simd->mm_cols_bf16x(&t->a, b, e);
+        else
+            t->simd->mm_cols(&t->a, b, e);
+    }
 }
 
 void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
@@ -47,5 +62,12 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
         .simd = kern_simd(),
         .bf16x = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool),
     };
+    const int nt = pool ? kern_pool_threads(pool) : 1;
+    const int units = (p[1] + MM_CHUNK_UNIT - 1) / MM_CHUNK_UNIT;
+    int per = units / (MM_CHUNKS_PER_THREAD * nt);
+    if (per < 1) per = 1;
+    t.chunk = per * MM_CHUNK_UNIT;
+    t.nchunks = (p[1] + t.chunk - 1) / t.chunk;
+    atomic_init(&t.next, 0);
     kern_cpu_parallel(pool, mm_run, &t, (size_t)M * (size_t)p[0] * (size_t)p[1]);
 }
