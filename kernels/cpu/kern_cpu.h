@@ -87,6 +87,17 @@ extern const kern_simd_ops kern_simd_avx512bf16;
 void kern_mm_cols_bf16x_native(const kern_mm_args *a, int n0, int n1); /* simd_avx512bf16.c */
 #endif
 
+/* A denormal becomes the zero of its sign: vdpbf16ps's DAZ on inputs and FTZ on results. */
+static inline float kern_flush_denormal(float f)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.f = f};
+    if ((v.u & 0x7f800000u) == 0) v.u &= 0x80000000u;
+    return v.f;
+}
+
 /* f32 -> bf16 as vcvtne2ps2bf16 rounds: to nearest even, a denormal input reads as zero (keeping
  * its sign), NaN stays a quiet NaN. The activation rounding of the bf16-pairs matmul. */
 static inline uint16_t kern_f32_to_bf16_daz(float f)

@@ -77,24 +77,7 @@ typedef struct {
 } pairs;
 #define XP pairs
 #define WP pairs
-AIS float flush_tiny(float f) /* denormal -> zero of the same sign (DAZ on inputs, FTZ on results) */
-{
-    union {
-        uint32_t u;
-        float f;
-    } v = {.f = f};
-    if ((v.u & 0x7f800000u) == 0) v.u &= 0x80000000u;
-    return v.f;
-}
-AIS XP XP_LOAD(const float *x)
-{
-    XP p;
-    for (int i = 0; i < 16; i++) {
-        p.e.l[i] = kern_bf16_to_f32(kern_f32_to_bf16_daz(x[2 * i]));
-        p.o.l[i] = kern_bf16_to_f32(kern_f32_to_bf16_daz(x[2 * i + 1]));
-    }
-    return p;
-}
+#define flush_tiny kern_flush_denormal
 AIS WP WP_LOAD(const uint16_t *w)
 {
     WP p;
@@ -103,6 +86,12 @@ AIS WP WP_LOAD(const uint16_t *w)
         p.o.l[i] = flush_tiny(kern_bf16_to_f32(w[2 * i + 1]));
     }
     return p;
+}
+AIS XP XP_LOAD(const float *x) /* rounded, then as weights (a rounded value is never denormal) */
+{
+    uint16_t b[32];
+    for (int i = 0; i < 32; i++) b[i] = kern_f32_to_bf16_daz(x[i]);
+    return WP_LOAD(b);
 }
 AIS V V_DP2(V acc, XP x, WP w)
 {

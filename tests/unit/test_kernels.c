@@ -448,18 +448,9 @@ static void test_bf16_round_daz(void **state)
 }
 
 /* The scheme computed the slow, obvious way: out[r, n] of the bf16-pairs matmul. */
-static float flush_denormal(float f)
-{
-    union {
-        uint32_t u;
-        float f;
-    } v = {.f = f};
-    if ((v.u & 0x7f800000u) == 0) v.u &= 0x80000000u;
-    return v.f;
-}
 static float bf16x_ref_one(const float *x, const uint16_t *w, int K)
 {
-#define FLUSH flush_denormal
+#define FLUSH kern_flush_denormal
     float lane[16] = {0};
     const int K32 = K & ~31;
     for (int k0 = 0; k0 < K32; k0 += 32)
