@@ -20,7 +20,7 @@ typedef struct {
 #define MM_NR_MULTI 1
 #define MM_NR_MAX 6
 
-#define AI2 static inline __attribute__((always_inline)) SIMD_TARGET
+#define AI2 static inline __attribute__((always_inline, unused)) SIMD_TARGET
 AI2 V V_ZERO(void) { return (V){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 AI2 V V_LOAD(const float *p) { return (V){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 AI2 __m256 ldbf8(const uint16_t *p)

@@ -17,7 +17,7 @@ typedef struct {
 #define MM_NR_MULTI 1
 #define MM_NR_MAX 1
 
-#define AIS static inline __attribute__((always_inline))
+#define AIS static inline __attribute__((always_inline, unused))
 AIS V V_ZERO(void) { return (V){{0}}; }
 AIS V V_LOAD(const float *p)
 {
