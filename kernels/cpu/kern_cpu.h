@@ -34,6 +34,7 @@
 
 #include "kernels/kern.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -76,6 +77,8 @@ typedef struct {
     void (*axpys)(float *y, const float *a, const float *const *x, int nx, int n);
     /* y[i] = y[i] * alpha */
     void (*scale)(float *y, float alpha, int n);
+    /* y[i] = kern_exp_neg((double)l[i] - mx), bit for bit (the log-softmax's terms) */
+    void (*exp_shift)(double *y, const float *l, double mx, int n);
 } kern_simd_ops;
 
 extern const kern_simd_ops kern_simd_scalar;
@@ -86,6 +89,47 @@ extern const kern_simd_ops kern_simd_avx512;
 extern const kern_simd_ops kern_simd_avx512bf16;
 void kern_mm_cols_bf16x_native(const kern_mm_args *a, int n0, int n1); /* simd_avx512bf16.c */
 #endif
+
+/* exp(x) for the terms of a log-softmax, x = l - max(l) <= 0, within about 1.5 ulp of the exact
+ * value (glibc's exp is within 0.5): x = k ln2 + r with k = round(x / ln2) (the 1.5 * 2^52 shift
+ * rounds it), r = x - k ln2_hi - k ln2_lo (ln2_hi has 31 significant bits, so k ln2_hi is exact),
+ * exp(r) = the Taylor polynomial of degree 13 in Horner form (|r| <= ln2 / 2: truncation below 1e-17
+ * relative), times 2^k built in the exponent bits. Below -708 it returns 0: such a term is under
+ * 2^-1021, and the sum it joins reaches 1 at the maximum's own term, where it no longer changes a
+ * bit. NaN stays NaN. Only IEEE double operations with fma, so the vector versions (AVX2, AVX-512:
+ * kern_simd_ops.exp_shift) give the same bits, several times faster than a libm call per term. */
+#define KERN_EXP_NEG_MIN (-708.0)
+static inline double kern_exp_neg(double x)
+{
+    static const double c[14] = {0x1p+0,
+                                 0x1p+0,
+                                 0x1p-1,
+                                 0x1.5555555555555p-3,
+                                 0x1.5555555555555p-5,
+                                 0x1.1111111111111p-7,
+                                 0x1.6c16c16c16c17p-10,
+                                 0x1.a01a01a01a01ap-13,
+                                 0x1.a01a01a01a01ap-16,
+                                 0x1.71de3a556c734p-19,
+                                 0x1.27e4fb7789f5cp-22,
+                                 0x1.ae64567f544e4p-26,
+                                 0x1.1eed8eff8d898p-29,
+                                 0x1.6124613a86d09p-33}; /* 1 / i! */
+    if (x < KERN_EXP_NEG_MIN) return 0.0;
+    const double shift = 0x1.8p52;
+    const double kd = fma(x, 0x1.71547652b82fep+0, shift); /* 1.5 * 2^52 + round(x / ln2) */
+    const double k = kd - shift;
+    double r = fma(-k, 0x1.62e42fee00000p-1, x);
+    r = fma(-k, 0x1.a39ef35793c76p-33, r);
+    double p = c[13];
+    for (int i = 12; i >= 0; i--) p = fma(p, r, c[i]);
+    union {
+        double d;
+        uint64_t u;
+    } sc = {.d = kd};
+    sc.u = (sc.u + 1023u) << 52; /* the low bits of kd's significand are k: 2^k */
+    return p * sc.d;
+}
 
 /* A denormal becomes the zero of its sign: vdpbf16ps's DAZ on inputs and FTZ on results. */
 static inline float kern_flush_denormal(float f)

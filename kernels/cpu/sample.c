@@ -12,6 +12,10 @@
  * the slot's bias list, searched by bisection); the raw outputs read l. The pen_state update of the
  * launch runs first, on the calling thread.
  *
+ * Raw logprobs: lse = max + log(sum of exp(l - max)) in double, the terms summed in id order; each
+ * term is kern_exp_neg (kern_cpu.h: within 1 ulp of glibc's exp in tests, vectorized through
+ * kern_simd_ops.exp_shift with the same bits on every ISA), not a libm call per vocabulary entry.
+ *
  * Rows are independent; each is handled by one pool thread, so results never depend on the split.
  */
 #include <math.h>
@@ -142,8 +146,15 @@ static void raw_logprobs(const float *l, int V, const kern_sample_params *sp, ke
 {
     float mx = -INFINITY;
     for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
+    /* sum of exp(l - mx) in id order; the terms come 256 at a time from the vectorized
+     * kern_exp_neg (a libm call per term was most of a verify row's sampling) */
+    const kern_simd_ops *so = kern_simd();
+    double sum = 0, e[256];
+    for (int i0 = 0; i0 < V; i0 += 256) {
+        const int n = V - i0 < 256 ? V - i0 : 256;
+        so->exp_shift(e, l + i0, (double)mx, n);
+        for (int i = 0; i < n; i++) sum += e[i];
+    }
     const double lse = (double)mx + log(sum);
     o->logprob = (float)((double)l[o->tok] - lse);
     o->rank = 0;

@@ -104,6 +104,11 @@ AIS V V_DP2(V acc, XP x, WP w)
 
 #include "kernels/cpu/simd_body.inc"
 
+static void exp_shift_scalar(double *y, const float *l, double mx, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = kern_exp_neg((double)l[i] - mx);
+}
+
 const kern_simd_ops kern_simd_scalar = {
     .isa = KERN_ISA_SCALAR,
     .name = "scalar",
@@ -113,4 +118,5 @@ const kern_simd_ops kern_simd_scalar = {
     .dots4x4 = simd_dots4x4_scalar,
     .axpys = simd_axpys_scalar,
     .scale = simd_scale_scalar,
+    .exp_shift = exp_shift_scalar,
 };

@@ -554,6 +554,62 @@ static void test_matmul_bf16_activations(void **state)
     kern_cpu_set_min_parallel_work(old);
 }
 
+/* ---- the log-softmax's exp (kern_exp_neg, kern_simd_ops.exp_shift) ------------------------------ */
+
+static double ulps_apart(double a, double b)
+{
+    if (a == b) return 0;
+    int64_t ia, ib;
+    memcpy(&ia, &a, 8);
+    memcpy(&ib, &b, 8);
+    return fabs((double)(ia - ib)); /* both positive here */
+}
+
+/* kern_exp_neg against glibc's exp (within 0.5 ulp of the true value) over [-708, 0]: at most 2 ulp
+ * apart; 0 below -708, NaN for NaN, 1 at 0; and every ISA's exp_shift bit for bit the scalar, on
+ * every tail length and on -inf / NaN / huge logits. */
+static void test_exp_neg(void **state)
+{
+    (void)state;
+    double worst = 0, at = 0;
+    for (int it = 0; it < 2000000; it++) {
+        const double x = it < 1000000 ? -708.0 * ((double)(rnd_u64() >> 11) / 9007199254740992.0)
+                                      : -((double)(rnd_u64() >> 11) / 9007199254740992.0) * (it % 2 ? 1e-3 : 2.0);
+        const double u = ulps_apart(kern_exp_neg(x), exp(x));
+        if (u > worst) worst = u, at = x;
+    }
+    print_message("kern_exp_neg vs glibc exp: at most %.0f ulp apart (x = %.17g)\n", worst, at);
+    if (worst > 2) fail_msg("kern_exp_neg(%.17g) is %.0f ulp from exp", at, worst);
+    assert_true(kern_exp_neg(0.0) == 1.0 && kern_exp_neg(-0.0) == 1.0);
+    assert_true(kern_exp_neg(-708.5) == 0.0 && kern_exp_neg(-INFINITY) == 0.0 && isnan(kern_exp_neg(NAN)));
+    assert_true(kern_exp_neg(-708.0) > 0.0 && kern_exp_neg(-708.0) < 1e-307);
+
+    kern_isa isas[4];
+    const int nisa = isa_list(isas);
+    enum { N = 300 };
+    float l[N];
+    double want[N], got[N];
+    for (int trial = 0; trial < 40; trial++) {
+        for (int i = 0; i < N; i++) l[i] = rnd_f(-40.0f, 25.0f);
+        if (trial % 4 == 1) l[rnd_int(N)] = -INFINITY, l[rnd_int(N)] = NAN, l[rnd_int(N)] = -3e30f;
+        const double mx = trial % 4 == 3 ? 800.0 : 25.0; /* 800: most terms below -708 */
+        const int n = 1 + rnd_int(N);
+        for (int i = 0; i < n; i++) want[i] = kern_exp_neg((double)l[i] - mx);
+        for (int ii = 0; ii < nisa; ii++) {
+            assert_int_equal(kern_simd_force(isas[ii]), 0);
+            const kern_simd_ops *so = kern_simd();
+            for (int i = 0; i < N; i++) got[i] = -1.0;
+            so->exp_shift(got, l, mx, n);
+            for (int i = 0; i < n; i++)
+                if (memcmp(&got[i], &want[i], 8) != 0 && !(isnan(got[i]) && isnan(want[i])))
+                    fail_msg("exp_shift (isa %s, n %d)[%d] of %a: %a, kern_exp_neg gives %a", so->name, n, i,
+                             (double)l[i] - mx, got[i], want[i]);
+            for (int i = n; i < N; i++) assert_true(got[i] == -1.0);
+        }
+    }
+    isa_reset();
+}
+
 /* ---- rmsnorm ------------------------------------------------------------------------------------ */
 
 static void test_rmsnorm(void **state)
@@ -1364,6 +1420,7 @@ int main(void)
         cmocka_unit_test(test_matmul_bitwise),
         cmocka_unit_test(test_bf16_round_daz),
         cmocka_unit_test(test_matmul_bf16_activations),
+        cmocka_unit_test(test_exp_neg),
         cmocka_unit_test(test_simd_batched_bitwise),
         cmocka_unit_test(test_attention_prefill_bitwise),
         cmocka_unit_test(test_rmsnorm),
