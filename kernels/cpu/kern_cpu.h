@@ -99,28 +99,19 @@ void kern_mm_cols_bf16x_native(const kern_mm_args *a, int n0, int n1); /* simd_a
  * bit. NaN stays NaN. Only IEEE double operations with fma, so the vector versions (AVX2, AVX-512:
  * kern_simd_ops.exp_shift) give the same bits, several times faster than a libm call per term. */
 #define KERN_EXP_NEG_MIN (-708.0)
+#define KERN_EXP_SHIFT 0x1.8p52               /* adding it rounds to an integer */
+#define KERN_EXP_INV_LN2 0x1.71547652b82fep+0 /* 1 / ln 2 */
+#define KERN_EXP_LN2_HI 0x1.62e42fee00000p-1  /* ln 2 to 31 bits */
+#define KERN_EXP_LN2_LO 0x1.a39ef35793c76p-33 /* ln 2 - KERN_EXP_LN2_HI */
+extern const double kern_exp_neg_c[14];       /* 1 / i!, i = 0 .. 13 (simd.c) */
 static inline double kern_exp_neg(double x)
 {
-    static const double c[14] = {0x1p+0,
-                                 0x1p+0,
-                                 0x1p-1,
-                                 0x1.5555555555555p-3,
-                                 0x1.5555555555555p-5,
-                                 0x1.1111111111111p-7,
-                                 0x1.6c16c16c16c17p-10,
-                                 0x1.a01a01a01a01ap-13,
-                                 0x1.a01a01a01a01ap-16,
-                                 0x1.71de3a556c734p-19,
-                                 0x1.27e4fb7789f5cp-22,
-                                 0x1.ae64567f544e4p-26,
-                                 0x1.1eed8eff8d898p-29,
-                                 0x1.6124613a86d09p-33}; /* 1 / i! */
+    const double *c = kern_exp_neg_c;
     if (x < KERN_EXP_NEG_MIN) return 0.0;
-    const double shift = 0x1.8p52;
-    const double kd = fma(x, 0x1.71547652b82fep+0, shift); /* 1.5 * 2^52 + round(x / ln2) */
-    const double k = kd - shift;
-    double r = fma(-k, 0x1.62e42fee00000p-1, x);
-    r = fma(-k, 0x1.a39ef35793c76p-33, r);
+    const double kd = fma(x, KERN_EXP_INV_LN2, KERN_EXP_SHIFT); /* 1.5 * 2^52 + round(x / ln2) */
+    const double k = kd - KERN_EXP_SHIFT;
+    double r = fma(-k, KERN_EXP_LN2_HI, x);
+    r = fma(-k, KERN_EXP_LN2_LO, r);
     double p = c[13];
     for (int i = 12; i >= 0; i--) p = fma(p, r, c[i]);
     union {

@@ -131,30 +131,16 @@ AI2 V V_DP2(V acc, XP x, WP w)
 /* kern_simd_ops.exp_shift: kern_exp_neg's operations on 4 doubles at a time (the tail scalar) */
 static SIMD_TARGET void exp_shift_avx2(double *y, const float *l, double mx, int n)
 {
-    static const double c[14] = {0x1p+0,
-                                 0x1p+0,
-                                 0x1p-1,
-                                 0x1.5555555555555p-3,
-                                 0x1.5555555555555p-5,
-                                 0x1.1111111111111p-7,
-                                 0x1.6c16c16c16c17p-10,
-                                 0x1.a01a01a01a01ap-13,
-                                 0x1.a01a01a01a01ap-16,
-                                 0x1.71de3a556c734p-19,
-                                 0x1.27e4fb7789f5cp-22,
-                                 0x1.ae64567f544e4p-26,
-                                 0x1.1eed8eff8d898p-29,
-                                 0x1.6124613a86d09p-33};
-    const __m256d shift = _mm256_set1_pd(0x1.8p52), vmx = _mm256_set1_pd(mx), lo = _mm256_set1_pd(KERN_EXP_NEG_MIN);
+    const __m256d shift = _mm256_set1_pd(KERN_EXP_SHIFT), vmx = _mm256_set1_pd(mx), lo = _mm256_set1_pd(KERN_EXP_NEG_MIN);
     int i = 0;
     for (; i + 4 <= n; i += 4) {
         const __m256d x = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(l + i)), vmx);
-        const __m256d kd = _mm256_fmadd_pd(x, _mm256_set1_pd(0x1.71547652b82fep+0), shift);
+        const __m256d kd = _mm256_fmadd_pd(x, _mm256_set1_pd(KERN_EXP_INV_LN2), shift);
         const __m256d k = _mm256_sub_pd(kd, shift);
-        __m256d r = _mm256_fnmadd_pd(k, _mm256_set1_pd(0x1.62e42fee00000p-1), x);
-        r = _mm256_fnmadd_pd(k, _mm256_set1_pd(0x1.a39ef35793c76p-33), r);
-        __m256d p = _mm256_set1_pd(c[13]);
-        for (int j = 12; j >= 0; j--) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c[j]));
+        __m256d r = _mm256_fnmadd_pd(k, _mm256_set1_pd(KERN_EXP_LN2_HI), x);
+        r = _mm256_fnmadd_pd(k, _mm256_set1_pd(KERN_EXP_LN2_LO), r);
+        __m256d p = _mm256_set1_pd(kern_exp_neg_c[13]);
+        for (int j = 12; j >= 0; j--) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(kern_exp_neg_c[j]));
         const __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(kd), _mm256_set1_epi64x(1023)), 52);
         const __m256d v = _mm256_mul_pd(p, _mm256_castsi256_pd(e));
         _mm256_storeu_pd(y + i, _mm256_andnot_pd(_mm256_cmp_pd(x, lo, _CMP_LT_OQ), v)); /* x < min: 0 */

@@ -59,30 +59,16 @@ AI5 V V_DP2(V acc, XP x, WP w)
 /* kern_simd_ops.exp_shift: kern_exp_neg's operations on 8 doubles at a time (the tail scalar) */
 static SIMD_TARGET void exp_shift_avx512(double *y, const float *l, double mx, int n)
 {
-    static const double c[14] = {0x1p+0,
-                                 0x1p+0,
-                                 0x1p-1,
-                                 0x1.5555555555555p-3,
-                                 0x1.5555555555555p-5,
-                                 0x1.1111111111111p-7,
-                                 0x1.6c16c16c16c17p-10,
-                                 0x1.a01a01a01a01ap-13,
-                                 0x1.a01a01a01a01ap-16,
-                                 0x1.71de3a556c734p-19,
-                                 0x1.27e4fb7789f5cp-22,
-                                 0x1.ae64567f544e4p-26,
-                                 0x1.1eed8eff8d898p-29,
-                                 0x1.6124613a86d09p-33};
-    const __m512d shift = _mm512_set1_pd(0x1.8p52), vmx = _mm512_set1_pd(mx), lo = _mm512_set1_pd(KERN_EXP_NEG_MIN);
+    const __m512d shift = _mm512_set1_pd(KERN_EXP_SHIFT), vmx = _mm512_set1_pd(mx), lo = _mm512_set1_pd(KERN_EXP_NEG_MIN);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m512d x = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(l + i)), vmx);
-        const __m512d kd = _mm512_fmadd_pd(x, _mm512_set1_pd(0x1.71547652b82fep+0), shift);
+        const __m512d kd = _mm512_fmadd_pd(x, _mm512_set1_pd(KERN_EXP_INV_LN2), shift);
         const __m512d k = _mm512_sub_pd(kd, shift);
-        __m512d r = _mm512_fnmadd_pd(k, _mm512_set1_pd(0x1.62e42fee00000p-1), x);
-        r = _mm512_fnmadd_pd(k, _mm512_set1_pd(0x1.a39ef35793c76p-33), r);
-        __m512d p = _mm512_set1_pd(c[13]);
-        for (int j = 12; j >= 0; j--) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(c[j]));
+        __m512d r = _mm512_fnmadd_pd(k, _mm512_set1_pd(KERN_EXP_LN2_HI), x);
+        r = _mm512_fnmadd_pd(k, _mm512_set1_pd(KERN_EXP_LN2_LO), r);
+        __m512d p = _mm512_set1_pd(kern_exp_neg_c[13]);
+        for (int j = 12; j >= 0; j--) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(kern_exp_neg_c[j]));
         const __m512i e = _mm512_slli_epi64(_mm512_add_epi64(_mm512_castpd_si512(kd), _mm512_set1_epi64(1023)), 52);
         const __m512d v = _mm512_mul_pd(p, _mm512_castsi512_pd(e));
         const __mmask8 keep = _mm512_cmp_pd_mask(x, lo, _CMP_NLT_UQ); /* x >= min, or NaN */
