@@ -314,6 +314,14 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     }
     rt->m = mdl_model_create(&cfg, rt->be, err, errlen);
     if (!rt->m || load_dir(rt->m, "target", o->model_dir, &rt->load_ms, err, errlen) != 0) goto fail;
+    if (o->bf16_activations && rt->m->wdt != KERN_DT_BF16) {
+        srv_logline l;
+        srv_log_begin(&l, "warn", "bf16_activations",
+                      "--bf16-activations has no effect on %s: its matrices are stored in f32 (the option "
+                      "changes matmuls of bf16 weights only)",
+                      o->model_dir);
+        srv_log_end(&l);
+    }
     if (o->draft_dir) {
         mdl_config dcfg;
         char derr[1024];

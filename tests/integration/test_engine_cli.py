@@ -15,7 +15,7 @@
 (h) --bf16-activations (bf16 weights, activations rounded to bf16 in every matmul): plan replay ==
     eager, a batch == each request alone, and every instruction set (GS_KERN_ISA) gives the same
     bits; the logprobs move from the default mode's (the mode is on) by little (it is rounding);
-    --backend cuda refuses the option
+    --backend cuda refuses the option; on an f32 checkpoint it warns that it changes nothing
 (g) the command surface: `graphswap --help` lists every command, `graphswap bench --help` every
     bench; mkmodel reports the folder, its files and the parameter count of what it wrote;
     `generate --prompt TEXT` encodes as POST /tokenize does (same ids, BOS included) and prints the
@@ -578,6 +578,15 @@ def test_bf16_activations(binary, tmp, models):
             C.check(base["logprobs"][0] != f32["logprobs"][0],
                     what + ": first logprob bitwise equal to the default mode's (%r): option not in effect" % a)
             C.check(abs(a - b) < 0.05, what + ": first logprob %r vs %r with f32 activations" % (a, b))
+    # an f32 checkpoint: runs, and says the option changes nothing there
+    d32 = os.path.join(tmp, "model_f32")
+    res = H.mkmodel(binary, d32, "qwen3", hidden=64, layers=1, heads=4, kv_heads=2, head_dim=16, inter=64,
+                    vocab=256, tie=True, dtype="f32", seed=3)
+    if C.check(res.rc == 0, "(h) mkmodel f32: %s" % res.stderr.strip()):
+        res = H.run([binary, "generate", "--model", d32, "--bf16-activations", "--prompt-ids", "1,2",
+                     "--max-tokens", "1"])
+        C.check(res.rc == 0 and "has no effect" in res.stderr,
+                "(h) --bf16-activations on an f32 checkpoint: rc %s, stderr %r" % (res.rc, res.stderr[-300:]))
     res = H.run([binary, "generate", "--model", next(iter(models.values()))[0], "--backend", "cuda",
                  "--bf16-activations", "--prompt-ids", "1,2", "--max-tokens", "1"])
     C.check(res.rc != 0 and "CPU-backend option" in res.stderr,
