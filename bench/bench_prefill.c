@@ -25,6 +25,7 @@ typedef struct {
     long iters;
     int isa;
     int lanes;
+    int bf16_dot; /* time vdpbf16ps chains instead of FMAs */
 } fma_ctx;
 
 #define FMA_CHAINS 12 /* independent accumulators: covers FMA latency x pipes on current x86 cores */
@@ -79,7 +80,7 @@ static void fma_task(void *vctx, int tid, int nth)
     (void)tid, (void)nth;
     const fma_ctx *c = vctx;
 #ifdef KERN_HAVE_X86
-    if (c->isa == -1) { /* the bf16 dot-product peak */
+    if (c->bf16_dot) {
         bench_sink(dp_avx512bf16(c->iters));
         return;
     }
@@ -100,7 +101,7 @@ static double fma_peak(kern_pool *pool, const char **isa_name, int bf16_dot)
 {
     const kern_simd_ops *so = kern_simd();
     fma_ctx c = {.isa = so->isa, .lanes = so->isa >= KERN_ISA_AVX512 ? 16 : so->isa == KERN_ISA_AVX2 ? 8 : 1};
-    if (bf16_dot) c = (fma_ctx){.isa = -1, .lanes = 32}; /* two products per lane */
+    if (bf16_dot) c.bf16_dot = 1, c.lanes = 32; /* vdpbf16ps: two products per lane */
     *isa_name = so->name;
     c.iters = c.isa == KERN_ISA_SCALAR ? 2000000 : 4000000;
     int nth = kern_pool_threads(pool);
@@ -184,7 +185,7 @@ int srv_bench_prefill(int argc, char **argv)
     const char *isa;
     double peak = fma_peak(pool, &isa, 0);
     /* --bf16-activations where the CPU has vdpbf16ps: its peak too (bf16 matmuls run on it) */
-    const int dot = ro.bf16_activations && kern_simd()->isa == KERN_ISA_AVX512BF16;
+    const int dot = ro.bf16_activations && kern_cpu_bf16_dot_native();
     double dpeak = dot ? fma_peak(pool, &isa, 1) : 0;
     int nthreads = kern_pool_threads(pool);
     kern_pool_destroy(pool);

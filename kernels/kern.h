@@ -349,6 +349,10 @@ void kern_pool_run(kern_pool *pool, kern_task_fn fn, void *ctx);
  * kernels/cpu/kern_cpu.h) — twice the arithmetic rate where the CPU has it, activations at bf16
  * precision. Set between ops, never while one runs. */
 void kern_pool_set_bf16_activations(kern_pool *pool, int on);
+/* The instruction set the CPU kernels run ("scalar", "avx2", "avx512", "avx512bf16"), and whether
+ * the bf16-activation matmuls run natively on it (vdpbf16ps) rather than emulated (slower). */
+const char *kern_cpu_isa_name(void);
+int kern_cpu_bf16_dot_native(void);
 
 /* Runs one op on the CPU, using the pool's threads. Asserts on malformed ops (a bug). */
 void kern_cpu_exec(kern_pool *pool, const kern_op *op);

@@ -8,7 +8,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/cpu/kern_cpu.h"
 #include "server/log.h"
 
 #ifdef GS_HAVE_CUDA
@@ -297,12 +296,12 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
                                  .checked = o->checked,
                                  .bf16_activations = o->bf16_activations};
         rt->be = eng_backend_cpu_create(&bc, err, errlen);
-        if (rt->be && o->bf16_activations && kern_simd()->isa != KERN_ISA_AVX512BF16) {
+        if (rt->be && o->bf16_activations && !kern_cpu_bf16_dot_native()) {
             srv_logline l;
             srv_log_begin(&l, "warn", "bf16_activations",
                           "--bf16-activations without AVX512_BF16 (instruction set in use: %s): the bf16 "
                           "products run emulated, bit for bit the same but slower than without the option",
-                          kern_simd()->name);
+                          kern_cpu_isa_name());
             srv_log_end(&l);
         }
     }

@@ -606,11 +606,12 @@ def write_outputs(a, doc: dict, rows, final: bool):
           f"(first two untimed); prefill: median of {c['prefill_reps']} run(s) after a warm-up, per repetition",
           f"- llama.cpp: KV cache {c['kv_type']}, flash attention {c['flash_attn']}, no mmap; "
           "graphswap: captured plans, KV cache f32",
-          f"- model: random-init Qwen3 ({' '.join(MKMODEL_GEOMETRY)})",
-          "- dtype bf16x: the bf16 checkpoint and GGUF again, graphswap with --bf16-activations "
-          "(activations rounded to bf16 inside each matmul, as llama.cpp's bf16 path does; the bf16 rows "
-          "keep graphswap's f32 activations)" if "bf16x" in c["dtypes"] else "",
-          ""]
+          f"- model: random-init Qwen3 ({' '.join(MKMODEL_GEOMETRY)})"]
+    if "bf16x" in c["dtypes"]:
+        md.append("- dtype bf16x: the bf16 checkpoint and GGUF again, graphswap with --bf16-activations "
+                  "(activations rounded to bf16 inside each matmul, as llama.cpp's bf16 path does; the bf16 "
+                  "rows keep graphswap's f32 activations)")
+    md.append("")
     chk = doc.get("check")
     if chk:
         md.append(f"Correctness (F32, greedy, 16 tokens): {'match' if chk['ok'] else 'MISMATCH'}; "

@@ -133,18 +133,9 @@ static inline float kern_flush_denormal(float f)
     return v.f;
 }
 
-/* f32 -> bf16 as vcvtne2ps2bf16 rounds: to nearest even, a denormal input reads as zero (keeping
- * its sign), NaN stays a quiet NaN. The activation rounding of the bf16-pairs matmul. */
-static inline uint16_t kern_f32_to_bf16_daz(float f)
-{
-    union {
-        uint32_t u;
-        float f;
-    } v = {.f = f};
-    if ((v.u & 0x7f800000u) == 0) return (uint16_t)((v.u >> 16) & 0x8000u);
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
+/* f32 -> bf16 as vcvtne2ps2bf16 rounds: kern_f32_to_bf16 (to nearest even, NaN stays a quiet NaN)
+ * of the input with a denormal read as zero. The activation rounding of the bf16-pairs matmul. */
+static inline uint16_t kern_f32_to_bf16_daz(float f) { return kern_f32_to_bf16(kern_flush_denormal(f)); }
 
 /* The ISA in use: the best the CPU supports, or GS_KERN_ISA=scalar|avx2|avx512|avx512bf16 (capped
  * at what the CPU supports). Chosen on first use. */

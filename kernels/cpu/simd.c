@@ -76,6 +76,10 @@ const kern_simd_ops *kern_simd(void)
     return s;
 }
 
+const char *kern_cpu_isa_name(void) { return kern_simd()->name; }
+
+int kern_cpu_bf16_dot_native(void) { return kern_simd()->isa == KERN_ISA_AVX512BF16; }
+
 int kern_simd_force(kern_isa isa)
 {
     if (!cpu_has(isa)) return -1;

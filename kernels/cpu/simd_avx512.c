@@ -16,12 +16,16 @@ typedef struct {
 #define XP pairs
 #define WP pairs
 #define AI5 static inline __attribute__((always_inline)) SIMD_TARGET
-AI5 __m512i flush_tiny_i(__m512i u) /* denormal -> zero of the same sign */
+AI5 __m512i flush_tiny_i(__m512i u, __m512i of) /* lanes of u where `of` has a zero exponent -> signed zero */
 {
-    const __mmask16 tiny = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(of, _mm512_set1_epi32(0x7f800000));
     return _mm512_mask_and_epi32(u, tiny, u, _mm512_set1_epi32((int)0x80000000u));
 }
-AI5 V flush_tiny(V v) { return _mm512_castsi512_ps(flush_tiny_i(_mm512_castps_si512(v))); }
+AI5 V flush_tiny(V v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    return _mm512_castsi512_ps(flush_tiny_i(u, u));
+}
 /* kern_f32_to_bf16_daz, kept in the high half of each 32-bit lane (the bf16 value as an f32) */
 AI5 __m512i round_bf16_daz(__m512i u)
 {
@@ -31,8 +35,7 @@ AI5 __m512i round_bf16_daz(__m512i u)
     const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
     const __mmask16 nan = _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7f800000));
     r = _mm512_mask_or_epi32(r, nan, _mm512_and_si512(u, hi), _mm512_set1_epi32(0x00400000));
-    const __mmask16 tiny = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)); /* of the input */
-    return _mm512_mask_and_epi32(r, tiny, u, _mm512_set1_epi32((int)0x80000000u));
+    return flush_tiny_i(r, u); /* a denormal input: its signed zero */
 }
 AI5 XP XP_LOAD(const float *x)
 {
@@ -77,28 +80,23 @@ static SIMD_TARGET void exp_shift_avx512(double *y, const float *l, double mx, i
     for (; i < n; i++) y[i] = kern_exp_neg((double)l[i] - mx);
 }
 
+/* the entries both AVX-512 tables share */
+#define AVX512_ENTRIES                                                                             \
+    .mm_cols = simd_mm_cols_avx512, .dot = simd_dot_avx512, .dots4x4 = simd_dots4x4_avx512,         \
+    .axpys = simd_axpys_avx512, .scale = simd_scale_avx512, .exp_shift = exp_shift_avx512
+
 const kern_simd_ops kern_simd_avx512 = {
     .isa = KERN_ISA_AVX512,
     .name = "avx512",
-    .mm_cols = simd_mm_cols_avx512,
-    .mm_cols_bf16x = simd_mm_cols_bf16x_avx512,
-    .dot = simd_dot_avx512,
-    .dots4x4 = simd_dots4x4_avx512,
-    .axpys = simd_axpys_avx512,
-    .scale = simd_scale_avx512,
-    .exp_shift = exp_shift_avx512,
+    .mm_cols_bf16x = simd_mm_cols_bf16x_avx512, /* emulated */
+    AVX512_ENTRIES,
 };
 
 /* AVX-512 with the native bf16-pairs matmul (simd_avx512bf16.c) */
 const kern_simd_ops kern_simd_avx512bf16 = {
     .isa = KERN_ISA_AVX512BF16,
     .name = "avx512bf16",
-    .mm_cols = simd_mm_cols_avx512,
     .mm_cols_bf16x = kern_mm_cols_bf16x_native,
-    .dot = simd_dot_avx512,
-    .dots4x4 = simd_dots4x4_avx512,
-    .axpys = simd_axpys_avx512,
-    .scale = simd_scale_avx512,
-    .exp_shift = exp_shift_avx512,
+    AVX512_ENTRIES,
 };
 #endif
