@@ -46,7 +46,8 @@ void kern_cpu_kv_write(kern_pool *pool, const kern_op *op)
  * depend on nothing but kv_len); a chunk's scores are computed first, the running max m is raised
  * to the chunk max once (rescaling the running sum l and accumulator acc by exp(old m - new m)),
  * then each key adds p = exp(s - m) to l and p * V[j] to acc. out = acc / l. All in f32; the dot
- * products and axpys use the 16-lane scheme, so results do not depend on the ISA or the threads.
+ * products and axpys use the 16-lane scheme and exp is kern_expf (vectorized: simd->exp_sub), so
+ * results do not depend on the ISA or the threads.
  * The dot products go through simd->dots4x4 (4 queries x 4 keys per reduction network) and a
  * chunk's axpys through simd->axpys (acc held in registers): bitwise the per-key calls, faster.
  */
@@ -139,13 +140,13 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
             }
             if (mc > m[qi]) {
                 if (l[qi] > 0.0f) { /* nothing accumulated yet: nothing to rescale */
-                    const float corr = expf(m[qi] - mc);
+                    const float corr = kern_expf(m[qi] - mc);
                     l[qi] = l[qi] * corr;
                     simd->scale(acc[qi], corr, hd);
                 }
                 m[qi] = mc;
             }
-            for (int i = 0; i < c; i++) s[i] = expf(s[i] - m[qi]);
+            simd->exp_sub(s, m[qi], c);
         }
         /* l[qi] = l[qi] + p, key by key in order for each query; the queries' chains interleaved
          * (one serial add chain per query would wait an add latency per key) */

@@ -1,5 +1,6 @@
 /* kernels/cpu/elementwise.c — KOP_EMBED, KOP_SILU_MUL, KOP_ADD, KOP_GATHER_ROWS. No reductions:
- * each output element is one expression of its inputs, so any split gives the same bits. */
+ * each output element is one expression of its inputs (SiLU's exp is kern_expf, the same bits on
+ * every ISA), so any split gives the same bits. */
 #include "kernels/cpu/kern_cpu.h"
 
 #include <math.h>
@@ -53,29 +54,30 @@ void kern_cpu_embed(kern_pool *pool, const kern_op *op)
 /* ---- KOP_SILU_MUL and KOP_ADD: the live rows are one flat range of elements --------------------- */
 
 typedef struct {
+    const kern_simd_ops *simd;
     const float *gu;
     float *out;
     int I;
     int64_t total; /* n_rows * I */
 } silu_task;
 
+/* each (row, column) range of the thread's share in one call (kern_silu_mul's bits on every ISA) */
 static void silu_run(void *ctx, int tid, int nt)
 {
     const silu_task *t = ctx;
     int64_t b, e;
     kern_split(t->total, tid, nt, 16, &b, &e);
-    int64_t r = b / t->I, i = b % t->I; /* walk (row, column) without a division per element */
-    for (int64_t k = b; k < e; k++) {
-        const float *g = t->gu + r * 2 * t->I;
-        const float a = g[i];
-        t->out[k] = a / (1.0f + expf(-a)) * g[t->I + i];
-        if (++i == t->I) i = 0, r++;
+    while (b < e) {
+        const int64_t r = b / t->I, i = b % t->I, n = e - b < t->I - i ? e - b : t->I - i;
+        const float *g = t->gu + r * 2 * t->I + i;
+        t->simd->silu_mul(t->out + b, g, g + t->I, (int)n);
+        b += n;
     }
 }
 
 void kern_cpu_silu_mul(kern_pool *pool, const kern_op *op)
 {
-    silu_task t = {.gu = op->buf[0].ptr, .out = op->buf[1].ptr, .I = op->p[0]};
+    silu_task t = {.simd = kern_simd(), .gu = op->buf[0].ptr, .out = op->buf[1].ptr, .I = op->p[0]};
     t.total = (int64_t)kern_cpu_count(op, 2, op->p[1]) * t.I;
     kern_cpu_parallel(pool, silu_run, &t, (size_t)t.total * 20);
 }

@@ -79,6 +79,10 @@ typedef struct {
     void (*scale)(float *y, float alpha, int n);
     /* y[i] = kern_exp_neg((double)l[i] - mx), bit for bit (the log-softmax's terms) */
     void (*exp_shift)(double *y, const float *l, double mx, int n);
+    /* s[i] = kern_expf(s[i] - m), bit for bit (the attention softmax's terms) */
+    void (*exp_sub)(float *s, float m, int n);
+    /* out[i] = kern_silu_mul(g[i], u[i]), bit for bit */
+    void (*silu_mul)(float *out, const float *g, const float *u, int n);
 } kern_simd_ops;
 
 extern const kern_simd_ops kern_simd_scalar;
@@ -121,6 +125,51 @@ static inline double kern_exp_neg(double x)
     sc.u = (sc.u + 1023u) << 52; /* the low bits of kd's significand are k: 2^k */
     return p * sc.d;
 }
+
+/* exp(x) in f32 for SiLU and the attention softmax, within about 1 ulp of the exact value (glibc's
+ * expf: 0.5), in plain IEEE f32 operations with fma so the vector versions (simd_body.inc
+ * simd_expf: 8 / 16 lanes) give the same bits, several times faster than a libm call per element.
+ * x is clamped to [-104, 89] (beyond, exp is 0 / inf in f32, and the clamped value still rounds
+ * there); x = k ln2 + r with k = round(x / ln2) (adding 1.5 * 2^23 rounds it), r = x - k ln2_hi -
+ * k ln2_lo (ln2_hi has 9 significant bits: k ln2_hi is exact); exp(r) = the Taylor polynomial of
+ * degree 7 in Horner form (|r| <= ln2 / 2: truncation below 6e-9 relative); times 2^k in two
+ * factors 2^(k >> 1) and 2^(k - (k >> 1)), each a normal number, so only the last product rounds
+ * (a denormal result is rounded once, as it should be). NaN stays NaN (x + x, quiet). */
+#define KERN_EXPF_MAX 89.0f
+#define KERN_EXPF_MIN (-104.0f)
+#define KERN_EXPF_SHIFT 0x1.8p23f              /* adding it rounds to an integer */
+#define KERN_EXPF_SHIFT_BITS 0x4b400000         /* its bit pattern: kd's bits minus it are k */
+#define KERN_EXPF_INV_LN2 0x1.715476p+0f        /* 1 / ln 2 */
+#define KERN_EXPF_LN2_HI 0x1.63p-1f             /* 0.693359375 */
+#define KERN_EXPF_LN2_LO (-0x1.bd0106p-13f)     /* ln 2 - KERN_EXPF_LN2_HI */
+extern const float kern_expf_c[8];              /* 1 / i!, i = 0 .. 7 (simd.c) */
+/* p * 2^k for kd = KERN_EXPF_SHIFT + k, |k| <= 150 */
+static inline float kern_expf_scale(float p, float kd)
+{
+    union {
+        float f;
+        int32_t i;
+    } b = {.f = kd}, s1, s2;
+    const int32_t k = b.i - KERN_EXPF_SHIFT_BITS, k1 = k >> 1, k2 = k - k1;
+    s1.i = (k1 + 127) * (1 << 23);
+    s2.i = (k2 + 127) * (1 << 23);
+    return p * s1.f * s2.f;
+}
+static inline float kern_expf(float x)
+{
+    if (x != x) return x + x;
+    const float t = x < KERN_EXPF_MAX ? x : KERN_EXPF_MAX;  /* as minps / maxps */
+    const float xc = t > KERN_EXPF_MIN ? t : KERN_EXPF_MIN;
+    const float kd = fmaf(xc, KERN_EXPF_INV_LN2, KERN_EXPF_SHIFT);
+    const float nk = KERN_EXPF_SHIFT - kd; /* -k, exactly */
+    float r = fmaf(nk, KERN_EXPF_LN2_HI, xc);
+    r = fmaf(nk, KERN_EXPF_LN2_LO, r);
+    float p = kern_expf_c[7];
+    for (int i = 6; i >= 0; i--) p = fmaf(p, r, kern_expf_c[i]);
+    return kern_expf_scale(p, kd);
+}
+/* SiLU(a) * u, the one expression of KOP_SILU_MUL (simd silu_mul gives the same bits) */
+static inline float kern_silu_mul(float a, float u) { return a / (1.0f + kern_expf(-a)) * u; }
 
 /* A denormal becomes the zero of its sign: vdpbf16ps's DAZ on inputs and FTZ on results. */
 static inline float kern_flush_denormal(float f)

@@ -23,6 +23,8 @@ const double kern_exp_neg_c[14] = {0x1p+0,
                                    0x1.1eed8eff8d898p-29,
                                    0x1.6124613a86d09p-33};
 
+const float kern_expf_c[8] = {0x1p+0f, 0x1p+0f, 0x1p-1f, 0x1.555556p-3f, 0x1.555556p-5f, 0x1.111112p-7f, 0x1.6c16c2p-10f, 0x1.a01a02p-13f};
+
 static int cpu_has(kern_isa isa)
 {
 #ifdef KERN_HAVE_X86

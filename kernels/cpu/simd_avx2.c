@@ -37,6 +37,21 @@ AI2 V V_SET1(float f) { return (V){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
 AI2 V V_ADD(V a, V b) { return (V){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 AI2 V V_MUL(V a, V b) { return (V){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 AI2 V V_FMA(V a, V b, V c) { return (V){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+AI2 V V_SUB(V a, V b) { return (V){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+AI2 V V_DIV(V a, V b) { return (V){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+AI2 V V_MIN(V a, V b) { return (V){_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+AI2 V V_MAX(V a, V b) { return (V){_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+AI2 __m256 expf_scale8(__m256 p, __m256 kd) /* kern_expf_scale lane-wise */
+{
+    const __m256i k = _mm256_sub_epi32(_mm256_castps_si256(kd), _mm256_set1_epi32(KERN_EXPF_SHIFT_BITS));
+    const __m256i k1 = _mm256_srai_epi32(k, 1), k2 = _mm256_sub_epi32(k, k1), b = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, b), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, b), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+AI2 V V_EXPF_SCALE(V p, V kd) { return (V){expf_scale8(p.lo, kd.lo), expf_scale8(p.hi, kd.hi)}; }
+AI2 __m256 nanpass8(__m256 y, __m256 x) { return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
+AI2 V V_NANPASS(V y, V x) { return (V){nanpass8(y.lo, x.lo), nanpass8(y.hi, x.hi)}; }
 AI2 float V_HSUM(V v)
 {
     __m256 s8 = _mm256_add_ps(v.lo, v.hi);                                             /* i + i+8 */
@@ -158,5 +173,7 @@ const kern_simd_ops kern_simd_avx2 = {
     .axpys = simd_axpys_avx2,
     .scale = simd_scale_avx2,
     .exp_shift = exp_shift_avx2,
+    .exp_sub = simd_exp_sub_avx2,
+    .silu_mul = simd_silu_mul_avx2,
 };
 #endif

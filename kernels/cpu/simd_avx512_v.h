@@ -24,6 +24,24 @@ static inline __attribute__((always_inline)) SIMD_TARGET V V_SET1(float f) { ret
 static inline __attribute__((always_inline)) SIMD_TARGET V V_ADD(V a, V b) { return _mm512_add_ps(a, b); }
 static inline __attribute__((always_inline)) SIMD_TARGET V V_MUL(V a, V b) { return _mm512_mul_ps(a, b); }
 static inline __attribute__((always_inline)) SIMD_TARGET V V_FMA(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+static inline __attribute__((always_inline)) SIMD_TARGET V V_SUB(V a, V b) { return _mm512_sub_ps(a, b); }
+static inline __attribute__((always_inline)) SIMD_TARGET V V_DIV(V a, V b) { return _mm512_div_ps(a, b); }
+static inline __attribute__((always_inline)) SIMD_TARGET V V_MIN(V a, V b) { return _mm512_min_ps(a, b); }
+static inline __attribute__((always_inline)) SIMD_TARGET V V_MAX(V a, V b) { return _mm512_max_ps(a, b); }
+/* kern_expf_scale lane-wise */
+static inline __attribute__((always_inline)) SIMD_TARGET V V_EXPF_SCALE(V p, V kd)
+{
+    const __m512i k = _mm512_sub_epi32(_mm512_castps_si512(kd), _mm512_set1_epi32(KERN_EXPF_SHIFT_BITS));
+    const __m512i k1 = _mm512_srai_epi32(k, 1), k2 = _mm512_sub_epi32(k, k1), b = _mm512_set1_epi32(127);
+    const V s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, b), 23));
+    const V s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, b), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+}
+/* y, with x + x in the lanes where x is NaN */
+static inline __attribute__((always_inline)) SIMD_TARGET V V_NANPASS(V y, V x)
+{
+    return _mm512_mask_add_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x);
+}
 static inline __attribute__((always_inline)) SIMD_TARGET float V_HSUM(V v)
 {
     __m256 lo = _mm512_castps512_ps256(v);

@@ -56,6 +56,37 @@ AIS V V_FMA(V a, V b, V c)
     for (int i = 0; i < 16; i++) c.l[i] = fmaf(a.l[i], b.l[i], c.l[i]);
     return c;
 }
+AIS V V_SUB(V a, V b)
+{
+    for (int i = 0; i < 16; i++) a.l[i] = a.l[i] - b.l[i];
+    return a;
+}
+AIS V V_DIV(V a, V b)
+{
+    for (int i = 0; i < 16; i++) a.l[i] = a.l[i] / b.l[i];
+    return a;
+}
+AIS V V_MIN(V a, V b) /* as minps: b unless a < b (b when either is NaN) */
+{
+    for (int i = 0; i < 16; i++) a.l[i] = a.l[i] < b.l[i] ? a.l[i] : b.l[i];
+    return a;
+}
+AIS V V_MAX(V a, V b)
+{
+    for (int i = 0; i < 16; i++) a.l[i] = a.l[i] > b.l[i] ? a.l[i] : b.l[i];
+    return a;
+}
+AIS V V_EXPF_SCALE(V p, V kd)
+{
+    for (int i = 0; i < 16; i++) p.l[i] = kern_expf_scale(p.l[i], kd.l[i]);
+    return p;
+}
+AIS V V_NANPASS(V y, V x)
+{
+    for (int i = 0; i < 16; i++)
+        if (x.l[i] != x.l[i]) y.l[i] = x.l[i] + x.l[i];
+    return y;
+}
 AIS float V_HSUM(V v)
 {
     float s8[8], s4[4];
@@ -119,4 +150,6 @@ const kern_simd_ops kern_simd_scalar = {
     .axpys = simd_axpys_scalar,
     .scale = simd_scale_scalar,
     .exp_shift = exp_shift_scalar,
+    .exp_sub = simd_exp_sub_scalar,
+    .silu_mul = simd_silu_mul_scalar,
 };

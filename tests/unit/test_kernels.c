@@ -610,6 +610,73 @@ static void test_exp_neg(void **state)
     isa_reset();
 }
 
+/* kern_expf (SiLU, attention softmax) against exp in double rounded once to f32 (the correctly
+ * rounded result, up to double rounding): at most 1 ulp apart over the normal range, at most 1 unit
+ * of the denormal spacing below it; 0 / inf past the ends, 1 at +-0, NaN for NaN; and every ISA's
+ * exp_sub and silu_mul bit for bit the scalar kern_expf / kern_silu_mul, on every tail length and on
+ * inf / NaN / huge / denormal inputs. */
+static void test_expf(void **state)
+{
+    (void)state;
+    int64_t worst = 0;
+    float at = 0;
+    for (int it = 0; it < 3000000; it++) {
+        const float x = it < 2000000 ? rnd_f(-104.0f, 88.72f) : rnd_f(-1.0f, 1.0f) * (it % 2 ? 1e-3f : 2.0f);
+        const float want = (float)exp((double)x), got = kern_expf(x);
+        int32_t iw, ig;
+        memcpy(&iw, &want, 4);
+        memcpy(&ig, &got, 4);
+        const int64_t u = llabs((int64_t)iw - ig); /* both >= 0: bit patterns order them */
+        if (u > worst) worst = u, at = x;
+    }
+    print_message("kern_expf vs exp rounded to f32: at most %lld ulp apart (x = %a)\n", (long long)worst, (double)at);
+    if (worst > 1) fail_msg("kern_expf(%a) is %lld ulp from exp", (double)at, (long long)worst);
+    assert_true(kern_expf(0.0f) == 1.0f && kern_expf(-0.0f) == 1.0f);
+    assert_true(kern_expf(-INFINITY) == 0.0f && kern_expf(-104.0f) == 0.0f && kern_expf(-1e30f) == 0.0f);
+    assert_true(isinf(kern_expf(INFINITY)) && isinf(kern_expf(88.73f)) && isinf(kern_expf(3e38f)));
+    assert_true(kern_expf(88.72f) < INFINITY && kern_expf(88.72f) > 3e38f);
+    assert_true(kern_expf(-103.0f) > 0.0f && kern_expf(-103.0f) < 1e-44f); /* a denormal */
+    assert_true(isnan(kern_expf(NAN)) && isnan(kern_silu_mul(NAN, 1.0f)));
+    assert_true(kern_silu_mul(-200.0f, 1.0f) == 0.0f && kern_silu_mul(200.0f, 2.0f) == 400.0f);
+
+    kern_isa isas[4];
+    const int nisa = isa_list(isas);
+    enum { N = 200 };
+    float s[N], g[N], u[N], want_e[N], want_s[N], got[N];
+    static const float special[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.7f, 89.5f,
+                                    -87.5f, -103.5f, -200.0f, 3e38f, -3e38f};
+    for (int trial = 0; trial < 60; trial++) {
+        const float m = trial % 3 == 0 ? 0.0f : rnd_f(-5.0f, 5.0f);
+        for (int i = 0; i < N; i++) s[i] = rnd_f(-30.0f, 5.0f), g[i] = rnd_f(-20.0f, 20.0f), u[i] = rnd_f(-3.0f, 3.0f);
+        if (trial % 2)
+            for (int j = 0; j < 12; j++) {
+                s[rnd_int(N)] = special[rnd_int(14)];
+                g[rnd_int(N)] = special[rnd_int(14)];
+                u[rnd_int(N)] = special[rnd_int(14)];
+            }
+        const int n = trial < 33 ? trial : 1 + rnd_int(N); /* every tail length, then any */
+        for (int i = 0; i < n; i++) want_e[i] = kern_expf(s[i] - m), want_s[i] = kern_silu_mul(g[i], u[i]);
+        for (int ii = 0; ii < nisa; ii++) {
+            assert_int_equal(kern_simd_force(isas[ii]), 0);
+            const kern_simd_ops *so = kern_simd();
+            for (int pass = 0; pass < 2; pass++) {
+                const float *want = pass ? want_s : want_e;
+                for (int i = 0; i < N; i++) got[i] = pass ? -1.0f : s[i];
+                if (pass)
+                    so->silu_mul(got, g, u, n);
+                else
+                    so->exp_sub(got, m, n);
+                for (int i = 0; i < n; i++)
+                    if (memcmp(&got[i], &want[i], 4) != 0 && !(isnan(got[i]) && isnan(want[i])))
+                        fail_msg("%s (isa %s, n %d)[%d]: %a, scalar gives %a", pass ? "silu_mul" : "exp_sub", so->name, n,
+                                 i, (double)got[i], (double)want[i]);
+                for (int i = n; i < N; i++) assert_true(pass ? got[i] == -1.0f : memcmp(&got[i], &s[i], 4) == 0);
+            }
+        }
+    }
+    isa_reset();
+}
+
 /* ---- rmsnorm ------------------------------------------------------------------------------------ */
 
 static void test_rmsnorm(void **state)
@@ -1421,6 +1488,7 @@ int main(void)
         cmocka_unit_test(test_bf16_round_daz),
         cmocka_unit_test(test_matmul_bf16_activations),
         cmocka_unit_test(test_exp_neg),
+        cmocka_unit_test(test_expf),
         cmocka_unit_test(test_simd_batched_bitwise),
         cmocka_unit_test(test_attention_prefill_bitwise),
         cmocka_unit_test(test_rmsnorm),
