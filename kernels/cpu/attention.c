@@ -46,10 +46,12 @@ void kern_cpu_kv_write(kern_pool *pool, const kern_op *op)
  * depend on nothing but kv_len); a chunk's scores are computed first, the running max m is raised
  * to the chunk max once (rescaling the running sum l and accumulator acc by exp(old m - new m)),
  * then each key adds p = exp(s - m) to l and p * V[j] to acc. out = acc / l. All in f32; the dot
- * products and axpys use the 16-lane scheme and exp is kern_expf (vectorized: simd->exp_sub), so
- * results do not depend on the ISA or the threads.
- * The dot products go through simd->dots4x4 (4 queries x 4 keys per reduction network) and a
- * chunk's axpys through simd->axpys (acc held in registers): bitwise the per-key calls, faster.
+ * products and axpys use the 16-lane scheme and exp is kern_expf, so results do not depend on the
+ * ISA or the threads.
+ * The dot products go through simd->dots4x4 (4 keys x 4 queries per reduction network), the
+ * softmax steps of a tile's (up to 16) queries through simd->softmax16 (one query per lane, scores
+ * stored key-major), and a chunk's axpys through simd->axpys (acc held in registers): bitwise the
+ * per-query, per-key scalar loops, faster.
  */
 #define ATT_CHUNK 32
 
@@ -71,7 +73,7 @@ typedef struct {
  * would run alone (the same chunks, in the same order, on its own m, l and acc); the tile only
  * shares work that gives the same bits: the chunk's key addresses, and the loads of its keys, which
  * feed 4 x 4 blocks of dot products (simd->dots4x4) instead of one dot product each. */
-#define ATT_Q 16
+#define ATT_Q 16 /* = the 16 lanes of simd->softmax16 */
 static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
 {
     const int hd = t->hd, nq = nr * nhq;
@@ -93,13 +95,20 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
     const kern_simd_ops *simd = t->simd;
 
     float acc[ATT_Q][KERN_MAX_HEAD_DIM];
-    float m[ATT_Q], l[ATT_Q];
-    for (int qi = 0; qi < nq; qi++) {
-        memset(acc[qi], 0, (size_t)hd * sizeof(float));
+    /* per query (lane q of simd->softmax16): running max, sum, this chunk's key count (as a
+     * float), rescale factor; lanes past nq keep 0 keys */
+    float m[ATT_Q], l[ATT_Q], cqf[ATT_Q], corr[ATT_Q], *accp[ATT_Q];
+    for (int qi = 0; qi < ATT_Q; qi++) {
+        if (qi < nq) memset(acc[qi], 0, (size_t)hd * sizeof(float));
+        accp[qi] = acc[qi];
         m[qi] = -INFINITY;
         l[qi] = 0.0f;
+        cqf[qi] = 0.0f;
     }
-    float S[ATT_Q][ATT_CHUNK];
+    /* S[i][q]: query q's score, then probability, of the chunk's key i; transposed so that the
+     * softmax runs over 16 queries per vector. Entries no query reads are still initialized. */
+    float S[ATT_CHUNK][ATT_Q];
+    memset(S, 0, sizeof S);
     const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK];
     for (int32_t j0 = 0; j0 < Lmax; j0 += ATT_CHUNK) {
         const int cmax = Lmax - j0 < ATT_CHUNK ? (int)(Lmax - j0) : ATT_CHUNK;
@@ -115,46 +124,37 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
                 vrow[i] = t->vc + at + (size_t)u * t->head;
             }
         }
-        /* scores: blocks of 4 queries x 4 keys; a block whose keys lie past all its queries' lengths
-         * is skipped (scores past a query's length are computed in partial blocks, never read) */
+        /* scores: blocks of 4 keys x 4 queries (dot(k, q): the same bits as dot(q, k)); a block
+         * whose keys lie past all its queries' lengths is skipped (scores past a query's length
+         * are computed in partial blocks, never read) */
         for (int q0 = 0; q0 < nq; q0 += 4) {
             const int bq = nq - q0 < 4 ? nq - q0 : 4;
             int32_t lb = 0;
             for (int i = 0; i < bq; i++) lb = L[q0 + i] > lb ? L[q0 + i] : lb;
             for (int i0 = 0; i0 < cmax && j0 + i0 < lb; i0 += 4)
-                simd->dots4x4(qp + q0, bq, krow + i0, cmax - i0 < 4 ? cmax - i0 : 4, hd, &S[q0][i0], ATT_CHUNK);
+                simd->dots4x4(krow + i0, cmax - i0 < 4 ? cmax - i0 : 4, qp + q0, bq, hd, &S[i0][q0], ATT_Q);
         }
-        /* each live query: scale its scores, raise m to the chunk max (rescaling l and acc), then
-         * S[qi][i] = p = exp(s - m) */
+        /* each query's keys in this chunk, then the softmax step of all of them at once: scale,
+         * raise m to the chunk max (rescaling l, and acc here), p = exp(s - m), l += p in key order */
         int cq[ATT_Q], cmaxq = 0;
         for (int qi = 0; qi < nq; qi++) {
             cq[qi] = L[qi] <= j0 ? 0 : L[qi] - j0 < ATT_CHUNK ? (int)(L[qi] - j0) : ATT_CHUNK;
-            const int c = cq[qi];
-            if (c > cmaxq) cmaxq = c;
-            if (c == 0) continue;
-            float *s = S[qi];
-            float mc = -INFINITY;
-            for (int i = 0; i < c; i++) {
-                s[i] = s[i] * t->scale;
-                if (s[i] > mc) mc = s[i];
-            }
-            if (mc > m[qi]) {
-                if (l[qi] > 0.0f) { /* nothing accumulated yet: nothing to rescale */
-                    const float corr = kern_expf(m[qi] - mc);
-                    l[qi] = l[qi] * corr;
-                    simd->scale(acc[qi], corr, hd);
-                }
-                m[qi] = mc;
-            }
-            simd->exp_sub(s, m[qi], c);
+            cqf[qi] = (float)cq[qi];
+            if (cq[qi] > cmaxq) cmaxq = cq[qi];
         }
-        /* l[qi] = l[qi] + p, key by key in order for each query; the queries' chains interleaved
-         * (one serial add chain per query would wait an add latency per key) */
-        for (int i = 0; i < cmaxq; i++)
-            for (int qi = 0; qi < nq; qi++)
-                if (i < cq[qi]) l[qi] = l[qi] + S[qi][i];
+        simd->softmax16(&S[0][0], cmaxq, cqf, t->scale, m, l, corr);
         for (int qi = 0; qi < nq; qi++)
-            if (cq[qi] > 0) simd->axpys(acc[qi], S[qi], vrow, cq[qi], hd);
+            if (corr[qi] != 1.0f) simd->scale(acc[qi], corr[qi], hd);
+        /* acc += p V: 4 queries share each value row up to their shortest count, then each its own
+         * rest (every query's chain still runs key by key in order) */
+        for (int q0 = 0; q0 < nq; q0 += 4) {
+            const int bq = nq - q0 < 4 ? nq - q0 : 4;
+            int common = ATT_CHUNK;
+            for (int qi = q0; qi < q0 + bq; qi++) common = cq[qi] < common ? cq[qi] : common;
+            if (common > 0) simd->axpys(accp + q0, bq, &S[0][q0], ATT_Q, vrow, common, hd);
+            for (int qi = q0; qi < q0 + bq; qi++)
+                if (cq[qi] > common) simd->axpys(accp + qi, 1, &S[common][qi], ATT_Q, vrow + common, cq[qi] - common, hd);
+        }
     }
     for (int qi = 0; qi < nq; qi++) {
         const int ri = qi / nhq, h = hb + qi % nhq;
@@ -163,7 +163,7 @@ static void attn_tile(const attn_task *t, int r0, int nr, int hb, int nhq)
             memset(o, 0, (size_t)hd * sizeof(float));
             continue;
         }
-        for (int d = 0; d < hd; d++) o[d] = acc[qi][d] / l[qi];
+        simd->div(o, acc[qi], l[qi], hd);
     }
 }
 

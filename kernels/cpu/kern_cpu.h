@@ -73,16 +73,27 @@ typedef struct {
     /* out[i * ldo + j] = dot(q[i], k[j], n) for i < nq <= 4, j < nk <= 4: bitwise as nq * nk calls
      * of dot, faster */
     void (*dots4x4)(const float *const *q, int nq, const float *const *k, int nk, int n, float *out, int ldo);
-    /* for j = 0 .. nx-1 in order: y[i] = fmaf(a[j], x[j][i], y[i]) (one rounding per term) */
-    void (*axpys)(float *y, const float *a, const float *const *x, int nx, int n);
+    /* for each q < ny (1..4), for j = 0 .. nx-1 in order: y[q][i] = fmaf(a[j * lda + q], x[j][i],
+     * y[q][i]) (one rounding per term) */
+    void (*axpys)(float *const *y, int ny, const float *a, int lda, const float *const *x, int nx, int n);
     /* y[i] = y[i] * alpha */
     void (*scale)(float *y, float alpha, int n);
     /* y[i] = kern_exp_neg((double)l[i] - mx), bit for bit (the log-softmax's terms) */
     void (*exp_shift)(double *y, const float *l, double mx, int n);
-    /* s[i] = kern_expf(s[i] - m), bit for bit (the attention softmax's terms) */
-    void (*exp_sub)(float *s, float m, int n);
     /* out[i] = kern_silu_mul(g[i], u[i]), bit for bit */
     void (*silu_mul)(float *out, const float *g, const float *u, int n);
+    /* y[i] = x[i] / d */
+    void (*div)(float *y, const float *x, float d, int n);
+    /* One key chunk of an online softmax for 16 queries, lane q = query q; st[16 * i + q] is query
+     * q's score of key i < nk, and query q takes the keys i < cq[q] (a float; 0: untouched).
+     * Exactly, for each query with cq[q] > 0:
+     *   s[i] = s[i] * scale (i < cq[q]); mc = the max of them in key order (NaN never greater);
+     *   if mc > m[q]: { if l[q] > 0: corr[q] = kern_expf(m[q] - mc), l[q] = l[q] * corr[q];
+     *                   m[q] = mc }
+     *   s[i] = kern_expf(s[i] - m[q]), l[q] = l[q] + s[i] for i < cq[q] in order.
+     * corr[q] = 1 where nothing was rescaled (the caller scales acc by corr[q] != 1: by exactly 1
+     * would change no bit). st entries of keys past cq[q] are overwritten with garbage. */
+    void (*softmax16)(float *st, int nk, const float *cq, float scale, float *m, float *l, float *corr);
 } kern_simd_ops;
 
 extern const kern_simd_ops kern_simd_scalar;

@@ -19,6 +19,7 @@ typedef struct {
 #define MM_NR_ONE 6
 #define MM_NR_MULTI 1
 #define MM_NR_MAX 6
+#define SIMD_AXPY_ACC 4 /* 8 ymm */
 
 #define AI2 static inline __attribute__((always_inline, unused)) SIMD_TARGET
 AI2 V V_ZERO(void) { return (V){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
@@ -50,6 +51,11 @@ AI2 __m256 expf_scale8(__m256 p, __m256 kd) /* kern_expf_scale lane-wise */
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
 AI2 V V_EXPF_SCALE(V p, V kd) { return (V){expf_scale8(p.lo, kd.lo), expf_scale8(p.hi, kd.hi)}; }
+AI2 V V_SELECT_LT(V a, V b, V x, V y) /* lane-wise a < b ? x : y */
+{
+    return (V){_mm256_blendv_ps(y.lo, x.lo, _mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ)),
+               _mm256_blendv_ps(y.hi, x.hi, _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ))};
+}
 AI2 __m256 nanpass8(__m256 y, __m256 x) { return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
 AI2 V V_NANPASS(V y, V x) { return (V){nanpass8(y.lo, x.lo), nanpass8(y.hi, x.hi)}; }
 AI2 float V_HSUM(V v)
@@ -173,7 +179,8 @@ const kern_simd_ops kern_simd_avx2 = {
     .axpys = simd_axpys_avx2,
     .scale = simd_scale_avx2,
     .exp_shift = exp_shift_avx2,
-    .exp_sub = simd_exp_sub_avx2,
     .silu_mul = simd_silu_mul_avx2,
+    .softmax16 = simd_softmax16_avx2,
+    .div = simd_div_avx2,
 };
 #endif

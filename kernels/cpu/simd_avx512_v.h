@@ -37,6 +37,11 @@ static inline __attribute__((always_inline)) SIMD_TARGET V V_EXPF_SCALE(V p, V k
     const V s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, b), 23));
     return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
 }
+/* lane-wise a < b ? x : y */
+static inline __attribute__((always_inline)) SIMD_TARGET V V_SELECT_LT(V a, V b, V x, V y)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+}
 /* y, with x + x in the lanes where x is NaN */
 static inline __attribute__((always_inline)) SIMD_TARGET V V_NANPASS(V y, V x)
 {

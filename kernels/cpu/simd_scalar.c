@@ -16,6 +16,7 @@ typedef struct {
 #define MM_NR_ONE 1
 #define MM_NR_MULTI 1
 #define MM_NR_MAX 1
+#define SIMD_AXPY_ACC 4
 
 #define AIS static inline __attribute__((always_inline, unused))
 AIS V V_ZERO(void) { return (V){{0}}; }
@@ -80,6 +81,11 @@ AIS V V_EXPF_SCALE(V p, V kd)
 {
     for (int i = 0; i < 16; i++) p.l[i] = kern_expf_scale(p.l[i], kd.l[i]);
     return p;
+}
+AIS V V_SELECT_LT(V a, V b, V x, V y)
+{
+    for (int i = 0; i < 16; i++) y.l[i] = a.l[i] < b.l[i] ? x.l[i] : y.l[i];
+    return y;
 }
 AIS V V_NANPASS(V y, V x)
 {
@@ -150,6 +156,7 @@ const kern_simd_ops kern_simd_scalar = {
     .axpys = simd_axpys_scalar,
     .scale = simd_scale_scalar,
     .exp_shift = exp_shift_scalar,
-    .exp_sub = simd_exp_sub_scalar,
     .silu_mul = simd_silu_mul_scalar,
+    .softmax16 = simd_softmax16_scalar,
+    .div = simd_div_scalar,
 };

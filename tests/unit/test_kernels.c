@@ -610,10 +610,19 @@ static void test_exp_neg(void **state)
     isa_reset();
 }
 
+/* one of the float classes that break naive vector code: inf, NaN, zeros, denormals, the edges of
+ * expf's range, huge */
+static float special_f(void)
+{
+    static const float sp[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.7f, 89.5f,
+                               -87.5f, -103.5f, -200.0f, 3e38f, -3e38f};
+    return sp[rnd_int((int)(sizeof sp / sizeof sp[0]))];
+}
+
 /* kern_expf (SiLU, attention softmax) against exp in double rounded once to f32 (the correctly
  * rounded result, up to double rounding): at most 1 ulp apart over the normal range, at most 1 unit
  * of the denormal spacing below it; 0 / inf past the ends, 1 at +-0, NaN for NaN; and every ISA's
- * exp_sub and silu_mul bit for bit the scalar kern_expf / kern_silu_mul, on every tail length and on
+ * silu_mul (vectorized kern_expf) bit for bit the scalar kern_silu_mul, on every tail length and on
  * inf / NaN / huge / denormal inputs. */
 static void test_expf(void **state)
 {
@@ -642,35 +651,96 @@ static void test_expf(void **state)
     kern_isa isas[4];
     const int nisa = isa_list(isas);
     enum { N = 200 };
-    float s[N], g[N], u[N], want_e[N], want_s[N], got[N];
-    static const float special[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.7f, 89.5f,
-                                    -87.5f, -103.5f, -200.0f, 3e38f, -3e38f};
+    float g[N], u[N], want[N], got[N];
     for (int trial = 0; trial < 60; trial++) {
-        const float m = trial % 3 == 0 ? 0.0f : rnd_f(-5.0f, 5.0f);
-        for (int i = 0; i < N; i++) s[i] = rnd_f(-30.0f, 5.0f), g[i] = rnd_f(-20.0f, 20.0f), u[i] = rnd_f(-3.0f, 3.0f);
+        for (int i = 0; i < N; i++) g[i] = rnd_f(-20.0f, 20.0f), u[i] = rnd_f(-3.0f, 3.0f);
         if (trial % 2)
-            for (int j = 0; j < 12; j++) {
-                s[rnd_int(N)] = special[rnd_int(14)];
-                g[rnd_int(N)] = special[rnd_int(14)];
-                u[rnd_int(N)] = special[rnd_int(14)];
-            }
+            for (int j = 0; j < 12; j++) g[rnd_int(N)] = special_f(), u[rnd_int(N)] = special_f();
         const int n = trial < 33 ? trial : 1 + rnd_int(N); /* every tail length, then any */
-        for (int i = 0; i < n; i++) want_e[i] = kern_expf(s[i] - m), want_s[i] = kern_silu_mul(g[i], u[i]);
+        for (int i = 0; i < n; i++) want[i] = kern_silu_mul(g[i], u[i]);
         for (int ii = 0; ii < nisa; ii++) {
             assert_int_equal(kern_simd_force(isas[ii]), 0);
             const kern_simd_ops *so = kern_simd();
-            for (int pass = 0; pass < 2; pass++) {
-                const float *want = pass ? want_s : want_e;
-                for (int i = 0; i < N; i++) got[i] = pass ? -1.0f : s[i];
-                if (pass)
-                    so->silu_mul(got, g, u, n);
-                else
-                    so->exp_sub(got, m, n);
-                for (int i = 0; i < n; i++)
-                    if (memcmp(&got[i], &want[i], 4) != 0 && !(isnan(got[i]) && isnan(want[i])))
-                        fail_msg("%s (isa %s, n %d)[%d]: %a, scalar gives %a", pass ? "silu_mul" : "exp_sub", so->name, n,
-                                 i, (double)got[i], (double)want[i]);
-                for (int i = n; i < N; i++) assert_true(pass ? got[i] == -1.0f : memcmp(&got[i], &s[i], 4) == 0);
+            for (int i = 0; i < N; i++) got[i] = -1.0f;
+            so->silu_mul(got, g, u, n);
+            for (int i = 0; i < n; i++)
+                if (memcmp(&got[i], &want[i], 4) != 0 && !(isnan(got[i]) && isnan(want[i])))
+                    fail_msg("silu_mul (isa %s, n %d)[%d] of %a, %a: %a, kern_silu_mul gives %a", so->name, n, i,
+                             (double)g[i], (double)u[i], (double)got[i], (double)want[i]);
+            for (int i = n; i < N; i++) assert_true(got[i] == -1.0f);
+        }
+    }
+    isa_reset();
+}
+
+/* simd->softmax16 (attention's online-softmax step for 16 queries at once, scores key-major)
+ * against the per-query loop it replaced, written out here, bit for bit on every ISA: random
+ * running states (fresh, rescaled, not rescaled), key counts 0..32 per query, scores with inf / NaN
+ * / huge values */
+static void test_softmax16(void **state)
+{
+    (void)state;
+    kern_isa isas[4];
+    const int nisa = isa_list(isas);
+    enum { NK = 32 };
+    float st0[NK * 16], st[NK * 16], m0[16], l0[16], cq[16], wm[16], wl[16], ws[NK * 16], wc[16];
+    for (int trial = 0; trial < 400; trial++) {
+        const float scale = trial % 5 ? rnd_f(0.05f, 0.3f) : 1.0f;
+        int nk = 0;
+        for (int q = 0; q < 16; q++) {
+            const int c = trial % 7 == 0 ? NK : rnd_int(NK + 1);
+            cq[q] = (float)c;
+            nk = c > nk ? c : nk;
+            const int fresh = rnd_int(3) == 0;
+            m0[q] = fresh ? -INFINITY : rnd_f(-5.0f, 30.0f);
+            l0[q] = fresh ? 0.0f : rnd_f(0.5f, 40.0f);
+        }
+        for (int i = 0; i < NK * 16; i++) st0[i] = rnd_f(-40.0f, 60.0f);
+        if (trial % 3 == 1)
+            for (int j = 0; j < 6; j++) st0[rnd_int(NK * 16)] = special_f();
+        /* the reference: each query alone, as attention did before */
+        memcpy(ws, st0, sizeof ws);
+        for (int q = 0; q < 16; q++) {
+            const int c = (int)cq[q];
+            wm[q] = m0[q], wl[q] = l0[q], wc[q] = 1.0f;
+            if (c == 0) continue;
+            float mc = -INFINITY;
+            for (int i = 0; i < c; i++) {
+                ws[16 * i + q] = ws[16 * i + q] * scale;
+                if (ws[16 * i + q] > mc) mc = ws[16 * i + q];
+            }
+            if (mc > wm[q]) {
+                if (wl[q] > 0.0f) {
+                    wc[q] = kern_expf(wm[q] - mc);
+                    wl[q] = wl[q] * wc[q];
+                }
+                wm[q] = mc;
+            }
+            for (int i = 0; i < c; i++) {
+                ws[16 * i + q] = kern_expf(ws[16 * i + q] - wm[q]);
+                wl[q] = wl[q] + ws[16 * i + q];
+            }
+        }
+        for (int ii = 0; ii < nisa; ii++) {
+            assert_int_equal(kern_simd_force(isas[ii]), 0);
+            const kern_simd_ops *so = kern_simd();
+            float m[16], l[16], corr[16];
+            memcpy(st, st0, sizeof st);
+            memcpy(m, m0, sizeof m);
+            memcpy(l, l0, sizeof l);
+            so->softmax16(st, nk, cq, scale, m, l, corr);
+            for (int q = 0; q < 16; q++) {
+                if (memcmp(&m[q], &wm[q], 4) || (memcmp(&l[q], &wl[q], 4) && !(isnan(l[q]) && isnan(wl[q]))))
+                    fail_msg("softmax16 (isa %s, trial %d) query %d: m %a l %a, per-query loop m %a l %a", so->name,
+                             trial, q, (double)m[q], (double)l[q], (double)wm[q], (double)wl[q]);
+                /* a factor of exactly 1 changes nothing: the caller skips it */
+                if (memcmp(&corr[q], &wc[q], 4) && !(isnan(corr[q]) && isnan(wc[q])))
+                    fail_msg("softmax16 (isa %s) query %d: corr %a, want %a", so->name, q, (double)corr[q],
+                             (double)wc[q]);
+                for (int i = 0; i < (int)cq[q]; i++)
+                    if (memcmp(&st[16 * i + q], &ws[16 * i + q], 4) && !(isnan(st[16 * i + q]) && isnan(ws[16 * i + q])))
+                        fail_msg("softmax16 (isa %s) query %d key %d: %a, want %a", so->name, q, i,
+                                 (double)st[16 * i + q], (double)ws[16 * i + q]);
             }
         }
     }
@@ -1111,9 +1181,9 @@ static void test_simd_batched_bitwise(void **state)
     kern_isa isas[4];
     int nisa = isa_list(isas);
     enum { NMAX = 136 };
-    float *k = falloc(16 * NMAX), *y0 = falloc(NMAX), *y1 = falloc(NMAX), a[16];
+    float *k = falloc(16 * NMAX), *y0 = falloc(4 * NMAX), *y1 = falloc(4 * NMAX), a[64];
     fill(k, 16 * NMAX, -1, 1);
-    fill(a, 16, -2, 2);
+    fill(a, 64, -2, 2);
     const float *kp[16];
     for (int j = 0; j < 16; j++) kp[j] = k + (size_t)j * NMAX;
     static const int lens[] = {16, 64, 71, 128, 136, 5};
@@ -1133,13 +1203,22 @@ static void test_simd_batched_bitwise(void **state)
                             fail_msg("dots4x4[%d][%d] of %dx%d (n %d, isa %s): %.9g, dot gives %.9g", i, j, nq, nkb,
                                      n, so->name, (double)got[i * 5 + j], (double)want);
                     }
-                fill(y0, NMAX, -1, 1);
-                memcpy(y1, y0, NMAX * 4);
-                so->axpys(y0, a, kp, nk, n);
-                for (int j = 0; j < nk; j++)
-                    for (int i = 0; i < n; i++) y1[i] = fmaf(a[j], kp[j][i], y1[i]);
-                if (memcmp(y0, y1, (size_t)n * 4) != 0)
-                    fail_msg("axpys of %d rows (n %d, isa %s) differs from fmaf row by row", nk, n, so->name);
+                /* ny outputs (1..4) of nx rows, a[j * lda + q] with lda 4 or 5 */
+                const int ny = nq, lda = 4 + nk % 2, nx = 1 + (nk * 7) % 12;
+                float *yq[4], *wq[4];
+                for (int q = 0; q < ny; q++) {
+                    yq[q] = y0 + (size_t)q * NMAX, wq[q] = y1 + (size_t)q * NMAX;
+                    fill(yq[q], NMAX, -1, 1);
+                    memcpy(wq[q], yq[q], NMAX * 4);
+                }
+                so->axpys(yq, ny, a, lda, kp, nx, n);
+                for (int q = 0; q < ny; q++) {
+                    for (int j = 0; j < nx; j++)
+                        for (int i = 0; i < n; i++) wq[q][i] = fmaf(a[j * lda + q], kp[j][i], wq[q][i]);
+                    if (memcmp(yq[q], wq[q], NMAX * 4) != 0)
+                        fail_msg("axpys %d of %d outputs, %d rows (n %d, isa %s) differs from fmaf row by row", q, ny,
+                                 nx, n, so->name);
+                }
             }
         }
     }
@@ -1489,6 +1568,7 @@ int main(void)
         cmocka_unit_test(test_matmul_bf16_activations),
         cmocka_unit_test(test_exp_neg),
         cmocka_unit_test(test_expf),
+        cmocka_unit_test(test_softmax16),
         cmocka_unit_test(test_simd_batched_bitwise),
         cmocka_unit_test(test_attention_prefill_bitwise),
         cmocka_unit_test(test_rmsnorm),
