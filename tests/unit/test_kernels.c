@@ -326,7 +326,8 @@ static void test_matmul_reference(void **state)
     kern_cpu_set_min_parallel_work(old);
 }
 
-/* Row r of an M-row run == the same row run alone, for every pool size and ISA, bitwise. */
+/* Row r of an M-row run == the same row run alone, for every pool size and ISA, bitwise. K = 1024
+ * with f32 weights: from 16 rows on, the weights are read from a packed panel (simd_body.inc). */
 static void test_matmul_bitwise(void **state)
 {
     (void)state;
@@ -334,9 +335,10 @@ static void test_matmul_bitwise(void **state)
     int nisa = isa_list(isas);
     size_t old = kern_cpu_set_min_parallel_work(0);
     const int M = 17;
-    for (int bf16 = 0; bf16 <= 1; bf16++) {
+    for (int bk = 0; bk < 3; bk++) {
+        const int bf16 = bk == 1, K = bk == 2 ? 1024 : 300;
         mm_case c;
-        mm_init(&c, 300, 77, M, bf16, 1, 0);
+        mm_init(&c, K, 77, M, bf16, 1, 0);
         float *golden = falloc((size_t)M * c.N);
         int have_golden = 0;
         for (int ii = 0; ii < nisa; ii++) {
