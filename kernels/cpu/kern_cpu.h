@@ -58,6 +58,10 @@ typedef struct {
     int K, N, M;
     int bf16;       /* W is bf16 */
     int accumulate; /* out += instead of out = */
+    /* bf16-pairs mode: the calling thread's scratch for a block of activation rows rounded to
+     * bf16 once (instead of once per column tile), or NULL */
+    uint16_t *xb;
+    size_t xb_bytes;
 } kern_mm_args;
 
 /* Per-ISA entry points; all give bitwise-identical results (see top of file). */
@@ -237,6 +241,10 @@ static inline void kern_split(int64_t total, int tid, int nt, int64_t align, int
 
 /* Whether the pool runs bf16-weight matmuls in the bf16-pairs scheme (0 for a NULL pool). */
 int kern_pool_bf16_activations(const kern_pool *pool);
+/* Thread tid's KERN_POOL_SCRATCH_BYTES of scratch, private to whichever task runs as tid; NULL
+ * for a NULL pool or one without the bf16-activation mode. Contents do not survive a task. */
+#define KERN_POOL_SCRATCH_BYTES ((size_t)512 * 1024)
+void *kern_pool_scratch(const kern_pool *pool, int tid);
 
 /* Test hook: how long an idle worker spins before sleeping, in microseconds (default 1000, or
  * GS_KERN_SPIN_US). */

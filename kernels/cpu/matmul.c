@@ -12,6 +12,7 @@
 typedef struct {
     kern_mm_args a;
     const kern_simd_ops *simd;
+    const kern_pool *pool; /* for its per-thread scratch */
     int bf16x;       /* bf16 weights in the bf16-pairs scheme (the pool's bf16-activation mode) */
     int chunk;       /* output columns per work unit: a multiple of MM_CHUNK_UNIT */
     int nchunks;
@@ -30,15 +31,20 @@ typedef struct {
 static void mm_run(void *ctx, int tid, int nt)
 {
     mm_task *t = ctx;
-    (void)tid, (void)nt;
+    (void)nt;
+    kern_mm_args a = t->a;
+    if (t->bf16x) {
+        a.xb = kern_pool_scratch(t->pool, tid);
+        a.xb_bytes = a.xb ? KERN_POOL_SCRATCH_BYTES : 0;
+    }
     for (;;) {
         const int c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (c >= t->nchunks) return;
         const int b = c * t->chunk, e = b + t->chunk < t->a.N ? b + t->chunk : t->a.N;
         if (t->bf16x)
-            t->simd->mm_cols_bf16x(&t->a, b, e);
+            t->simd->mm_cols_bf16x(&a, b, e);
         else
-            t->simd->mm_cols(&t->a, b, e);
+            t->simd->mm_cols(&a, b, e);
     }
 }
 
@@ -60,6 +66,7 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
             .accumulate = p[4],
         },
         .simd = kern_simd(),
+        .pool = pool,
         .bf16x = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool),
     };
     const int nt = pool ? kern_pool_threads(pool) : 1;

@@ -15,6 +15,7 @@
  */
 #include "kernels/cpu/kern_cpu.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -36,6 +37,7 @@ struct kern_pool {
     atomic_long spin_ns;
     atomic_int stop;
     int bf16_activations; /* bf16-weight matmuls in the bf16-pairs scheme (kern_cpu.h) */
+    void *scratch;        /* n * KERN_POOL_SCRATCH_BYTES, with bf16_activations (or NULL) */
     /* separate cache lines: `gen` is read-mostly by spinning workers, `done` is written by them */
     _Alignas(64) atomic_uint gen;
     _Alignas(64) atomic_int done;
@@ -179,6 +181,7 @@ void kern_pool_destroy(kern_pool *p)
     pthread_mutex_unlock(&p->mu);
     for (int t = 1; t < p->n; t++) pthread_join(p->threads[t - 1], NULL);
     free(p->threads);
+    free(p->scratch);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -233,6 +236,19 @@ void kern_cpu_parallel(kern_pool *pool, kern_task_fn fn, void *ctx, size_t work)
         kern_pool_run(pool, fn, ctx);
 }
 
-void kern_pool_set_bf16_activations(kern_pool *pool, int on) { pool->bf16_activations = on != 0; }
+/* The mode's per-thread scratch (activations pre-rounded to bf16, simd_body.inc) is allocated here,
+ * once, never in a step; without it (out of memory) the matmul rounds as it goes: the same bits. */
+void kern_pool_set_bf16_activations(kern_pool *pool, int on)
+{
+    pool->bf16_activations = on != 0;
+    if (on && !pool->scratch) pool->scratch = aligned_alloc(64, (size_t)pool->n * KERN_POOL_SCRATCH_BYTES);
+}
+
+void *kern_pool_scratch(const kern_pool *pool, int tid)
+{
+    if (!pool || !pool->scratch) return NULL;
+    assert(tid >= 0 && tid < pool->n);
+    return (char *)pool->scratch + (size_t)tid * KERN_POOL_SCRATCH_BYTES;
+}
 
 int kern_pool_bf16_activations(const kern_pool *pool) { return pool ? pool->bf16_activations : 0; }
