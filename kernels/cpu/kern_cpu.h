@@ -49,6 +49,15 @@ _Noreturn void kern_cpu_fail(const kern_op *op, const char *what, const char *fi
 /* AVX512BF16: AVX-512 plus the native bf16-pairs matmul (every other entry is AVX-512's) */
 typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2, KERN_ISA_AVX512BF16 = 3 } kern_isa;
 
+/* Activation rows rounded to bf16 for the bf16-pairs matmul: rows [r0, r1) of the op's x, row r at
+ * buf + (r - r0) * K. One per thread per op (matmul.c mm_run), reused by every work unit the thread
+ * claims in that op and never by another op, so it cannot go stale. */
+typedef struct {
+    uint16_t *buf; /* the thread's pool scratch */
+    size_t bytes;
+    int r0, r1;
+} kern_mm_xb;
+
 /* Arguments of one GEMV/GEMM call: out[r, n] (+)= x[r, :] . W[n, :] + bias[n], r < M. */
 typedef struct {
     const float *x;    /* [M, K] */
@@ -58,10 +67,7 @@ typedef struct {
     int K, N, M;
     int bf16;       /* W is bf16 */
     int accumulate; /* out += instead of out = */
-    /* bf16-pairs mode: the calling thread's scratch for a block of activation rows rounded to
-     * bf16 once (instead of once per column tile), or NULL */
-    uint16_t *xb;
-    size_t xb_bytes;
+    kern_mm_xb *xb; /* bf16-pairs mode: the calling thread's rounded rows, or NULL (round as it goes) */
 } kern_mm_args;
 
 /* Per-ISA entry points; all give bitwise-identical results (see top of file). */

@@ -33,10 +33,8 @@ static void mm_run(void *ctx, int tid, int nt)
     mm_task *t = ctx;
     (void)nt;
     kern_mm_args a = t->a;
-    if (t->bf16x) {
-        a.xb = kern_pool_scratch(t->pool, tid);
-        a.xb_bytes = a.xb ? KERN_POOL_SCRATCH_BYTES : 0;
-    }
+    kern_mm_xb xb = {.buf = kern_pool_scratch(t->pool, tid), .bytes = KERN_POOL_SCRATCH_BYTES};
+    if (t->bf16x && xb.buf) a.xb = &xb;
     for (;;) {
         const int c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (c >= t->nchunks) return;
