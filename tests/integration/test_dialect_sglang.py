@@ -311,13 +311,26 @@ def wait_running(srv, n, limit=20):
     return False
 
 
+def start_together(C, srv, out, bodies, what):
+    """Starts one thread per (key, body), queued behind a pause so that they run together however late
+    a loaded machine starts any thread, then waits until all are running."""
+    C.check(T.post(srv, "/pause_generation", {"mode": "in_place"}).status == 200, "pause before " + what)
+    ts = [long_request(srv, out, k, b) for k, b in bodies]
+    t0 = time.time()
+    while (time.time() - t0 < 20 and
+           T.get(srv, "/v1/loads?include=core").json["loads"][0]["num_waiting_reqs"] < len(bodies)):
+        time.sleep(0.02)
+    C.check(T.post(srv, "/continue_generation", {}).status == 200, "continue before " + what)
+    C.check(wait_running(srv, len(bodies)), what + ": requests never ran")
+    return ts
+
+
 def test_abort(C, srv):
     big = {"max_new_tokens": 3500, "ignore_eos": True, "temperature": 0}
     # slime abort(): abort_all, then /v1/loads until idle
     out = {}
-    ts = [long_request(srv, out, i, {"input_ids": [5, 6, i + 1], "sampling_params": big, "return_logprob": True})
-          for i in range(2)]
-    C.check(wait_running(srv, 2), "long requests never ran")
+    ts = start_together(C, srv, out, [(i, {"input_ids": [5, 6, i + 1], "sampling_params": big, "return_logprob": True})
+                                      for i in range(2)], "abort_all")
     r = T.post(srv, "/abort_request", {"abort_all": True})
     C.check(r.status == 200, "abort_all: %r" % r)
     for t in ts:
@@ -334,19 +347,13 @@ def test_abort(C, srv):
         time.sleep(0.05)
     C.check(num_requests_from_load(T.get(srv, "/v1/loads?include=core").json) == 0, "not idle after abort_all")
 
-    # by rid: only that request ends (slime agent adapters: {"rid": rid}). Both are queued behind a
-    # pause first, so that they run together however late either thread's request arrives. Both are
+    # by rid: only that request ends (slime agent adapters: {"rid": rid}). Both are
     # long (a short keeper could finish before a loaded machine's poll saw the two running: a CI
     # flake); the keeper must still be running once the victim has returned, then ends by its own rid.
     out = {}
-    C.check(T.post(srv, "/pause_generation", {"mode": "in_place"}).status == 200, "pause before the rid case")
-    ta = long_request(srv, out, "a", {"input_ids": [5, 6], "sampling_params": big, "rid": "victim-1"})
-    tb = long_request(srv, out, "b", {"input_ids": [5, 7], "sampling_params": big, "rid": "keeper-1"})
-    t0 = time.time()
-    while time.time() - t0 < 20 and T.get(srv, "/v1/loads?include=core").json["loads"][0]["num_waiting_reqs"] < 2:
-        time.sleep(0.02)
-    C.check(T.post(srv, "/continue_generation", {}).status == 200, "continue before the rid case")
-    C.check(wait_running(srv, 2), "rid requests never ran")
+    ta, tb = start_together(C, srv, out, [("a", {"input_ids": [5, 6], "sampling_params": big, "rid": "victim-1"}),
+                                          ("b", {"input_ids": [5, 7], "sampling_params": big, "rid": "keeper-1"})],
+                            "the rid case")
     C.check(T.post(srv, "/abort_request", {"rid": "victim-1"}).status == 200, "abort rid")
     ta.join(60)
     keeper_alive = tb.is_alive()
