@@ -206,18 +206,23 @@ static int bench_decode(int argc, char **argv)
 }
 
 static const char spec_help[] =
-    "usage: graphswap bench spec --model T --draft D [--tokens N] [--threads N]\n"
+    "usage: graphswap bench spec --model T --draft D [--tokens N] [--threads N] [--batches LIST]\n"
     "\n"
-    "Speculative decoding against plain decoding in the same run, at batch 1 and 8: tokens/s, mean\n"
-    "acceptance length, acceptance per draft position, and the speculative step's time split into\n"
-    "draft / verify / context, with its cost relative to one plain decode step.\n";
+    "Speculative decoding against plain decoding in the same run, at batch 1 and 8 (or --batches,\n"
+    "e.g. 1): tokens/s, mean acceptance length, acceptance per draft position, and the speculative\n"
+    "step's time split into draft / verify / context, with its cost relative to one plain decode step.\n";
 
 static int bench_spec(int argc, char **argv)
 {
     srv_runtime_opts ro;
     srv_runtime_defaults(&ro);
     int tokens = 64;
+    int batches[16] = {1, 8}, n_batches = 2;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
+            n_batches = bench_int_list("--batches", argv[++i], 1, 4096, batches, 16);
+            continue;
+        }
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(spec_help, stdout);
             fputs(srv_runtime_help, stdout);
@@ -252,8 +257,7 @@ static int bench_spec(int argc, char **argv)
         printf(" %5s", col);
     }
     printf("\n");
-    const int batches[] = {1, 8};
-    for (int bi = 0; bi < 2; bi++) {
+    for (int bi = 0; bi < n_batches; bi++) {
         ro.draft_dir = NULL;
         decode_result p = run_decode(&ro, batches[bi], tokens);
         printf("%-6d %-6s %9.2f %9.2f %8s %8s %8s %8s %9s\n", batches[bi], "plain", p.tok_s, p.step_ms, "-", "-", "-",
@@ -280,6 +284,7 @@ static const char bench_help[] =
     "benches:\n"
     "  decode     decode tokens/s at batch 1, 4, 16, 32 (plans and eager) against the memcpy / read floor\n"
     "  prefill    prompt tokens/s at lengths 128, 512, 2048 against the FMA peak of the same run\n"
+    "  blas       the f32 CPU matmul against OpenBLAS / BLIS / oneDNN: GFLOP/s and row invariance\n"
     "  spec       speculative decoding with a drafter vs plain decoding: tok/s, acceptance per position\n"
     "  serve      a running (or started) server over loopback HTTP: req/s, tok/s, TTFT, HTTP overhead\n"
     "  update     weight-update throughput over loopback HTTP by bucket size (GB/s, hook, guard)\n"
@@ -290,6 +295,7 @@ int srv_cmd_bench(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "decode") == 0) return bench_decode(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "spec") == 0) return bench_spec(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "prefill") == 0) return srv_bench_prefill(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "blas") == 0) return srv_bench_blas(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) return srv_bench_serve(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "update") == 0) return srv_bench_update(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "transfer") == 0) return srv_bench_transfer(argc - 1, argv + 1);

@@ -97,7 +97,7 @@ static void fma_task(void *vctx, int tid, int nth)
 }
 
 /* Best of several runs, GFLOP/s over all pool threads (an FMA is 2 FLOPs per lane). */
-static double fma_peak(kern_pool *pool, const char **isa_name, int bf16_dot)
+double bench_fma_peak(kern_pool *pool, const char **isa_name, int bf16_dot)
 {
     const kern_simd_ops *so = kern_simd();
     fma_ctx c = {.isa = so->isa, .lanes = so->isa >= KERN_ISA_AVX512 ? 16 : so->isa == KERN_ISA_AVX2 ? 8 : 1};
@@ -183,10 +183,10 @@ int srv_bench_prefill(int argc, char **argv)
     bench_preflight("prefill", "prompt tokens/s against the FMA peak measured in the same run");
     kern_pool *pool = kern_pool_create(ro.threads);
     const char *isa;
-    double peak = fma_peak(pool, &isa, 0);
+    double peak = bench_fma_peak(pool, &isa, 0);
     /* --bf16-activations where the CPU has vdpbf16ps: its peak too (bf16 matmuls run on it) */
     const int dot = ro.bf16_activations && kern_cpu_bf16_dot_native();
-    double dpeak = dot ? fma_peak(pool, &isa, 1) : 0;
+    double dpeak = dot ? bench_fma_peak(pool, &isa, 1) : 0;
     int nthreads = kern_pool_threads(pool);
     kern_pool_destroy(pool);
     printf("model: %s  threads: %d  isa: %s%s\n", ro.model_dir, nthreads, isa,

@@ -56,4 +56,10 @@ void bench_sink(double v);
  * flag on anything else. Returns the count (>= 1). */
 int bench_int_list(const char *flag, const char *s, int lo, int hi, int *out, int cap);
 
+/* The FMA (bf16_dot: vdpbf16ps) throughput of every pool thread together, GFLOP/s, best of 5 runs
+ * of independent chains in the widest vector the kernels use (bench/bench_prefill.c); *isa_name:
+ * that instruction set's name. */
+typedef struct kern_pool kern_pool;
+double bench_fma_peak(kern_pool *pool, const char **isa_name, int bf16_dot);
+
 #endif

@@ -64,6 +64,7 @@ int srv_bench_serve(int argc, char **argv);
 int srv_bench_update(int argc, char **argv);
 /* bench/bench_prefill.c: `graphswap bench prefill` (prompt tokens/s against the FMA peak) */
 int srv_bench_prefill(int argc, char **argv);
+int srv_bench_blas(int argc, char **argv);
 /* bench/bench_transfer.c: `graphswap bench transfer` (weight-update throughput in the process) */
 int srv_bench_transfer(int argc, char **argv);
 

@@ -449,7 +449,7 @@ def test_cli_surface(binary, tmp, models):
     C.check(res.rc == 0 and listed(res.stdout, cmds) == cmds, "(g) --help lists %r: %r" % (cmds, res.stdout))
     res = H.run([binary])
     C.check(res.rc == 2 and listed(res.stderr, cmds) == cmds, "(g) no command: rc %r, %r" % (res.rc, res.stderr))
-    benches = ["decode", "spec", "serve", "update", "transfer"]
+    benches = ["decode", "prefill", "blas", "spec", "serve", "update", "transfer"]
     res = H.run([binary, "bench", "--help"])
     C.check(res.rc == 0 and listed(res.stdout, benches) == benches, "(g) bench --help: %r" % res.stdout)
     res = H.run([binary, "bench", "nosuch"])
@@ -527,6 +527,22 @@ def test_cli_surface(binary, tmp, models):
         C.check(len(head) == 1 and head[0].split()[-2:] == ["p1", "p2"] and "p3" not in head[0],
                 "(g) bench spec --num-spec-tokens 2 header: %r" % head)
         C.check("memcpy" not in p.stderr.decode(), "(g) memcpy warning below a low expected figure: %r" % p.stderr)
+        p = H.subprocess.run([binary, "bench", "spec", "--model", d, "--draft", dd, "--tokens", "4", "--threads", "1",
+                              "--batches", "2"], stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE, timeout=300)
+        rows = [l.split()[:2] for l in p.stdout.decode().splitlines() if re.match(r"^\d+\s+(spec|plain)\s", l)]
+        C.check(p.returncode == 0 and rows == [["2", "plain"], ["2", "spec"]], "(g) bench spec --batches 2: %r" % rows)
+
+    # bench blas: the graphswap rows are row-invariant (a row alone == the same row of the product, bit
+    # for bit); each BLAS library is either measured or reported missing (CI installs none of them)
+    p = H.subprocess.run([binary, "bench", "blas", "--model", d, "--lengths", "5,70", "--reps", "1", "--threads", "2"],
+                         stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE, timeout=300)
+    out_b = p.stdout.decode()
+    gs = [l.split() for l in out_b.splitlines() if re.match(r"^\d+\s+graphswap\s", l)]
+    C.check(p.returncode == 0 and [r[0] for r in gs] == ["5", "70"] and all(r[-1] == "yes" for r in gs),
+            "(g) bench blas graphswap rows: %r %r" % (out_b, p.stderr.decode()))
+    for lib in ("openblas", "blis", "onednn"):
+        C.check(re.search(r"^%s: (not installed \(apt-get install \S+\), skipped|\S.*)$" % lib, out_b, re.M) is not None,
+                "(g) bench blas %s line: %r" % (lib, out_b))
 
 
 # ------------------------------------------------------------------------------------------------
