@@ -166,7 +166,7 @@ static int bench_decode(int argc, char **argv)
         }
         srv_die_usage("bench decode", argv[i]);
     }
-    bench_preflight("decode", "decode tokens/s at batch 1, 4, 16 (plans and eager) against the memory-bandwidth floor");
+    bench_preflight("decode", "decode tokens/s at batch 1, 4, 16, 32 (plans and eager) against the memory-bandwidth floor");
     char err[1024];
     srv_runtime rt;
     if (srv_runtime_open(&rt, &ro, err, sizeof err) != 0) srv_die("%s", err);
@@ -205,20 +205,40 @@ static int bench_decode(int argc, char **argv)
     return 0;
 }
 
+#define BENCH_SPEC_MAX_REPS 32
+
+/* the median of tok_s (field 0) or step_ms (field 1) over n runs */
+static double median_field(const decode_result *x, int n, int field)
+{
+    double v[BENCH_SPEC_MAX_REPS];
+    for (int i = 0; i < n; i++) v[i] = field ? x[i].step_ms : x[i].tok_s;
+    for (int i = 1; i < n; i++) /* insertion sort: n <= 32 */
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static const char spec_help[] =
     "usage: graphswap bench spec --model T --draft D [--tokens N] [--threads N] [--batches LIST]\n"
+    "                            [--reps N]\n"
     "\n"
     "Speculative decoding against plain decoding in the same run, at batch 1 and 8 (or --batches,\n"
     "e.g. 1): tokens/s, mean acceptance length, acceptance per draft position, and the speculative\n"
-    "step's time split into draft / verify / context, with its cost relative to one plain decode step.\n";
+    "step's time split into draft / verify / context, with its cost relative to one plain decode step.\n"
+    "--reps N (default 1, at most 32) alternates N plain and N speculative runs per batch and reports\n"
+    "medians (the machine's speed drifts between runs), then each pair's step cost.\n";
 
 static int bench_spec(int argc, char **argv)
 {
     srv_runtime_opts ro;
     srv_runtime_defaults(&ro);
     int tokens = 64;
-    int batches[16] = {1, 8}, n_batches = 2;
+    int batches[16] = {1, 8}, n_batches = 2, reps = 1;
     for (int i = 1; i < argc; i++) {
+        if (srv_arg_int(argc, argv, &i, "--reps", 1, BENCH_SPEC_MAX_REPS, &reps)) continue;
         if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
             n_batches = bench_int_list("--batches", argv[++i], 1, 4096, batches, 16);
             continue;
@@ -258,21 +278,40 @@ static int bench_spec(int argc, char **argv)
     }
     printf("\n");
     for (int bi = 0; bi < n_batches; bi++) {
-        ro.draft_dir = NULL;
-        decode_result p = run_decode(&ro, batches[bi], tokens);
-        printf("%-6d %-6s %9.2f %9.2f %8s %8s %8s %8s %9s\n", batches[bi], "plain", p.tok_s, p.step_ms, "-", "-", "-",
-               "1.00", "1.00");
-        ro.draft_dir = draft;
-        decode_result r = run_decode(&ro, batches[bi], tokens);
-        const eng_stats *d = &r.delta;
-        double tot = d->spec_ns_draft + d->spec_ns_verify + d->spec_ns_context;
-        double al = d->spec_drafts ? 1.0 + (double)d->spec_accepted / (double)d->spec_drafts : 1.0;
-        printf("%-6d %-6s %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %8.2f %9.2f ", batches[bi], "spec", r.tok_s, r.step_ms,
-               100 * d->spec_ns_draft / tot, 100 * d->spec_ns_verify / tot, 100 * d->spec_ns_context / tot, al,
-               r.step_ms / p.step_ms);
+        /* plain and speculative runs alternate, --reps times: the machine's speed drifts, so a
+         * ratio of two runs taken minutes apart says little; medians of each, counters summed */
+        decode_result p[BENCH_SPEC_MAX_REPS], r[BENCH_SPEC_MAX_REPS];
+        eng_stats d = {0};
+        for (int k = 0; k < reps; k++) {
+            ro.draft_dir = NULL;
+            p[k] = run_decode(&ro, batches[bi], tokens);
+            ro.draft_dir = draft;
+            r[k] = run_decode(&ro, batches[bi], tokens);
+            d.spec_drafts += r[k].delta.spec_drafts;
+            d.spec_accepted += r[k].delta.spec_accepted;
+            for (int j = 0; j < 64; j++) d.spec_accepted_per_pos[j] += r[k].delta.spec_accepted_per_pos[j];
+            d.spec_ns_draft += r[k].delta.spec_ns_draft;
+            d.spec_ns_verify += r[k].delta.spec_ns_verify;
+            d.spec_ns_context += r[k].delta.spec_ns_context;
+        }
+        const double p_tok = median_field(p, reps, 0), p_ms = median_field(p, reps, 1);
+        const double r_tok = median_field(r, reps, 0), r_ms = median_field(r, reps, 1);
+        printf("%-6d %-6s %9.2f %9.2f %8s %8s %8s %8s %9s\n", batches[bi], "plain", p_tok, p_ms, "-", "-", "-", "1.00",
+               "1.00");
+        double tot = d.spec_ns_draft + d.spec_ns_verify + d.spec_ns_context;
+        if (tot <= 0) tot = 1;
+        double al = d.spec_drafts ? 1.0 + (double)d.spec_accepted / (double)d.spec_drafts : 1.0;
+        printf("%-6d %-6s %9.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %8.2f %9.2f ", batches[bi], "spec", r_tok, r_ms,
+               100 * d.spec_ns_draft / tot, 100 * d.spec_ns_verify / tot, 100 * d.spec_ns_context / tot, al,
+               r_ms / p_ms);
         for (int k = 0; k < width; k++)
-            printf(" %5.2f", d->spec_drafts ? (double)d->spec_accepted_per_pos[k] / (double)d->spec_drafts : 0.0);
+            printf(" %5.2f", d.spec_drafts ? (double)d.spec_accepted_per_pos[k] / (double)d.spec_drafts : 0.0);
         printf("\n");
+        if (reps > 1) {
+            printf("  step/dec of each alternated pair:");
+            for (int k = 0; k < reps; k++) printf(" %.2f", r[k].step_ms / p[k].step_ms);
+            printf("\n");
+        }
         fflush(stdout);
     }
     return 0;

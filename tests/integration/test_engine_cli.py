@@ -528,9 +528,12 @@ def test_cli_surface(binary, tmp, models):
                 "(g) bench spec --num-spec-tokens 2 header: %r" % head)
         C.check("memcpy" not in p.stderr.decode(), "(g) memcpy warning below a low expected figure: %r" % p.stderr)
         p = H.subprocess.run([binary, "bench", "spec", "--model", d, "--draft", dd, "--tokens", "4", "--threads", "1",
-                              "--batches", "2"], stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE, timeout=300)
+                              "--batches", "2", "--reps", "3"], stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE,
+                             timeout=300)
         rows = [l.split()[:2] for l in p.stdout.decode().splitlines() if re.match(r"^\d+\s+(spec|plain)\s", l)]
         C.check(p.returncode == 0 and rows == [["2", "plain"], ["2", "spec"]], "(g) bench spec --batches 2: %r" % rows)
+        pairs = re.findall(r"^  step/dec of each alternated pair:((?: \d+\.\d\d)+)$", p.stdout.decode(), re.M)
+        C.check(len(pairs) == 1 and len(pairs[0].split()) == 3, "(g) bench spec --reps 3 pairs: %r" % p.stdout.decode())
 
     # bench blas: the graphswap rows are row-invariant (a row alone == the same row of the product, bit
     # for bit); each BLAS library is either measured or reported missing (CI installs none of them)
