@@ -13,16 +13,18 @@
  *    library on a fixed C rows at a time (--chunk) would make it so.
  * The libraries are loaded with dlopen at run time (OpenBLAS, BLIS, oneDNN: `apt-get install
  * libopenblas0-pthread libblis4-pthread libdnnl2`); the ones not installed are reported and skipped,
- * so the binary has no link-time dependency on any of them. Every engine gets --threads threads
- * (OPENBLAS_NUM_THREADS, BLIS_NUM_THREADS and OMP_NUM_THREADS are set before loading). Nothing here
- * asserts a speed.
+ * so the binary has no link-time dependency on any of them; they are loaded and run in child
+ * processes (blas_in_child). Every engine gets --threads threads (OPENBLAS_NUM_THREADS,
+ * BLIS_NUM_THREADS and OMP_NUM_THREADS are set before loading). Nothing here asserts a speed.
  */
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench/bench_util.h"
@@ -201,6 +203,20 @@ static double row_invariance(const blas_engine *e, const blas_shape *sh, int nsh
     return worst;
 }
 
+/* whether the comma-separated list names name */
+static int list_has(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 static float frand(uint64_t *s)
 {
     *s ^= *s << 13;
@@ -209,8 +225,88 @@ static float frand(uint64_t *s)
     return (float)((double)(*s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
+/* Everything one measurement needs; the libraries' part runs in a child process (blas_in_child). */
+typedef struct {
+    const blas_shape *sh;
+    int nsh, reps, chunk, threads;
+    float *const *w;
+    const float *x;
+    float *y, *y1, *xp, *yp;
+    double *t, peak, flop_row;
+    blas_lib *libs;
+    const char *want;
+    int M; /* 0: only report which libraries load, and their versions */
+} blas_run;
+
+static void print_row(const blas_run *r, const blas_engine *e, const char *name)
+{
+    const double sec = time_layer(e, r->sh, r->nsh, r->M, r->w, r->x, r->y, r->reps, r->t);
+    int same;
+    const double d = row_invariance(e, r->sh, r->nsh, r->M, r->w, r->x, r->y, r->y1, &same);
+    const double gf = r->flop_row * r->M / sec / 1e9;
+    printf("%-6d %-12s %10.3f %10.1f %7.1f%%  ", r->M, name, sec * 1e3, gf, 100.0 * gf / r->peak);
+    if (same)
+        printf("yes\n");
+    else
+        printf("no (max |diff| %.3g)\n", d);
+    fflush(stdout);
+}
+
+/* In a child process: load the asked-for libraries, then report them (r->M == 0) or measure each,
+ * whole calls and --chunk-row calls. */
+static void libs_child(const blas_run *r)
+{
+    for (int l = ENG_OPENBLAS; l < ENG_COUNT; l++) {
+        blas_lib *lib = &r->libs[l];
+        if (!list_has(r->want, lib->name)) {
+            if (!r->M) printf("%s: not asked for (--libs), skipped\n", lib->name);
+            continue;
+        }
+        lib_open(lib, r->threads);
+        if (!r->M) {
+            if (lib->h)
+                printf("%s: %s\n", lib->name, lib->version);
+            else
+                printf("%s: not installed (apt-get install %s), skipped\n", lib->name, lib->package);
+            continue;
+        }
+        if (!lib->h) continue;
+        char name[32];
+        const blas_engine whole = {.lib = lib, .xp = r->xp, .yp = r->yp};
+        print_row(r, &whole, lib->name);
+        usleep(200000); /* let the library's spinning threads go idle */
+        const blas_engine chunked = {.lib = lib, .chunk = r->chunk, .xp = r->xp, .yp = r->yp};
+        snprintf(name, sizeof name, "%s/%d", lib->name, r->chunk);
+        print_row(r, &chunked, name);
+        usleep(200000);
+    }
+}
+
+/* The libraries run in child processes (one per length, and one that reports them): their worker
+ * threads (OpenBLAS's, OpenMP's) never share a process with graphswap's pool, so they neither spin
+ * against its measurements nor outlive them, and the child leaves with _exit (oneDNN's OpenMP
+ * threads, still there at exit, crashed LeakSanitizer's tracer in the ASan build). */
+static void blas_in_child(const blas_run *r)
+{
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) srv_die("bench blas: fork: %s", strerror(errno));
+    if (pid == 0) {
+        libs_child(r);
+        fflush(stdout);
+        _exit(0);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) srv_die("bench blas: waitpid: %s", strerror(errno));
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        printf("(the libraries' process for M %d ended abnormally: wait status %d)\n", r->M, st);
+}
+
 static const char help[] =
     "usage: graphswap bench blas [--model DIR] [--lengths LIST] [--reps N] [--threads N] [--chunk C]\n"
+    "                            [--libs openblas,blis,onednn]\n"
     "\n"
     "graphswap's f32 CPU matmul against OpenBLAS, BLIS and oneDNN (those installed; loaded at run\n"
     "time: apt-get install libopenblas0-pthread libblis4-pthread libdnnl2) on one layer's prefill\n"
@@ -223,12 +319,14 @@ static const char help[] =
     "outside.\n"
     "\n"
     "  --model DIR    take the shapes from DIR/config.json\n"
+    "  --libs LIST    the libraries to try (default openblas,blis,onednn; \"none\": graphswap alone)\n"
     "  --threads N    threads for every engine (default: all cores)\n";
 
 int srv_bench_blas(int argc, char **argv)
 {
     const char *model = NULL;
     int lengths[16] = {128, 512, 2048}, n_lengths = 3, reps = 5, threads = 0, chunk = 64;
+    const char *want = "openblas,blis,onednn";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -236,7 +334,7 @@ int srv_bench_blas(int argc, char **argv)
         }
         if (srv_arg_str(argc, argv, &i, "--model", &model) || srv_arg_int(argc, argv, &i, "--reps", 1, 1000, &reps) ||
             srv_arg_int(argc, argv, &i, "--threads", 1, 256, &threads) ||
-            srv_arg_int(argc, argv, &i, "--chunk", 1, 4096, &chunk))
+            srv_arg_int(argc, argv, &i, "--chunk", 1, 4096, &chunk) || srv_arg_str(argc, argv, &i, "--libs", &want))
             continue;
         if (strcmp(argv[i], "--lengths") == 0 && i + 1 < argc) {
             n_lengths = bench_int_list("--lengths", argv[++i], 1, 1 << 15, lengths, 16);
@@ -276,22 +374,11 @@ int srv_bench_blas(int argc, char **argv)
         [ENG_BLIS] = {.name = "blis", .sonames = so_blis, .package = "libblis4-pthread"},
         [ENG_ONEDNN] = {.name = "onednn", .sonames = so_onednn, .package = "libdnnl2"},
     };
-    blas_engine eng[2 * ENG_COUNT] = {[2 * ENG_GRAPHSWAP] = {.pool = pool}}; /* [2 l]: whole calls, [2 l + 1]: --chunk rows */
     printf("threads: %d  isa: %s  FMA peak: %.1f GFLOP/s\n", threads, isa, peak);
     printf("shapes (K x N, Y = X W^T):");
     for (int s = 0; s < nsh; s++) printf(" %s %dx%d", sh[s].name, sh[s].K, sh[s].N);
     printf("%s%s\n", model ? "  from " : "  (default)", model ? model : "");
     printf("graphswap: kernels %s\n", kern_cpu_isa_name());
-    for (int l = ENG_OPENBLAS; l < ENG_COUNT; l++) {
-        lib_open(&libs[l], threads);
-        if (libs[l].h) {
-            eng[2 * l] = (blas_engine){.pool = pool, .lib = &libs[l]};
-            eng[2 * l + 1] = (blas_engine){.pool = pool, .lib = &libs[l], .chunk = chunk};
-            printf("%s: %s\n", libs[l].name, libs[l].version);
-        } else {
-            printf("%s: not installed (apt-get install %s), skipped\n", libs[l].name, libs[l].package);
-        }
-    }
 
     int maxM = 1, maxK = 1, maxN = 1;
     for (int i = 0; i < n_lengths; i++) maxM = lengths[i] > maxM ? lengths[i] : maxM;
@@ -308,38 +395,24 @@ int srv_bench_blas(int argc, char **argv)
     float *xp = aligned_alloc(64, (size_t)chunk * (size_t)maxK * sizeof(float));
     float *yp = aligned_alloc(64, (size_t)chunk * (size_t)maxN * sizeof(float));
     if (!x || !y || !y1 || !t || !xp || !yp) srv_die("out of memory");
-    for (int k = 0; k < 2 * ENG_COUNT; k++) eng[k].xp = xp, eng[k].yp = yp;
     for (size_t i = 0; i < (size_t)maxM * (size_t)maxK; i++) x[i] = frand(&seed);
     for (int s = 0; s < nsh; s++) {
         const size_t n = (size_t)sh[s].K * (size_t)sh[s].N;
         if (!(w[s] = aligned_alloc(64, n * sizeof(float)))) srv_die("out of memory");
         for (size_t i = 0; i < n; i++) w[s][i] = frand(&seed) * 0.05f;
     }
+    blas_run run = {.sh = sh, .nsh = nsh, .reps = reps, .chunk = chunk, .threads = threads, .w = w, .x = x, .y = y,
+                    .y1 = y1, .xp = xp, .yp = yp, .t = t, .peak = peak, .libs = libs, .want = want};
+    for (int s = 0; s < nsh; s++) run.flop_row += 2.0 * sh[s].K * sh[s].N;
+    blas_in_child(&run); /* M 0: which libraries load */
 
     printf("%-6s %-12s %10s %10s %8s  %s\n", "M", "engine", "ms/layer", "GFLOP/s", "% peak", "row-invariant");
-    double flop_row = 0;
-    for (int s = 0; s < nsh; s++) flop_row += 2.0 * sh[s].K * sh[s].N;
+    const blas_engine gs = {.pool = pool};
     for (int li = 0; li < n_lengths; li++) {
-        const int M = lengths[li];
-        for (int k = 0; k < 2 * ENG_COUNT; k++) {
-            if (k / 2 == ENG_GRAPHSWAP ? k % 2 : !eng[k].lib) continue;
-            const double sec = time_layer(&eng[k], sh, nsh, M, w, x, y, reps, t);
-            int same;
-            const double d = row_invariance(&eng[k], sh, nsh, M, w, x, y, y1, &same);
-            const double gf = flop_row * M / sec / 1e9;
-            char name[32];
-            if (k % 2)
-                snprintf(name, sizeof name, "%s/%d", libs[k / 2].name, chunk);
-            else
-                snprintf(name, sizeof name, "%s", k / 2 == ENG_GRAPHSWAP ? "graphswap" : libs[k / 2].name);
-            printf("%-6d %-12s %10.3f %10.1f %7.1f%%  ", M, name, sec * 1e3, gf, 100.0 * gf / peak);
-            if (same)
-                printf("yes\n");
-            else
-                printf("no (max |diff| %.3g)\n", d);
-            fflush(stdout);
-            usleep(200000); /* let the library's (or the pool's) spinning threads go idle */
-        }
+        run.M = lengths[li];
+        print_row(&run, &gs, "graphswap");
+        usleep(200000); /* the pool's workers back to sleep */
+        blas_in_child(&run);
     }
     for (int s = 0; s < nsh; s++) free(w[s]);
     free(x);
@@ -349,6 +422,5 @@ int srv_bench_blas(int argc, char **argv)
     free(yp);
     free(t);
     kern_pool_destroy(pool);
-    /* the libraries stay loaded: their worker threads may still be winding down */
     return 0;
 }
