@@ -203,20 +203,6 @@ static double row_invariance(const blas_engine *e, const blas_shape *sh, int nsh
     return worst;
 }
 
-/* whether the comma-separated list names name */
-static int list_has(const char *list, const char *name)
-{
-    const size_t n = strlen(name);
-    for (const char *p = list; *p;) {
-        const char *e = strchr(p, ',');
-        const size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0) return 1;
-        if (!e) break;
-        p = e + 1;
-    }
-    return 0;
-}
-
 static float frand(uint64_t *s)
 {
     *s ^= *s << 13;
@@ -258,7 +244,7 @@ static void libs_child(const blas_run *r)
 {
     for (int l = ENG_OPENBLAS; l < ENG_COUNT; l++) {
         blas_lib *lib = &r->libs[l];
-        if (!list_has(r->want, lib->name)) {
+        if (!srv_list_has(r->want, lib->name)) {
             if (!r->M) printf("%s: not asked for (--libs), skipped\n", lib->name);
             continue;
         }

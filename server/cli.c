@@ -91,6 +91,19 @@ int srv_arg_flag(int argc, char **argv, int *i, const char *name, int *out)
     return 1;
 }
 
+int srv_list_has(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *c = strchr(p, ',');
+        const size_t len = c ? (size_t)(c - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        if (!c) break;
+        p = c + 1;
+    }
+    return 0;
+}
+
 int srv_arg_str(int argc, char **argv, int *i, const char *name, const char **out)
 {
     if (strcmp(argv[*i], name) != 0) return 0;

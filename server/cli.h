@@ -16,6 +16,8 @@ int srv_arg_u64(int argc, char **argv, int *i, const char *name, uint64_t *out);
 int srv_arg_float(int argc, char **argv, int *i, const char *name, double lo, double hi, float *out);
 int srv_arg_str(int argc, char **argv, int *i, const char *name, const char **out);
 void srv_die_usage(const char *cmd, const char *arg); /* unknown option: exit(2) */
+/* 1 when the comma-separated list (an option's value, e.g. "a,b,c") has the item name */
+int srv_list_has(const char *list, const char *name);
 void srv_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 typedef struct {

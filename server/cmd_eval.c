@@ -156,20 +156,6 @@ static int cat_index(ev_set *s, const char *name, const char *file, int line)
     return s->n_cats++;
 }
 
-static int in_list(const char *list, const char *name)
-{
-    if (!list) return 1;
-    const size_t n = strlen(name);
-    for (const char *p = list; *p;) {
-        const char *c = strchr(p, ',');
-        const size_t len = c ? (size_t)(c - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0) return 1;
-        if (!c) break;
-        p = c + 1;
-    }
-    return 0;
-}
-
 static int valid_messages(const cJSON *m)
 {
     if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) < 1) return 0;
@@ -222,7 +208,7 @@ static void load_prompts(const char *file, int limit, const char *only, ev_set *
             it.kind = EV_TURNS;
             it.n_units = cJSON_GetArraySize(t);
         }
-        if (!in_list(only, cat)) {
+        if (only && !srv_list_has(only, cat)) {
             cJSON_Delete(j);
             continue;
         }
