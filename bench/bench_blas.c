@@ -154,12 +154,6 @@ static void gemm(const blas_engine *e, int M, int K, int N, const float *x, cons
     memcpy(y + (size_t)r * (size_t)N, e->yp, n * (size_t)N * sizeof(float));
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Median seconds of one layer's matmuls at M rows (a warm-up first). */
 static double time_layer(const blas_engine *e, const blas_shape *sh, int nsh, int M, float *const *w, const float *x,
                          float *y, int reps, double *t)
@@ -172,8 +166,7 @@ static double time_layer(const blas_engine *e, const blas_shape *sh, int nsh, in
             gemm(e, M, sh[s].K, sh[s].N, x, w[s], y);
             t[r] = bench_now() - t0;
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        total += reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+        total += bench_median(t, reps);
     }
     return total;
 }

@@ -212,13 +212,7 @@ static double median_field(const decode_result *x, int n, int field)
 {
     double v[BENCH_SPEC_MAX_REPS];
     for (int i = 0; i < n; i++) v[i] = field ? x[i].step_ms : x[i].tok_s;
-    for (int i = 1; i < n; i++) /* insertion sort: n <= 32 */
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return bench_median(v, n);
 }
 
 static const char spec_help[] =

@@ -148,12 +148,6 @@ static double run_prefill(srv_runtime *rt, const int32_t *prompt, int L)
     return bench_now() - t0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static const char help[] =
     "usage: graphswap bench prefill --model DIR [--lengths LIST] [--reps N] [--threads N]\n"
     "\n"
@@ -213,8 +207,7 @@ int srv_bench_prefill(int argc, char **argv)
         for (int i = 0; i < L; i++) prompt[i] = (int32_t)(((int64_t)i * 104729 + 17) % c->vocab);
         run_prefill(&rt, prompt, L); /* warm-up: page in the weights, fault in the workspace */
         for (int k = 0; k < reps; k++) t[k] = run_prefill(&rt, prompt, L);
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+        const double med = bench_median(t, reps); /* sorts t: t[0] min, t[reps - 1] max */
         double gf = prefill_flops(c, L) / med / 1e9;
         printf("%-6d %10.1f %10.2f %10.2f %10.2f %10.1f %7.1f%%", L, L / med, med * 1e3, t[0] * 1e3,
                t[reps - 1] * 1e3, gf, 100.0 * gf / peak);

@@ -238,12 +238,6 @@ static void *bs_worker(void *arg)
     return NULL;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double pct(const double *sorted, int n, double p)
 {
     if (n == 0) return 0;
@@ -280,8 +274,8 @@ static void run_level(const bs_target *t, int conc, int n, int prompt_len, int m
         toks += r.tokens[i];
         ok++;
     }
-    qsort(tt, (size_t)ok, sizeof *tt, cmp_d);
-    qsort(ee, (size_t)ok, sizeof *ee, cmp_d);
+    qsort(tt, (size_t)ok, sizeof *tt, bench_cmp_double);
+    qsort(ee, (size_t)ok, sizeof *ee, bench_cmp_double);
     printf("%5d %6d/%-4d %9.2f %10.1f %10.2f %9.2f %9.2f %10.2f %9.2f\n", conc, ok, n, ok / wall, toks / wall,
            ok ? 1e3 * tsum / ok : 0, 1e3 * pct(tt, ok, 0.5), 1e3 * pct(tt, ok, 0.99), ok ? 1e3 * esum / ok : 0,
            1e3 * pct(ee, ok, 0.99));
@@ -296,12 +290,6 @@ static void run_level(const bs_target *t, int conc, int n, int prompt_len, int m
 }
 
 /* ---- HTTP overhead: the same generation over HTTP and in-process ------------------------------------- */
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
 
 static int32_t *overhead_prompt(int len)
 {
@@ -336,7 +324,7 @@ static double http_latency(const bs_target *t, int prompt_len, int max_tokens, i
         free(b.p);
     }
     bench_close(&c);
-    double m = median(v, n);
+    double m = bench_median(v, n);
     free(v);
     free(body);
     free(p);
@@ -369,7 +357,7 @@ static double inproc_latency(srv_runtime *rt, int prompt_len, int max_tokens, in
         eng_run_until_idle(rt->e);
         if (i > 0) v[n++] = bench_now() - t0;
     }
-    double m = median(v, n);
+    double m = bench_median(v, n);
     free(v);
     free(toks);
     free(lps);

@@ -407,12 +407,6 @@ static void cleanup(void)
     g_tmpdir[0] = 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int srv_bench_update(int argc, char **argv)
 {
     const char *model = NULL, *list = "64,512", *threads = NULL;
@@ -570,7 +564,7 @@ int srv_bench_update(int argc, char **argv)
         double sorted[1024];
         int ns = updates < 1024 ? updates : 1024;
         memcpy(sorted, gbs, (size_t)ns * sizeof *sorted);
-        qsort(sorted, (size_t)ns, sizeof *sorted, cmp_double);
+        qsort(sorted, (size_t)ns, sizeof *sorted, bench_cmp_double);
         const double best = sorted[ns - 1], med = sorted[ns / 2];
         const double growth = updates > 1 ? ((double)rss_after - (double)rss_first) / (updates - 1) / 1e6 : 0.0;
         printf("%-9.0f %7zu %9.2f %9.2f %8.2f %10.2f %9.3f %8.2f%% %8.3f %10.1f %10.1f %10.1f %12.3f\n",

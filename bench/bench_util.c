@@ -22,6 +22,19 @@ double bench_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+int bench_cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double bench_median(double *v, int n)
+{
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static void bench_warn(const char *name, const char *msg)
 {
     fprintf(stderr, "graphswap bench %s: warning: %s\n", name, msg);

@@ -48,6 +48,12 @@ void bench_stop_server(bench_child *ch);
 #define BENCH_MEMCPY_EXPECT_GBS 4.0
 double bench_preflight(const char *name, const char *what);
 
+/* qsort's comparison of doubles, ascending */
+int bench_cmp_double(const void *a, const void *b);
+/* Sorts v[0..n) ascending in place and returns its median (the mean of the middle two for even n;
+ * 0 for n = 0). */
+double bench_median(double *v, int n);
+
 /* Consumes a computed value so the compiler cannot drop the loop that made it (timing loops on
  * pool threads; thread-safe, any number of threads). */
 void bench_sink(double v);
