@@ -111,6 +111,9 @@ static float bitsf(uint32_t u)
     memcpy(&f, &u, 4);
     return f;
 }
+/* the same bits, or both NaN (payloads may differ) */
+static int same_f(float a, float b) { return fbits(a) == fbits(b) || (isnan(a) && isnan(b)); }
+static int same_d(double a, double b) { return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b)); }
 
 static void test_bf16(void **state)
 {
@@ -605,7 +608,7 @@ static void test_exp_neg(void **state)
             for (int i = 0; i < N; i++) got[i] = -1.0;
             so->exp_shift(got, l, mx, n);
             for (int i = 0; i < n; i++)
-                if (memcmp(&got[i], &want[i], 8) != 0 && !(isnan(got[i]) && isnan(want[i])))
+                if (!same_d(got[i], want[i]))
                     fail_msg("exp_shift (isa %s, n %d)[%d] of %a: %a, kern_exp_neg gives %a", so->name, n, i,
                              (double)l[i] - mx, got[i], want[i]);
             for (int i = n; i < N; i++) assert_true(got[i] == -1.0);
@@ -668,7 +671,7 @@ static void test_expf(void **state)
             for (int i = 0; i < N; i++) got[i] = -1.0f;
             so->silu_mul(got, g, u, n);
             for (int i = 0; i < n; i++)
-                if (memcmp(&got[i], &want[i], 4) != 0 && !(isnan(got[i]) && isnan(want[i])))
+                if (!same_f(got[i], want[i]))
                     fail_msg("silu_mul (isa %s, n %d)[%d] of %a, %a: %a, kern_silu_mul gives %a", so->name, n, i,
                              (double)g[i], (double)u[i], (double)got[i], (double)want[i]);
             for (int i = n; i < N; i++) assert_true(got[i] == -1.0f);
@@ -734,15 +737,15 @@ static void test_softmax16(void **state)
             memcpy(l, l0, sizeof l);
             so->softmax16(st, nk, cq, scale, m, l, corr);
             for (int q = 0; q < 16; q++) {
-                if (memcmp(&m[q], &wm[q], 4) || (memcmp(&l[q], &wl[q], 4) && !(isnan(l[q]) && isnan(wl[q]))))
+                if (fbits(m[q]) != fbits(wm[q]) || !same_f(l[q], wl[q]))
                     fail_msg("softmax16 (isa %s, trial %d) query %d: m %a l %a, per-query loop m %a l %a", so->name,
                              trial, q, (double)m[q], (double)l[q], (double)wm[q], (double)wl[q]);
                 /* a factor of exactly 1 changes nothing: the caller skips it */
-                if (memcmp(&corr[q], &wc[q], 4) && !(isnan(corr[q]) && isnan(wc[q])))
+                if (!same_f(corr[q], wc[q]))
                     fail_msg("softmax16 (isa %s) query %d: corr %a, want %a", so->name, q, (double)corr[q],
                              (double)wc[q]);
                 for (int i = 0; i < (int)cq[q]; i++)
-                    if (memcmp(&st[16 * i + q], &ws[16 * i + q], 4) && !(isnan(st[16 * i + q]) && isnan(ws[16 * i + q])))
+                    if (!same_f(st[16 * i + q], ws[16 * i + q]))
                         fail_msg("softmax16 (isa %s) query %d key %d: %a, want %a", so->name, q, i,
                                  (double)st[16 * i + q], (double)ws[16 * i + q]);
             }
