@@ -75,6 +75,20 @@ typedef struct {
     eng_stats delta; /* engine counters over the timed part */
 } decode_result;
 
+/* d += s (sign 1) or d -= s (sign -1) over the speculative-decoding counters bench spec reports
+ * (unsigned counters: adding (uint64_t)-1 * x subtracts x, modulo 2^64) */
+static void spec_counters_add(eng_stats *d, const eng_stats *s, int sign)
+{
+    const uint64_t u = (uint64_t)(int64_t)sign;
+    d->spec_drafts += u * s->spec_drafts;
+    d->spec_draft_tokens += u * s->spec_draft_tokens;
+    d->spec_accepted += u * s->spec_accepted;
+    for (int k = 0; k < ENG_SPEC_MAX_POS; k++) d->spec_accepted_per_pos[k] += u * s->spec_accepted_per_pos[k];
+    d->spec_ns_context += sign * s->spec_ns_context;
+    d->spec_ns_draft += sign * s->spec_ns_draft;
+    d->spec_ns_verify += sign * s->spec_ns_verify;
+}
+
 static decode_result run_decode(srv_runtime_opts *ro, int batch, int tokens)
 {
     char err[1024];
@@ -113,13 +127,7 @@ static decode_result run_decode(srv_runtime_opts *ro, int batch, int tokens)
     res.delta = *st;
     res.delta.steps -= s0.steps;
     res.delta.generated_tokens -= s0.generated_tokens;
-    res.delta.spec_drafts -= s0.spec_drafts;
-    res.delta.spec_draft_tokens -= s0.spec_draft_tokens;
-    res.delta.spec_accepted -= s0.spec_accepted;
-    for (int k = 0; k < 64; k++) res.delta.spec_accepted_per_pos[k] -= s0.spec_accepted_per_pos[k];
-    res.delta.spec_ns_context -= s0.spec_ns_context;
-    res.delta.spec_ns_draft -= s0.spec_ns_draft;
-    res.delta.spec_ns_verify -= s0.spec_ns_verify;
+    spec_counters_add(&res.delta, &s0, -1);
     free(reqs);
     free(prompts);
     free(out);
@@ -255,7 +263,7 @@ static int bench_spec(int argc, char **argv)
     if (mdl_config_load(draft, &dc, err, sizeof err) != 0) srv_die("%s", err);
     int width = dc.arch == MDL_ARCH_DSPARK ? dc.block_size : dc.block_size - 1;
     if (ro.ecfg.num_spec_tokens > 0 && width > ro.ecfg.num_spec_tokens) width = ro.ecfg.num_spec_tokens;
-    if (width > 64) width = 64;
+    if (width > ENG_SPEC_MAX_POS) width = ENG_SPEC_MAX_POS;
     if (width < 1) width = 1;
     bench_preflight("spec", "speculative decoding vs plain decoding at batch 1 and 8 (same prompts, greedy)");
     printf("target: %s  drafter: %s (%s, %d drafts per step)\n", ro.model_dir, draft, mdl_arch_name(dc.arch), width);
@@ -281,12 +289,7 @@ static int bench_spec(int argc, char **argv)
             p[k] = run_decode(&ro, batches[bi], tokens);
             ro.draft_dir = draft;
             r[k] = run_decode(&ro, batches[bi], tokens);
-            d.spec_drafts += r[k].delta.spec_drafts;
-            d.spec_accepted += r[k].delta.spec_accepted;
-            for (int j = 0; j < 64; j++) d.spec_accepted_per_pos[j] += r[k].delta.spec_accepted_per_pos[j];
-            d.spec_ns_draft += r[k].delta.spec_ns_draft;
-            d.spec_ns_verify += r[k].delta.spec_ns_verify;
-            d.spec_ns_context += r[k].delta.spec_ns_context;
+            spec_counters_add(&d, &r[k].delta, 1);
         }
         const double p_tok = median_field(p, reps, 0), p_ms = median_field(p, reps, 1);
         const double r_tok = median_field(r, reps, 0), r_ms = median_field(r, reps, 1);

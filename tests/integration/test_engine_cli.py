@@ -534,6 +534,19 @@ def test_cli_surface(binary, tmp, models):
         C.check(p.returncode == 0 and rows == [["2", "plain"], ["2", "spec"]], "(g) bench spec --batches 2: %r" % rows)
         pairs = re.findall(r"^  step/dec of each alternated pair:((?: \d+\.\d\d)+)$", p.stdout.decode(), re.M)
         C.check(len(pairs) == 1 and len(pairs[0].split()) == 3, "(g) bench spec --reps 3 pairs: %r" % p.stdout.decode())
+        # the counters summed over --reps: with the TEST-ONLY accept-all drafter every position accepts
+        acc = os.path.join(tmp, "bench_dflash_accept")
+        shutil.rmtree(acc, ignore_errors=True)
+        shutil.copytree(dd, acc)
+        cfg = json.load(open(os.path.join(acc, "config.json")))
+        cfg["graphswap_test_accept_drafts"] = True
+        json.dump(cfg, open(os.path.join(acc, "config.json"), "w"))
+        p = H.subprocess.run([binary, "bench", "spec", "--model", d, "--draft", acc, "--tokens", "64", "--threads", "1",
+                              "--batches", "1", "--reps", "2"], stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE,
+                             timeout=300)
+        row = [l.split() for l in p.stdout.decode().splitlines() if re.match(r"^1\s+spec\s", l)]
+        C.check(p.returncode == 0 and len(row) == 1 and float(row[0][7]) > 4.0 and row[0][9] == "1.00",
+                "(g) bench spec with every draft accepted: mean AL > 4, p1 1.00: %r" % p.stdout.decode())
 
     # bench blas: the graphswap rows are row-invariant (a row alone == the same row of the product, bit
     # for bit); each BLAS library is either measured or reported missing (CI installs none of them)
