@@ -535,12 +535,7 @@ def test_cli_surface(binary, tmp, models):
         pairs = re.findall(r"^  step/dec of each alternated pair:((?: \d+\.\d\d)+)$", p.stdout.decode(), re.M)
         C.check(len(pairs) == 1 and len(pairs[0].split()) == 3, "(g) bench spec --reps 3 pairs: %r" % p.stdout.decode())
         # the counters summed over --reps: with the TEST-ONLY accept-all drafter every position accepts
-        acc = os.path.join(tmp, "bench_dflash_accept")
-        shutil.rmtree(acc, ignore_errors=True)
-        shutil.copytree(dd, acc)
-        cfg = json.load(open(os.path.join(acc, "config.json")))
-        cfg["graphswap_test_accept_drafts"] = True
-        json.dump(cfg, open(os.path.join(acc, "config.json"), "w"))
+        acc = H.accept_all_drafter(dd, os.path.join(tmp, "bench_dflash_accept"))
         p = H.subprocess.run([binary, "bench", "spec", "--model", d, "--draft", acc, "--tokens", "64", "--threads", "1",
                               "--batches", "1", "--reps", "2"], stdout=H.subprocess.PIPE, stderr=H.subprocess.PIPE,
                              timeout=300)

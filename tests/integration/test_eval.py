@@ -215,12 +215,7 @@ def main():
             s.stop()
             s.kill()
     # (c2) the speculative path itself diverges (TEST-ONLY drafter switch); plain run on the same server
-    lossy = os.path.join(tmp, "d-lossy")
-    shutil.rmtree(lossy, ignore_errors=True)
-    shutil.copytree(draft, lossy)
-    cfg = json.load(open(os.path.join(lossy, "config.json")))
-    cfg["graphswap_test_accept_drafts"] = True
-    json.dump(cfg, open(os.path.join(lossy, "config.json"), "w"))
+    lossy = H.gs_harness.accept_all_drafter(draft, os.path.join(tmp, "d-lossy"))
     bad_srv = H.Server(C, gs, target, args=["--draft", lossy])
     try:
         out_e = os.path.join(tmp, "e")

@@ -101,6 +101,20 @@ def mkmodel(binary, out, arch, hidden, layers, heads, kv_heads, head_dim, inter,
     return run(args)
 
 
+def accept_all_drafter(src, dst):
+    """A copy of drafter folder src at dst whose config sets the TEST-ONLY switch
+    graphswap_test_accept_drafts (every draft accepted whatever the target says); returns dst."""
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["graphswap_test_accept_drafts"] = True
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return dst
+
+
 def generate_args(binary, model, prompt_ids=None, max_tokens=12, temperature=None, top_k=None, top_p=None,
                   min_p=None, seed=None, logprobs=None, ignore_eos=True, threads=None, prefill_chunk=None,
                   eager=False, batch_file=None, extra=()):
