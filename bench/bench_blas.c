@@ -30,7 +30,7 @@
 #include "bench/bench_util.h"
 #include "kernels/kern.h"
 #include "models/config.h"
-#include "server/cli.h"
+#include "server/core/cli.h"
 
 /* CBLAS row-major Y[M][N] = X[M][K] W[N][K]^T (CblasRowMajor 101, NoTrans 111, Trans 112) */
 typedef void (*cblas_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,

@@ -13,7 +13,7 @@
 
 #include "bench/bench_util.h"
 #include "models/config.h"
-#include "server/cli.h"
+#include "server/core/cli.h"
 
 static double now_s(void)
 {

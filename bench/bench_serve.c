@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
-#include "server/cli.h"
+#include "server/core/cli.h"
 
 /* ---- a minimal HTTP/1.1 client -------------------------------------------------------------------- */
 

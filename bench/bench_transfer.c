@@ -23,7 +23,7 @@
 #include "bench/bench_util.h"
 #include "engine/weights.h"
 #include "models/model.h"
-#include "server/cli.h"
+#include "server/core/cli.h"
 
 typedef struct {
     eng_engine *e;

@@ -39,9 +39,9 @@
 #include <unistd.h>
 
 #include "models/mkmodel.h"
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 #include "bench/bench_util.h"
-#include "server/cli.h"
+#include "server/core/cli.h"
 
 int srv_bench_update(int argc, char **argv);
 

@@ -1,5 +1,5 @@
 #include "bench/bench_util.h"
-#include "server/cli.h"
+#include "server/core/cli.h"
 
 #include <errno.h>
 #include <stdatomic.h>

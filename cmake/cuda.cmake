@@ -1,4 +1,4 @@
-# cmake/cuda.cmake — the optional CUDA backend (kernels/cuda/, engine/backend_cuda.*), included by the
+# cmake/cuda.cmake — the optional CUDA backend (kernels/cuda/, engine/backend/backend_cuda.*), included by the
 # top-level CMakeLists.txt when GS_CUDA is ON. Does nothing when no CUDA compiler is found, so the
 # CPU-only build is unchanged on machines without nvcc.
 #
@@ -37,11 +37,11 @@ set(GS_HAVE_CUDA ON)
 message(STATUS "graphswap: CUDA backend for sm_${CMAKE_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
 
 file(GLOB GS_CUDA_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu ${CMAKE_SOURCE_DIR}/kernels/cuda/*.c)
-# The GPU weight transports (engine/transport_cuda.cu: NCCL broadcast, CUDA IPC) live in the same
+# The GPU weight transports (engine/backend/transport_cuda.cu: NCCL broadcast, CUDA IPC) live in the same
 # module. NCCL is optional: without nccl.h / libnccl at configure time they are built without it
 # (IPC still works, the NCCL routes answer with a clear error). libnccl is dlopen'ed at the first
 # NCCL init, never linked (GS_NCCL_LIB is found only for the GPU test's trainer side).
-list(APPEND GS_CUDA_SRC ${CMAKE_SOURCE_DIR}/engine/transport_cuda.cu)
+list(APPEND GS_CUDA_SRC ${CMAKE_SOURCE_DIR}/engine/backend/transport_cuda.cu)
 find_path(GS_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include)
 find_library(GS_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
              /usr/local/cuda/lib /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
@@ -52,7 +52,7 @@ else()
   set(GS_HAVE_NCCL OFF)
   message(STATUS "graphswap: no NCCL found: the NCCL weight transport is not built")
 endif()
-add_library(gs_cuda STATIC ${GS_CUDA_SRC} ${CMAKE_SOURCE_DIR}/engine/backend_cuda.cu)
+add_library(gs_cuda STATIC ${GS_CUDA_SRC} ${CMAKE_SOURCE_DIR}/engine/backend/backend_cuda.cu)
 # The directory's options (-Wall -Werror ... from add_compile_options) are host-compiler flags that
 # nvcc does not take directly: give each language its own.
 set_property(TARGET gs_cuda PROPERTY COMPILE_OPTIONS "")
@@ -65,7 +65,7 @@ target_compile_options(gs_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:${GS_CUDA_NVCC_FLAGS}>)
 target_link_libraries(gs_cuda PUBLIC gs_core CUDA::cudart CUDA::cublasLt)
 if(GS_HAVE_NCCL)
-  # nccl.h only: engine/transport_cuda.cu dlopens libnccl.so.2 on first use, so neither the module
+  # nccl.h only: engine/backend/transport_cuda.cu dlopens libnccl.so.2 on first use, so neither the module
   # nor the binary needs NCCL installed to load (only the NCCL routes do)
   target_include_directories(gs_cuda PRIVATE ${GS_NCCL_INCLUDE})
   target_compile_definitions(gs_cuda PRIVATE GS_HAVE_NCCL=1)
@@ -84,7 +84,7 @@ target_link_libraries(gs_cuda PUBLIC stdc++)
 # to start. A dlopen'ed module's TLS is dynamic. The module resolves the few core symbols it uses
 # (kern_op_name, mdl_dtype_size) from the executable, which exports them.
 if(TARGET graphswap)
-  add_library(gs_cuda_module MODULE ${GS_CUDA_SRC} ${CMAKE_SOURCE_DIR}/engine/backend_cuda.cu)
+  add_library(gs_cuda_module MODULE ${GS_CUDA_SRC} ${CMAKE_SOURCE_DIR}/engine/backend/backend_cuda.cu)
   set_property(TARGET gs_cuda_module PROPERTY COMPILE_OPTIONS "")
   target_compile_options(gs_cuda_module PRIVATE
     $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Werror -D_GNU_SOURCE -ffp-contract=off>

@@ -19,7 +19,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/sampler.h"
 #include "models/model.h"
 
@@ -133,7 +133,7 @@ typedef struct eng_engine eng_engine;
 
 eng_engine *eng_create(const eng_config *cfg, mdl_model *m, eng_backend *be, char *err, size_t errlen);
 /* With a drafter (DFlash / DSpark, loaded on the same backend): every step is draft -> verify ->
- * context (spec_decode/spec_step.c). Greedy output is identical to eng_create's (I9). */
+ * context (engine/spec_step.c). Greedy output is identical to eng_create's (I9). */
 eng_engine *eng_create_spec(const eng_config *cfg, mdl_model *m, mdl_model *draft, eng_backend *be, char *err,
                             size_t errlen);
 void eng_destroy(eng_engine *e);

@@ -67,7 +67,7 @@ struct eng_engine {
     int q_head, q_len;
     int32_t banned[ENG_MAX_BANS];
     eng_stats stats;
-    /* speculative decoding (draft == NULL: off); see spec_decode/spec_step.c */
+    /* speculative decoding (draft == NULL: off); see engine/spec_step.c */
     mdl_model *draft;
     mdl_draft_io dio;
     mdl_draft_ws dws;
@@ -135,7 +135,7 @@ void eng_register_blocks(eng_engine *e);
  * returns their count. */
 int eng_banned_ids(eng_engine *e, const eng_request *r, int n_out);
 
-/* spec_decode/spec_step.c */
+/* engine/spec_step.c */
 int spec_init(eng_engine *e, char *err, size_t errlen);
 void spec_free(eng_engine *e);
 int spec_step(eng_engine *e);

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/arena.h"
+#include "engine/backend/arena.h"
 #include "engine/engine_internal.h"
 
 enum { GROUP_WEIGHTS = 0, GROUP_KV = 1 }; /* backend memory groups */

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 
 typedef struct eng_engine eng_engine;
 

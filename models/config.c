@@ -1,6 +1,6 @@
 #include "models/config.h"
 #include "models/config_internal.h"
-#include "models/json_guard.h"
+#include "models/format/json_guard.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 
 typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2, MDL_ARCH_DFLASH, MDL_ARCH_DSPARK } mdl_arch;
 

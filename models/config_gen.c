@@ -4,7 +4,7 @@
  * the stop token ids (graphswap: merged into the model's eos set, so ignore_eos and min_tokens treat
  * them alike), and the sampling fields that differ from transformers' GenerationConfig defaults
  * become the defaults of requests that do not set them. do_sample is not read (vLLM does not read
- * it either). The server applies them in server/oai_parse.c (serve --generation-config auto).
+ * it either). The server applies them in server/core/request.c (serve --generation-config auto).
  */
 #include <math.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "models/config.h"
-#include "models/json_guard.h"
+#include "models/format/json_guard.h"
 
 static int gen_num(const cJSON *root, const char *key, double lo, double hi, double neutral, int has_neutral,
                    double *out, int *set, char *err, size_t errlen)

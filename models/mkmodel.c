@@ -18,8 +18,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "models/safetensors.h"
-#include "models/tokenizer.h"
+#include "models/format/safetensors.h"
+#include "models/tokenizer/tokenizer.h"
 
 void mdl_mkmodel_defaults(mdl_mkmodel_opts *o)
 {

@@ -1,6 +1,6 @@
 /* models/model.c — parameter table, storage, load sessions and cold loading (see model.h). */
 #include "models/model.h"
-#include "models/json_guard.h"
+#include "models/format/json_guard.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -25,11 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/backend.h"
-#include "engine/stepio.h"
-#include "engine/tape.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/stepio.h"
+#include "engine/backend/tape.h"
 #include "models/config.h"
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 
 typedef struct {
     char name[64];   /* runtime name, e.g. "layers.3.qkv" */

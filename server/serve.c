@@ -25,7 +25,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "server/srv.h"
+#include "server/core/srv.h"
 
 static volatile sig_atomic_t g_signal, g_started;
 /* SIGINT / SIGTERM: a clean shutdown once the server runs; during start-up (a long model load) the

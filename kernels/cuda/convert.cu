@@ -1,9 +1,9 @@
 /* kernels/cuda/convert.cu — dtype conversion on the device for weight loading (upload_convert):
- * F32, F16, BF16 in any direction, bit-identical to the host's mdl_convert (models/safetensors.c):
+ * F32, F16, BF16 in any direction, bit-identical to the host's mdl_convert (models/format/safetensors.c):
  * integer bit manipulation only, so no rounding mode or FTZ setting can change a result. */
 #include "kernels/cuda/common.cuh"
 extern "C" {
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 }
 
 __device__ __forceinline__ uint16_t cv_f32_to_bf16(uint32_t x)

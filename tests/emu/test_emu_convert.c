@@ -1,6 +1,6 @@
 /* tests/emu/test_emu_convert.c — kernels/cuda/convert.cu (kern_cuda_convert: the device dtype conversion
  * of weight loading), the real CUDA source, run on the CPU emulation of the CUDA primitives
- * (tests/emu/emu_cuda.h) against the host's mdl_convert (models/safetensors.c), bitwise.
+ * (tests/emu/emu_cuda.h) against the host's mdl_convert (models/format/safetensors.c), bitwise.
  *
  * Why: CI has no GPU; a GPU-loaded checkpoint must hold the same bits as a CPU-loaded one. This runs
  * every F32 / F16 / BF16 pair (the same-dtype ones are kern_cuda_convert's copy) on every CI run, over
@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 #include "tests/emu/emu_kernels.h"
 #include "tests/gpu/gpu_test.h"
 

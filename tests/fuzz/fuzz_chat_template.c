@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/json_guard.h"
-#include "server/srv.h"
+#include "models/format/json_guard.h"
+#include "server/core/srv.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

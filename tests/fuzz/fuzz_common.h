@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "models/tokenizer.h"
+#include "models/tokenizer/tokenizer.h"
 
 /* civetweb's worker threads get CIVETWEB_THREAD_STACK_SIZE (102400 bytes in Debian's build), and
  * civetweb's request handling and the route's frames sit below the body parser: measured with

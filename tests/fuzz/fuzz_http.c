@@ -27,7 +27,7 @@
 #include <cjson/cJSON.h>
 
 #include "models/mkmodel.h"
-#include "server/cli.h"
+#include "server/core/cli.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/srv.h"
+#include "server/core/srv.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/primerl_meta.h"
+#include "server/rendezvous/primerl_meta.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

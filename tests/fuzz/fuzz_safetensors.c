@@ -6,7 +6,7 @@
  * data section, sizes agree with shapes, and the tensors tile the data section exactly. Violations
  * abort so the fuzzer records the input. The data is read to let ASan see any out-of-bounds span.
  */
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/tcpstore.h"
+#include "server/rendezvous/tcpstore.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,8 +1,8 @@
 /* tests/fuzz/fuzz_weights_parse.c — libFuzzer harness for the JSON bodies of the weight routes
- * (server/weights_api.c): begin / load options, vLLM and SGLang NCCL init, the NCCL bucket metadata
+ * (server/weights/weights_api.c): begin / load options, vLLM and SGLang NCCL init, the NCCL bucket metadata
  * (vLLM /update_weights, SGLang /update_weights_from_distributed), CUDA-IPC open and bucket, the
  * checker and update_weight_version bodies, through the parsers the routes share
- * (server/weights_internal.h). Runs on a civetweb-sized stack.
+ * (server/weights/weights_api.h). Runs on a civetweb-sized stack.
  *
  * Input: byte 0 picks the body kind (mod 8); the rest is the JSON body.
  * Properties beyond "no crash":
@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/transport_cuda.h"
-#include "server/weights_internal.h"
+#include "engine/backend/transport_cuda.h"
+#include "server/weights/weights_api.h"
 
 #define GPU_ALIGN 256 /* the NCCL packing alignment (weights_gpu.c) */
 

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/backend.h"
-#include "engine/stepio.h"
-#include "engine/tape.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/stepio.h"
+#include "engine/backend/tape.h"
 #include "models/config.h"
 #include "models/model.h"
 

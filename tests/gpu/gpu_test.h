@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/backend_cuda.h"
+#include "engine/backend/backend_cuda.h"
 
 #define GPU_TEST_SKIP_WITHOUT_DEVICE()                                                             \
     do {                                                                                           \

@@ -18,7 +18,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "engine/backend_cuda.h"
+#include "engine/backend/backend_cuda.h"
 #include "engine/engine.h"
 #include "gpu_fwd.h"
 

@@ -22,7 +22,7 @@
 
 #include "../unit/test_rt.h"
 #include "../unit/test_util.h"
-#include "engine/backend_cuda.h"
+#include "engine/backend/backend_cuda.h"
 #include "engine/engine.h"
 #include "gpu_test.h"
 #include "kernels/cuda/kern_cuda.h"

@@ -20,7 +20,7 @@
 
 #include "../unit/test_rt.h"
 #include "../unit/test_util.h"
-#include "engine/backend_cuda.h"
+#include "engine/backend/backend_cuda.h"
 #include "engine/engine.h"
 #include "engine/weights.h"
 #include "gpu_fwd.h"

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "engine/backend_cuda.h"
+#include "engine/backend/backend_cuda.h"
 #include "gpu_test.h"
 #include "kernels/kern.h"
 #include "tests/opcases/opcases.h"

@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../unit/test_util.h"
-#include "engine/backend_cuda.h"
+#include "engine/backend/backend_cuda.h"
 #include "gpu_fwd.h"
 #include "gpu_test.h"
 #include "kernels/cuda/kern_cuda.h"

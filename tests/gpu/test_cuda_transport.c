@@ -24,7 +24,7 @@
 #include <nccl.h>
 #endif
 
-#include "engine/transport_cuda.h"
+#include "engine/backend/transport_cuda.h"
 #include "gpu_test.h"
 
 static int failures;

@@ -1,5 +1,5 @@
 """A stand-in for torch.distributed.TCPStore's server (and its rank-0 client), written from torch's
-source, not from graphswap's client (server/tcpstore.c), so the two check each other.
+source, not from graphswap's client (server/rendezvous/tcpstore.c), so the two check each other.
 
 The server side follows pytorch/pytorch@16c9a1823c4917599a5c8f20854e54dd2c46880d
 torch/csrc/distributed/c10d/store/TCPStoreBackend.cpp:

@@ -1,4 +1,4 @@
-"""SGLang dialect of `graphswap serve` (server/dialect_sglang.c), driven as slime and AReaL drive SGLang.
+"""SGLang dialect of `graphswap serve` (server/dialects/sglang_generate.c), driven as slime and AReaL drive SGLang.
 
 Protocol sources (field by field):
   sgl-project/sglang@001067fffe33427bee0ed2f007fb7551a1d76b44 python/sglang/srt/managers/tokenizer_manager.py

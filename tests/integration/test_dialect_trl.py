@@ -1,4 +1,4 @@
-"""TRL `trl vllm-serve` dialect of `graphswap serve` (server/dialect_trl.c), driven as TRL's VLLMClient.
+"""TRL `trl vllm-serve` dialect of `graphswap serve` (server/dialects/trl_generate.c), driven as TRL's VLLMClient.
 
 Protocol sources (field by field):
   huggingface/trl@f2cd57710ae345ea6428ae95363267fcf38a3dc8 trl/scripts/vllm_serve.py (routes with trailing

@@ -1,4 +1,4 @@
-"""vLLM tokens-in / tokens-out dialect of `graphswap serve` (server/dialect_vllm.c), driven as SkyRL,
+"""vLLM tokens-in / tokens-out dialect of `graphswap serve` (server/dialects/vllm_generate.c), driven as SkyRL,
 prime-rl and AReaL drive vLLM.
 
 Protocol sources (field by field):

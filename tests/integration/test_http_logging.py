@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The operator log of `graphswap serve` (server/log.c) and cold-load progress.
+"""The operator log of `graphswap serve` (server/http/log.c) and cold-load progress.
 
   - --log-format json --access-log --log-interval 1: every stderr line is one JSON object with ts,
     level, event; the start-up summary (events model, engine, routes, serve) names the model,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""prime-rl's NCCL metadata pickles through graphswap's strict unpickler (server/primerl_meta.c,
+"""prime-rl's NCCL metadata pickles through graphswap's strict unpickler (server/rendezvous/primerl_meta.c,
 driven by `graphswap primerl-meta`), without torch.
 
 prime-rl's trainer (PrimeIntellect-ai/prime-rl@559b44772e471d1538537b8805cc77f3824a5e64

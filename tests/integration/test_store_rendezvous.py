@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""NCCL weight-sync rendezvous through a torch.distributed TCPStore (server/tcpstore.c), driven by
+"""NCCL weight-sync rendezvous through a torch.distributed TCPStore (server/rendezvous/tcpstore.c), driven by
 `graphswap store-rendezvous` against tcpstore_fake.FakeStore, whose rank 0 publishes the NCCL
 unique id exactly as each framework's trainer does:
 

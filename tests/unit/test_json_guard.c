@@ -1,4 +1,4 @@
-/* tests/unit/test_json_guard.c — models/json_guard.c: nesting depth outside strings, NUL (raw and
+/* tests/unit/test_json_guard.c — models/format/json_guard.c: nesting depth outside strings, NUL (raw and
  * escaped) inside strings, escape handling; and that the safetensors parser refuses a deep header
  * on a thread whose stack is as small as a civetweb worker's (the crash this guard prevents). */
 #include <setjmp.h>
@@ -8,8 +8,8 @@
 
 #include <cmocka.h>
 
-#include "models/json_guard.h"
-#include "models/safetensors.h"
+#include "models/format/json_guard.h"
+#include "models/format/safetensors.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "models/mkmodel.h"
 #include "models/model.h"
 #include "test_util.h"

@@ -1,4 +1,4 @@
-/* tests/unit/test_primerl_meta.c — server/primerl_meta.c, the strict unpickler of prime-rl's
+/* tests/unit/test_primerl_meta.c — server/rendezvous/primerl_meta.c, the strict unpickler of prime-rl's
  * per-state-dict NCCL metadata, on pickles real torch wrote (torch 2.15.0, Python 3.11.7, whose
  * pickle.DEFAULT_PROTOCOL is 4; protocols 2, 3 and 5 of the same objects too): the shapes prime-rl
  * sends are accepted with the exact names / dtypes / shapes / numels, and every other shape, opcode,
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "server/primerl_meta.h"
+#include "server/rendezvous/primerl_meta.h"
 
 /* ---- real torch output ---------------------------------------------------------------------------
  * p4_nonlayer / p2_nonlayer / p3_nonlayer: {torch.bfloat16: [("model.embed_tokens.weight",

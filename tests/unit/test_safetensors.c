@@ -1,4 +1,4 @@
-/* tests/unit/test_safetensors.c — models/safetensors.c: dtype table, write/open round trip, a table
+/* tests/unit/test_safetensors.c — models/format/safetensors.c: dtype table, write/open round trip, a table
  * of malformed headers (each must fail with a message naming the tensor / the problem), a
  * deterministic mutation fuzz of mdl_st_parse, and dtype conversion against naive references.
  */
@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "models/safetensors.h"
+#include "models/format/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "engine/arena.h"
+#include "engine/backend/arena.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h" /* white-box: the KV allocations */
 #include "engine/weights.h"

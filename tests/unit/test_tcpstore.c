@@ -1,4 +1,4 @@
-/* tests/unit/test_tcpstore.c — server/tcpstore.c against hostile or broken peers: a scripted fake
+/* tests/unit/test_tcpstore.c — server/rendezvous/tcpstore.c against hostile or broken peers: a scripted fake
  * store in a thread sends short reads, oversized lengths, silence, wrong nonces and wrong reply
  * bytes; every call must fail with the right code and message within its deadline, never hang or
  * over-allocate. Plus the strict unpickler on hand-built pickles (the exact vLLM stream, accepted,
@@ -21,7 +21,7 @@
 
 #include <cmocka.h>
 
-#include "server/tcpstore.h"
+#include "server/rendezvous/tcpstore.h"
 
 /* ---- a scripted peer ---- */
 

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "models/tokenizer.h"
+#include "models/tokenizer/tokenizer.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* helpers                                                                                    */
