@@ -30,6 +30,7 @@
 #include "bench/bench_util.h"
 #include "kernels/kern.h"
 #include "models/config.h"
+#include "bench/bench.h"
 #include "server/core/cli.h"
 
 /* CBLAS row-major Y[M][N] = X[M][K] W[N][K]^T (CblasRowMajor 101, NoTrans 111, Trans 112) */

@@ -13,6 +13,7 @@
 
 #include "bench/bench_util.h"
 #include "models/config.h"
+#include "bench/bench.h"
 #include "server/core/cli.h"
 
 static double now_s(void)

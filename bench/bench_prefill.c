@@ -17,6 +17,7 @@
 #include "bench/bench_util.h"
 #include "kernels/cpu/kern_cpu.h"
 #include "models/config.h"
+#include "bench/bench.h"
 #include "server/core/cli.h"
 
 /* ---- FMA peak ----------------------------------------------------------------------------------- */

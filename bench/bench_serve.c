@@ -29,6 +29,8 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
+#include "bench/bench.h"
+#include "models/format/json_guard.h"
 #include "server/core/cli.h"
 
 /* ---- a minimal HTTP/1.1 client -------------------------------------------------------------------- */
@@ -442,7 +444,7 @@ int srv_bench_serve(int argc, char **argv)
             bench_stop_server(&child);
             srv_die("GET /v1/models on %s:%d failed (status %d)", t.host, t.port, st);
         }
-        cJSON *o = cJSON_Parse(b.p);
+        cJSON *o = mdl_json_parse(b.p, b.p ? b.n : 0, MDL_JSON_MAX_DEPTH, 0, NULL, NULL, 0);
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "data"), 0),
                                                           "root");
         if (cJSON_IsString(r)) snprintf(root, sizeof root, "%s", r->valuestring);

@@ -23,6 +23,7 @@
 #include "bench/bench_util.h"
 #include "engine/weights.h"
 #include "models/model.h"
+#include "bench/bench.h"
 #include "server/core/cli.h"
 
 typedef struct {

@@ -39,8 +39,10 @@
 #include <unistd.h>
 
 #include "models/mkmodel.h"
+#include "models/format/json_guard.h"
 #include "models/format/safetensors.h"
 #include "bench/bench_util.h"
+#include "bench/bench.h"
 #include "server/core/cli.h"
 
 int srv_bench_update(int argc, char **argv);
@@ -222,7 +224,7 @@ static cJSON *bu_json(bu_conn *c, const char *method, const char *path, const ch
     char *resp = NULL;
     int st = bu_request(c, method, path, "application/json", iov, body ? 2 : 1, &resp);
     if (st != want) srv_die("%s %s: HTTP %d %s", method, path, st, resp ? resp : "(no response)");
-    cJSON *o = cJSON_Parse(resp);
+    cJSON *o = mdl_json_parse(resp, resp ? strlen(resp) : 0, MDL_JSON_MAX_DEPTH, 0, NULL, NULL, 0);
     free(resp);
     if (!o) srv_die("%s %s: the answer is not JSON", method, path);
     return o;

@@ -300,14 +300,11 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
 {
     memset(c, 0, sizeof *c);
     char why[160];
-    if (mdl_json_check(json, len, MDL_JSON_MAX_DEPTH, 0, NULL, why, sizeof why) != 0) {
-        snprintf(err, errlen, "config.json: %s", why);
-        return -1;
-    }
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    mdl_json_result jr;
+    cJSON *root = mdl_json_parse(json, len, MDL_JSON_MAX_DEPTH, MDL_JSON_OBJECT, &jr, why, sizeof why);
     int rc = -1;
-    if (!root || !cJSON_IsObject(root)) {
-        snprintf(err, errlen, "config.json: not a JSON object");
+    if (!root) {
+        snprintf(err, errlen, "config.json: %s", jr.status == MDL_JSON_E_DEEP ? why : "not a JSON object");
         goto out;
     }
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");

@@ -33,14 +33,12 @@ static int gen_num(const cJSON *root, const char *key, double lo, double hi, dou
 int mdl_gen_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen)
 {
     char why[160];
-    if (mdl_json_check(json, len, MDL_JSON_MAX_DEPTH, 0, NULL, why, sizeof why) != 0) {
-        snprintf(err, errlen, "generation_config.json: %s", why);
-        return -1;
-    }
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    mdl_json_result jr;
+    cJSON *root = mdl_json_parse(json, len, MDL_JSON_MAX_DEPTH, MDL_JSON_OBJECT, &jr, why, sizeof why);
     int rc = -1;
-    if (!root || !cJSON_IsObject(root)) {
-        snprintf(err, errlen, "generation_config.json: not a JSON object");
+    if (!root) {
+        snprintf(err, errlen, "generation_config.json: %s",
+                 jr.status == MDL_JSON_E_DEEP ? why : "not a JSON object");
         goto out;
     }
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");

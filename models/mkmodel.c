@@ -18,6 +18,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "models/format/json_guard.h"
 #include "models/format/safetensors.h"
 #include "models/tokenizer/tokenizer.h"
 
@@ -196,7 +197,7 @@ static int gen_copy(gen_set *g, const char *target_dir, const char *src_name, co
     size_t len;
     char *txt = mdl_read_file(path, 64u << 20, &len, err, errlen);
     if (txt) { /* sharded target: find the shard holding the tensor */
-        cJSON *idx = cJSON_ParseWithLength(txt, len);
+        cJSON *idx = mdl_json_parse(txt, len, MDL_JSON_MAX_DEPTH, 0, NULL, NULL, 0);
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(idx, "weight_map"), src_name);
         if (cJSON_IsString(f) && !strchr(f->valuestring, '/')) snprintf(file, sizeof file, "%s", f->valuestring);
         cJSON_Delete(idx);

@@ -486,12 +486,15 @@ int mdl_ckpt_foreach_bucket(const char *dir, size_t bucket_bytes, mdl_bucket_fn 
     char *txt = mdl_read_file(path, 64u << 20, &len, err, errlen);
     if (!txt) return -1;
     char why[160];
-    cJSON *index = mdl_json_check(txt, len, MDL_JSON_MAX_DEPTH, 0, NULL, why, sizeof why) == 0
-                       ? cJSON_ParseWithLength(txt, len)
-                       : NULL;
+    mdl_json_result jr;
+    cJSON *index = mdl_json_parse(txt, len, MDL_JSON_MAX_DEPTH, 0, &jr, why, sizeof why);
     free(txt);
     const cJSON *wm = index ? cJSON_GetObjectItemCaseSensitive(index, "weight_map") : NULL;
     const char **files = NULL;
+    if (!index && jr.status == MDL_JSON_E_DEEP) {
+        snprintf(err, errlen, "%s: %s", path, why);
+        goto out;
+    }
     if (!cJSON_IsObject(wm)) {
         snprintf(err, errlen, "%s: not a JSON object with a weight_map", path);
         goto out;

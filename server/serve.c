@@ -26,6 +26,10 @@
 #include <unistd.h>
 
 #include "server/core/srv.h"
+#include "server/dialects/dialects.h"
+#include "server/openai/openai.h"
+#include "server/server.h"
+#include "server/weights/weights.h"
 
 static volatile sig_atomic_t g_signal, g_started;
 /* SIGINT / SIGTERM: a clean shutdown once the server runs; during start-up (a long model load) the
@@ -125,47 +129,6 @@ struct srv_server {
     struct mg_context *ctx;
     char url[340];
 };
-
-int srv_engine_call(srv_state *s, srv_closure *c)
-{
-    pthread_cond_init(&c->cv, NULL);
-    c->done = c->ran = 0;
-    c->next = NULL;
-    pthread_mutex_lock(&s->mu);
-    if (s->stopping) {
-        pthread_mutex_unlock(&s->mu);
-        pthread_cond_destroy(&c->cv);
-        return -1;
-    }
-    if (s->clo_tail) s->clo_tail->next = c;
-    else s->clo_head = c;
-    s->clo_tail = c;
-    pthread_cond_signal(&s->inbox_cv);
-    while (!c->done) pthread_cond_wait(&c->cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
-    pthread_cond_destroy(&c->cv);
-    return c->ran ? 0 : -1;
-}
-
-void srv_closures_run(srv_state *s, int stopping)
-{
-    pthread_mutex_lock(&s->mu);
-    srv_closure *list = s->clo_head;
-    s->clo_head = s->clo_tail = NULL;
-    pthread_mutex_unlock(&s->mu);
-    while (list) {
-        srv_closure *c = list;
-        list = c->next; /* (c belongs to its handler again once done is set) */
-        if (!stopping) {
-            c->fn(s, c->arg);
-            c->ran = 1;
-        }
-        pthread_mutex_lock(&s->mu);
-        c->done = 1;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&s->mu);
-    }
-}
 
 static void *engine_main(void *arg)
 {
@@ -303,28 +266,28 @@ static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const ch
     srv_log_num(&l, "plan_capture_ms", s->rt.engine_ms, 1);
     srv_log_end(&l);
 
-    const char *api = s->api_key ? "api-key" : "open";
+    const char *api = s->http.api_key ? "api-key" : "open";
     /* the rule of admin_authorized (http.c) */
-    const int allow = s->n_admin_allow > 0;
-    const char *admin = s->admin_disabled ? (allow ? "allow-list" : "disabled")
-                        : s->admin_key    ? "admin-key"
-                        : s->api_key      ? "api-key"
+    const int allow = s->http.n_admin_allow > 0;
+    const char *admin = s->http.admin_disabled ? (allow ? "allow-list" : "disabled")
+                        : s->http.admin_key    ? "admin-key"
+                        : s->http.api_key      ? "api-key"
                         : allow           ? "allow-list"
                                           : "loopback-only";
     srv_log_begin(&l, "info", "routes",
                   "/v1/*, /tokenize, /detokenize: %s; weight routes: %s%s%s; /health, /metrics: open; disk loads: %s",
-                  s->api_key ? "API key required" : "open (no --api-key)",
-                  s->admin_disabled ? (allow ? "closed outside --admin-allow (non-loopback --host without --admin-key)"
+                  s->http.api_key ? "API key required" : "open (no --api-key)",
+                  s->http.admin_disabled ? (allow ? "closed outside --admin-allow (non-loopback --host without --admin-key)"
                                              : "disabled (non-loopback --host without --admin-key)")
-                  : s->admin_key    ? "admin key required"
-                  : s->api_key      ? "API key required (no --admin-key)"
+                  : s->http.admin_key    ? "admin key required"
+                  : s->http.api_key      ? "API key required (no --admin-key)"
                   : allow           ? "closed outside --admin-allow (no key set)"
                                     : "no key, loopback listener only",
-                  allow ? "; no key needed from --admin-allow " : "", allow ? s->admin_allow_spec : "",
+                  allow ? "; no key needed from --admin-allow " : "", allow ? s->http.admin_allow_spec : "",
                   s->weights_root ? s->weights_root : "off");
     srv_log_str(&l, "api", api);
     srv_log_str(&l, "admin", admin);
-    srv_log_str(&l, "admin_allow", s->admin_allow_spec);
+    srv_log_str(&l, "admin_allow", s->http.admin_allow_spec);
     srv_log_str(&l, "weights_root", s->weights_root);
     srv_log_str(&l, "host", host);
     srv_log_bool(&l, "loopback", is_loopback(host));
@@ -476,6 +439,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     srv_state *s = calloc(1, sizeof *s);
     if (!sv || !s) srv_die("out of memory");
     sv->s = s;
+    s->http.owner = s;
     sv->stats.interval = log_interval;
     if (srv_runtime_open(&s->rt, &ro, err, errlen) != 0) {
         free(s);
@@ -522,10 +486,10 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
             fprintf(stderr, "graphswap: request defaults from generation_config.json:%s\n", line);
         }
     }
-    s->api_key = api_key;
-    s->max_body = (size_t)max_body;
+    s->http.api_key = api_key;
+    s->http.max_body = (size_t)max_body;
     s->request_timeout = timeout_s;
-    s->io_timeout = io_s < timeout_s ? io_s : timeout_s;
+    s->http.io_timeout = io_s < timeout_s ? io_s : timeout_s;
     s->max_choices = max_batch;
     s->t_start = srv_wall();
     s->seed_base = (uint64_t)(srv_wall() * 1e9) ^ ((uint64_t)getpid() << 32);
@@ -541,16 +505,16 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     srv_metrics_publish(&s->met, s->rt.e);
     srv_weights_init(s);
     if (admin_key && !admin_key[0]) admin_key = NULL;
-    s->admin_key = admin_key;
+    s->http.admin_key = admin_key;
     /* weight routes on a reachable address need a key */
-    s->admin_disabled = !admin_key && strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 &&
+    s->http.admin_disabled = !admin_key && strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 &&
                         strcmp(host, "::1") != 0 && strncmp(host, "127.", 4) != 0;
     /* (an empty GRAPHSWAP_ADMIN_ALLOW means none, as an empty key does; an empty --admin-allow is an error) */
     if (admin_allow && (admin_allow[0] || admin_allow != admin_allow_env)) {
         char why[160];
-        if (srv_cidr_parse_list(admin_allow, s->admin_allow, SRV_MAX_ADMIN_ALLOW, &s->n_admin_allow, why, sizeof why))
+        if (srv_cidr_parse_list(admin_allow, s->http.admin_allow, SRV_MAX_ADMIN_ALLOW, &s->http.n_admin_allow, why, sizeof why))
             fatal("--admin-allow %s: %s (give CIDRs such as 10.0.0.0/8,fd00::/8)", admin_allow, why);
-        s->admin_allow_spec = admin_allow;
+        s->http.admin_allow_spec = admin_allow;
     }
     if (weights_root && !(s->weights_root = realpath(weights_root, NULL))) fatal("--weights-root %s: %s", weights_root, strerror(errno));
     s->max_bucket = (size_t)max_bucket;
@@ -559,15 +523,22 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     s->session_timeout = wsess_s;
     srv_weights_publish(s);
 
-    srv_route_add(s, "GET", "/health", srv_route_health, 0);
-    srv_route_add(s, "GET", "/metrics", srv_route_metrics, 0);
-    srv_route_add(s, "GET", "/v1/models", srv_route_models, 1);
-    srv_route_add(s, "GET", "/v1/models/*", srv_route_model_one, 1);
-    srv_route_add(s, "POST", "/v1/completions", srv_route_completions, 1);
-    srv_route_add(s, "POST", "/v1/chat/completions", srv_route_chat, 1);
-    srv_route_add(s, "POST", "/tokenize", srv_route_tokenize, 1);
-    srv_route_add(s, "POST", "/detokenize", srv_route_detokenize, 1);
-    srv_weights_routes(s);
+    srv_route_add(&s->http, "GET", "/health", srv_route_health, 0);
+    srv_route_add(&s->http, "GET", "/metrics", srv_route_metrics, 0);
+    srv_route_add(&s->http, "GET", "/v1/models", srv_route_models, 1);
+    srv_route_add(&s->http, "GET", "/v1/models/*", srv_route_model_one, 1);
+    srv_route_add(&s->http, "POST", "/v1/completions", srv_route_completions, 1);
+    srv_route_add(&s->http, "POST", "/v1/chat/completions", srv_route_chat, 1);
+    srv_route_add(&s->http, "POST", "/tokenize", srv_route_tokenize, 1);
+    srv_route_add(&s->http, "POST", "/detokenize", srv_route_detokenize, 1);
+    srv_weights_routes(s);        /* native /v1/weights/... */
+    srv_weights_vllm_routes(s);
+    srv_weights_areal_routes(s);   /* AReaL's vLLM server (areal_vllm_server.py) */
+    srv_weights_skyrl_routes(s);   /* SkyRL's /collective_rpc, /fetch_weights */
+    srv_weights_primerl_routes(s); /* prime-rl's /init_broadcaster */
+    srv_weights_sglang_routes(s);
+    srv_weights_trl_routes(s);
+    srv_weights_gpu_routes(s);     /* CUDA IPC (native) */
     srv_dialect_sglang_routes(s);
     srv_dialect_vllm_routes(s);
     srv_dialect_trl_routes(s);
@@ -588,7 +559,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
      * each body read, each write), not a whole request: the I/O timeout, so that a client sending a
      * partial header holds its worker for seconds, not for --request-timeout (slowloris). The
      * generation deadline (--request-timeout) is enforced by the handlers. */
-    snprintf(rto, sizeof rto, "%lld", (long long)(s->io_timeout * 1000));
+    snprintf(rto, sizeof rto, "%lld", (long long)(s->http.io_timeout * 1000));
     snprintf(kat, sizeof kat, "%d", keep_alive_ms);
     const char *opts[] = {"listening_ports", ports, "num_threads", nthreads, "enable_keep_alive", "yes",
                           "keep_alive_timeout_ms", kat, "request_timeout_ms", rto, "tcp_nodelay", "1", NULL};
@@ -609,7 +580,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
         server_teardown(sv);
         return NULL;
     }
-    mg_set_request_handler(sv->ctx, "/", srv_dispatch, s);
+    mg_set_request_handler(sv->ctx, "/", srv_dispatch, &s->http);
     struct mg_server_port sp[4];
     int nports = mg_get_server_ports(sv->ctx, 4, sp);
     int bound = nports > 0 ? sp[0].port : port;
@@ -643,12 +614,15 @@ static void server_teardown(srv_server *sv)
     pthread_join(sv->eng_thread, NULL);
     /* every job is settled now; let the handlers write their last bytes (mg_stop makes civetweb
      * drop further writes), bounded in case a client does not read */
-    for (int i = 0; i < 500 && atomic_load(&s->active) > 0; i++) usleep(20000);
+    for (int i = 0; i < 500 && atomic_load(&s->http.active) > 0; i++) usleep(20000);
     if (sv->ctx) mg_stop(sv->ctx);
     mg_exit_library();
     mdl_tok_free(s->tok);
     srv_runtime_close(&s->rt);
     srv_metrics_destroy(&s->met);
+    srv_weights_sglang_destroy(s);
+    srv_weights_trl_destroy(s);
+    srv_weights_areal_destroy(s);
     srv_weights_destroy(s);
     pthread_cond_destroy(&s->inbox_cv);
     pthread_mutex_destroy(&s->mu);

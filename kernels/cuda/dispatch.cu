@@ -1,19 +1,6 @@
 /* kernels/cuda/dispatch.cu — the context (everything allocated once), kern_cuda_exec (one switch over
- * the op kinds, after the host-side contract check) and the device error record. */
+ * the op kinds, after the host-side contract check) and the device error record (errors.cu: the runtime errors). */
 #include "kernels/cuda/common.cuh"
-
-void kc_die_cuda(cudaError_t e, const char *what, const char *file, int line)
-{
-    fprintf(stderr, "graphswap: CUDA error %s (%s) in %s (%s:%d)\n", cudaGetErrorName(e), cudaGetErrorString(e),
-            what, file, line);
-    abort();
-}
-
-void kc_die_cublas(cublasStatus_t s, const char *what, const char *file, int line)
-{
-    fprintf(stderr, "graphswap: cuBLAS error %d in %s (%s:%d)\n", (int)s, what, file, line);
-    abort();
-}
 
 extern "C" int kern_cuda_device_count(void)
 {

@@ -1,6 +1,7 @@
 /* models/format/json_guard.c — see json_guard.h. */
 #include "models/format/json_guard.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -53,4 +54,56 @@ int mdl_json_check(const char *txt, size_t n, int max_depth, int refuse_nul, mdl
         return -1;
     }
     return 0;
+}
+
+cJSON *mdl_json_parse(const char *txt, size_t len, int max_depth, unsigned flags, mdl_json_result *res, char *err,
+                      size_t errlen)
+{
+    assert(txt || len == 0);
+    assert(max_depth >= 1);
+    mdl_json_result r = {MDL_JSON_OK, 0, 0, {0, 0, 0, 0}};
+    cJSON *v = NULL;
+    char why[160];
+    /* the scan first: cJSON must never see a text deep enough to exhaust a small stack */
+    if (mdl_json_check(txt, len, max_depth, (flags & MDL_JSON_REFUSE_NUL) != 0, &r.scan, why, sizeof why) != 0) {
+        /* mdl_json_check names depth before NUL: the same order here */
+        const int deep = r.scan.depth > max_depth;
+        r.status = deep ? MDL_JSON_E_DEEP : MDL_JSON_E_NUL;
+        r.at = deep ? r.scan.deep_at : r.scan.nul_at;
+        if (errlen) snprintf(err, errlen, "%s", why);
+        goto out;
+    }
+    const char *end = NULL;
+    /* bounded by len, not by a terminator; trailing data is judged below, not by cJSON's
+     * require_null_terminated (which takes any byte <= 32, NUL included, as whitespace) */
+    v = len ? cJSON_ParseWithLengthOpts(txt, len, &end, 0) : NULL;
+    if (!v) {
+        r.status = MDL_JSON_E_SYNTAX;
+        r.at = end && end >= txt && end <= txt + len ? (size_t)(end - txt) : 0;
+        if (errlen) snprintf(err, errlen, "not valid JSON (error near byte %zu of %zu)", r.at, len);
+        goto out;
+    }
+    r.end = end && end >= txt && end <= txt + len ? (size_t)(end - txt) : len;
+    if ((flags & MDL_JSON_OBJECT) && !cJSON_IsObject(v)) {
+        r.status = MDL_JSON_E_NOT_OBJECT;
+        if (errlen) snprintf(err, errlen, "not a JSON object");
+        goto fail;
+    }
+    if (flags & MDL_JSON_WHOLE) {
+        size_t i = r.end;
+        while (i < len && (txt[i] == ' ' || txt[i] == '\t' || txt[i] == '\r' || txt[i] == '\n')) i++;
+        if (i < len) {
+            r.status = MDL_JSON_E_TRAILING;
+            r.at = i;
+            if (errlen) snprintf(err, errlen, "data after the JSON value (at byte %zu)", i);
+            goto fail;
+        }
+    }
+    goto out;
+fail:
+    cJSON_Delete(v);
+    v = NULL;
+out:
+    if (res) *res = r;
+    return v;
 }

@@ -444,32 +444,27 @@ int mdl_st_parse(const uint8_t *buf, size_t len, const char *what, mdl_st_file *
      * civetweb worker's ~100 KiB stack on a bucket upload (found by fuzz_http), and a NUL would cut
      * a tensor name (two keys could alias one name). Both are refused before it runs. A valid
      * header nests 3 deep (header -> tensor -> shape); 16 leaves room for nested metadata. */
-    mdl_json_scan sc;
-    char why[160];
-    if (mdl_json_check(text, hl, ST_MAX_DEPTH, 1, &sc, why, sizeof why) != 0) {
-        if (sc.nul)
-            seterr(err, errlen, "%s: header contains a NUL character (raw or \\u0000)", what);
-        else
-            seterr(err, errlen, "%s: header nests arrays / objects more than %d deep", what, ST_MAX_DEPTH);
-        goto done;
-    }
-    const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts(text, hl, &end, 0);
+    /* one object; cJSON stops after the first value, and only the space padding may follow it */
+    mdl_json_result jr;
+    root = mdl_json_parse(text, hl, ST_MAX_DEPTH, MDL_JSON_REFUSE_NUL | MDL_JSON_WHOLE | MDL_JSON_OBJECT, &jr, NULL, 0);
     if (!root) {
-        size_t at = (end && end >= text && end <= text + hl) ? (size_t)(end - text) : 0;
-        seterr(err, errlen, "%s: header is not valid JSON (error at byte %zu of %zu)", what, at, hl);
-        goto done;
-    }
-    /* cJSON stops after the first value; only the space padding may follow it */
-    for (const char *p = end; p && p < text + hl; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            seterr(err, errlen, "%s: header is not valid JSON (trailing bytes at byte %zu of %zu)",
-                   what, (size_t)(p - text), hl);
-            goto done;
+        switch (jr.status) {
+        case MDL_JSON_E_SYNTAX:
+            seterr(err, errlen, "%s: header is not valid JSON (error at byte %zu of %zu)", what, jr.at, hl);
+            break;
+        case MDL_JSON_E_TRAILING:
+            seterr(err, errlen, "%s: header is not valid JSON (trailing bytes at byte %zu of %zu)", what, jr.at, hl);
+            break;
+        case MDL_JSON_E_NOT_OBJECT:
+            seterr(err, errlen, "%s: header is not a JSON object", what);
+            break;
+        default: /* depth or NUL: a NUL is named first when there are both */
+            if (jr.scan.nul)
+                seterr(err, errlen, "%s: header contains a NUL character (raw or \\u0000)", what);
+            else
+                seterr(err, errlen, "%s: header nests arrays / objects more than %d deep", what, ST_MAX_DEPTH);
+            break;
         }
-    }
-    if (!cJSON_IsObject(root)) {
-        seterr(err, errlen, "%s: header is not a JSON object", what);
         goto done;
     }
 

@@ -109,45 +109,6 @@ size_t mdl_tok_int_utf8_check(const unsigned char *s, size_t len) {
     return len;
 }
 
-size_t mdl_tok_int_utf8_dec(const unsigned char *s, size_t len, uint32_t *cp) {
-    unsigned char c = s[0];
-    size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-    if (n > len) n = 1; /* truncated: the lead byte alone */
-    switch (n) {
-    case 2: *cp = ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F); break;
-    case 3: *cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F); break;
-    case 4:
-        *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) | ((uint32_t)(s[2] & 0x3F) << 6) |
-              (s[3] & 0x3F);
-        break;
-    default: *cp = c;
-    }
-    return n;
-}
-
-size_t mdl_tok_int_utf8_enc(uint32_t cp, char *o) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 static bool is_white_space(uint32_t cp) {
     return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
            (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
@@ -390,16 +351,13 @@ static cJSON *parse_json_file(const char *path, char *err, size_t errlen) {
     char *buf = read_file(path, &len, err, errlen);
     if (!buf) return NULL;
     char why[160];
-    if (mdl_json_check(buf, len, MDL_JSON_MAX_DEPTH, 0, NULL, why, sizeof why) != 0) {
-        seterr(err, errlen, "%s: %s", path, why);
-        free(buf);
-        return NULL;
-    }
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(buf, len + 1, &end, 1); /* +1: the NUL after the data */
+    mdl_json_result jr;
+    cJSON *j = mdl_json_parse(buf, len, MDL_JSON_MAX_DEPTH, MDL_JSON_WHOLE, &jr, why, sizeof why);
     if (!j) {
-        size_t off = (end && end >= buf && end <= buf + len) ? (size_t)(end - buf) : 0;
-        seterr(err, errlen, "%s: invalid JSON near byte %zu", path, off);
+        if (jr.status == MDL_JSON_E_SYNTAX || jr.status == MDL_JSON_E_TRAILING)
+            seterr(err, errlen, "%s: invalid JSON near byte %zu", path, jr.at);
+        else
+            seterr(err, errlen, "%s: %s", path, why);
     }
     free(buf);
     return j;

@@ -48,8 +48,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "models/format/json_guard.h"
+#include "server/cmd/cmd.h"
 #include "server/core/cli.h"
 #include "server/core/srv.h"
+#include "server/server.h"
 
 #define EV_MAX_POS ENG_SPEC_MAX_POS /* the server reports at most this many positions */
 #define EV_MAX_CATS 64
@@ -180,8 +183,10 @@ static void load_prompts(const char *file, int limit, const char *only, ev_set *
     ssize_t len;
     for (int lineno = 1; (len = getline(&line, &lcap, f)) >= 0; lineno++) {
         if (strspn(line, " \t\r\n") == (size_t)len) continue;
-        cJSON *j = cJSON_Parse(line);
-        if (!cJSON_IsObject(j)) ev_die("%s:%d: not a JSON object", file, lineno);
+        char why[160];
+        mdl_json_result jr;
+        cJSON *j = mdl_json_parse(line, strlen(line), MDL_JSON_MAX_DEPTH, MDL_JSON_OBJECT, &jr, why, sizeof why);
+        if (!j) ev_die("%s:%d: %s", file, lineno, jr.status == MDL_JSON_E_DEEP ? why : "not a JSON object");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "category");
         if (c && !cJSON_IsString(c)) ev_die("%s:%d: \"category\" must be a string", file, lineno);
         const char *cat = c ? c->valuestring : "default";
@@ -384,7 +389,8 @@ static int http_post(const ev_url *u, const char *path, const char *body, const 
         }
         *w = 0;
     }
-    *out = cJSON_Parse(b);
+    /* another server's answer is untrusted too: guarded like a request body */
+    *out = mdl_json_parse(b, strlen(b), MDL_JSON_MAX_DEPTH, 0, NULL, NULL, 0);
     free(buf);
     return status;
 }

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include "models/config.h"
+#include "models/format/json_guard.h"
 #include "models/tokenizer/tokenizer.h"
+#include "server/cmd/cmd.h"
 #include "server/core/cli.h"
 #include "server/core/srv.h"
 
@@ -252,12 +254,14 @@ static void print_result(const eng_request *r, int spec, const mdl_tokenizer *to
 /* One request object of a batch file into *it (defaults from the command line). */
 static int parse_line(const char *line, const gen_item *dflt, gen_item *it, char *err, size_t errlen)
 {
-    cJSON *j = cJSON_Parse(line);
+    char why[160];
+    mdl_json_result jr;
+    cJSON *j = mdl_json_parse(line, strlen(line), MDL_JSON_MAX_DEPTH, MDL_JSON_OBJECT, &jr, why, sizeof why);
     int rc = -1;
     *it = *dflt;
     it->prompt = NULL;
-    if (!cJSON_IsObject(j)) {
-        snprintf(err, errlen, "not a JSON object");
+    if (!j) {
+        snprintf(err, errlen, "%s", jr.status == MDL_JSON_E_DEEP ? why : "not a JSON object");
         goto out;
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt_ids");

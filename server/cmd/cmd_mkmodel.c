@@ -8,6 +8,7 @@
 #include "models/config.h"
 #include "models/mkmodel.h"
 #include "models/model.h"
+#include "server/cmd/cmd.h"
 #include "server/core/cli.h"
 
 static int count_params(const mdl_st_tensor *t, size_t n, const char *what, void *user, char *err, size_t errlen)

@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "server/cmd/cmd.h"
 #include "server/core/cli.h"
 #include "server/rendezvous/primerl_meta.h"
 

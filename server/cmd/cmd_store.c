@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "models/format/json_guard.h"
+#include "server/cmd/cmd.h"
 #include "server/core/cli.h"
 #include "server/rendezvous/tcpstore.h"
 #include "server/weights/weights_api.h"
@@ -117,9 +119,8 @@ static int init_body(srv_store_kind kind, const char *json)
     memset(&e, 0, sizeof e);
     if (kind != SRV_STORE_VLLM && kind != SRV_STORE_SGLANG)
         srv_die("store-rendezvous: --init-body is for --framework vllm or sglang");
-    cJSON *b = cJSON_Parse(json);
-    if (!cJSON_IsObject(b)) {
-        cJSON_Delete(b);
+    cJSON *b = mdl_json_parse(json, strlen(json), MDL_JSON_MAX_DEPTH, MDL_JSON_OBJECT, NULL, NULL, 0);
+    if (!b) {
         srv_errf(&e, 400, NULL, "the body must be a JSON object");
         return init_fail(&e);
     }

@@ -2,7 +2,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bench/bench.h"
+#include "server/cmd/cmd.h"
 #include "server/core/cli.h"
+#include "server/server.h"
 
 static const char usage[] =
     "usage: graphswap <command> [options]\n"

@@ -1,5 +1,6 @@
 /* server/core/cli.h — command-line parsing helpers shared by the subcommands, and the runtime bundle
- * (backend + model + engine) every subcommand that computes opens the same way. */
+ * (backend + model + engine) every subcommand that computes opens the same way. The commands
+ * themselves: server/cmd/cmd.h, bench/bench.h, server/server.h (serve). */
 #ifndef GS_SRV_CLI_H
 #define GS_SRV_CLI_H
 
@@ -50,24 +51,5 @@ void srv_runtime_close(srv_runtime *rt);
 /* A symbol of the CUDA module (libgraphswap_cuda.so) once --backend cuda has loaded it; NULL
  * otherwise (CPU backend, or a build without CUDA). The GPU weight transports are reached this way. */
 void *srv_cuda_symbol(const char *name);
-
-int srv_cmd_generate(int argc, char **argv);
-int srv_cmd_mkmodel(int argc, char **argv);
-int srv_cmd_serve(int argc, char **argv);
-int srv_cmd_bench(int argc, char **argv);
-int srv_cmd_eval(int argc, char **argv); /* server/cmd/cmd_eval.c */
-/* server/cmd/cmd_store.c: `graphswap store-rendezvous` (server/rendezvous/tcpstore.h from the command line) */
-int srv_cmd_store_rendezvous(int argc, char **argv);
-/* server/cmd/cmd_primerl.c: `graphswap primerl-meta` (server/rendezvous/primerl_meta.c from the command line) */
-int srv_cmd_primerl_meta(int argc, char **argv);
-/* bench/bench_serve.c: `graphswap bench serve` (drives a running server over loopback) */
-int srv_bench_serve(int argc, char **argv);
-/* bench/bench_update.c: `graphswap bench update` (weight-update throughput over loopback HTTP) */
-int srv_bench_update(int argc, char **argv);
-/* bench/bench_prefill.c: `graphswap bench prefill` (prompt tokens/s against the FMA peak) */
-int srv_bench_prefill(int argc, char **argv);
-int srv_bench_blas(int argc, char **argv);
-/* bench/bench_transfer.c: `graphswap bench transfer` (weight-update throughput in the process) */
-int srv_bench_transfer(int argc, char **argv);
 
 #endif

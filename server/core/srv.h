@@ -35,95 +35,18 @@
 #include "engine/weights.h"
 #include "models/tokenizer/tokenizer.h"
 #include "server/core/cli.h"
+#include "server/http/http.h"
 #include "server/http/log.h"
+#include "server/http/metrics.h"
 
 #define SRV_MAX_STOP 8          /* stop strings per request */
 #define SRV_MAX_STOP_BYTES 256  /* bytes per stop string */
 #define SRV_MAX_N 16            /* samples per prompt */
 #define SRV_MAX_CACHE_SALT 1024 /* bytes of a cache_salt */
-#define SRV_MAX_ROUTES 160 /* every dialect, the weight and memory routes */
 
-typedef struct srv_state srv_state;
 typedef struct srv_job srv_job;
 typedef struct srv_cmd srv_cmd;
 typedef struct srv_closure srv_closure;
-
-/* ---- errors ------------------------------------------------------------------------------------- */
-
-/* An error to send as {"error":{"message","type","param","code"}} with HTTP status `status`. */
-typedef struct {
-    int status;
-    const char *type; /* NULL: derived from the status */
-    char param[64];   /* "" -> null */
-    char msg[768];
-} srv_err;
-
-int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* ---- metrics (metrics.c) ------------------------------------------------------------------------ */
-
-#define SRV_HIST_MAX 24
-typedef struct {
-    const double *le; /* upper bounds, ascending; +Inf implied */
-    int n;
-    uint64_t bucket[SRV_HIST_MAX + 1]; /* per-bucket (not cumulative) counts, [n] = +Inf */
-    double sum;
-    uint64_t count;
-} srv_hist;
-
-typedef struct {
-    pthread_mutex_t mu; /* histograms and finish counters */
-    srv_hist ttft, itl, e2e;
-    uint64_t finished[4]; /* by eng_finish (index 0 unused) */
-    /* written by the engine thread after each step (a copy: handlers never read the engine) */
-    atomic_int running, waiting, kv_in_use, kv_total;
-    _Atomic uint64_t prompt_tokens, generation_tokens, prefix_queries, prefix_hits;
-    _Atomic uint64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_accepted_per_pos[64];
-} srv_metrics;
-
-void srv_metrics_init(srv_metrics *m);
-void srv_metrics_destroy(srv_metrics *m);
-void srv_hist_observe(srv_hist *h, double v); /* caller holds m->mu */
-/* Engine thread: copies gauges and counters out of the engine. */
-void srv_metrics_publish(srv_metrics *m, const eng_engine *e);
-/* Renders the Prometheus text exposition format; malloc'd, NUL-terminated. */
-char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
-
-/* ---- routing (http.c) --------------------------------------------------------------------------- */
-
-typedef int (*srv_route_fn)(srv_state *s, struct mg_connection *c);
-typedef struct {
-    const char *method; /* "GET", "POST" */
-    const char *path;   /* an exact path; one ending in '*' is a prefix that matches any path with at
-                           least one more character (GET /v1/models/{id}) */
-    srv_route_fn fn;
-    int auth;           /* 1: needs the API key when one is configured; 2: an admin (weights) route:
-                           open to clients inside --admin-allow, else needs the admin key when one is
-                           configured, and is disabled on a non-loopback listener without one */
-} srv_route;
-
-/* An address block of --admin-allow: family 4 or 6, the network's bytes (host bits zero), prefix. */
-typedef struct {
-    int family;
-    uint8_t addr[16];
-    int prefix;
-} srv_cidr;
-#define SRV_MAX_ADMIN_ALLOW 32
-
-/* Parses a comma-separated list of CIDRs ("10.0.0.0/8,fd00::/8"; a bare address is one host) into
- * out[0..*n). Strict: dotted-quad IPv4 without leading zeros, inet_pton IPv6, a decimal prefix in
- * range, no host bits set, no empty entries. Returns 0, or -1 with why filled. */
-int srv_cidr_parse_list(const char *list, srv_cidr *out, int cap, int *n, char *why, size_t whylen);
-/* 1 when the textual address addr (a client's remote_addr) lies in one of the blocks (an
- * IPv4-mapped IPv6 address also matches IPv4 blocks). */
-int srv_cidr_match(const srv_cidr *list, int n, const char *addr);
-
-/* Adds a route (at most SRV_MAX_ROUTES; later native routes, e.g. weight updates, plug in here). */
-void srv_route_add(srv_state *s, const char *method, const char *path, srv_route_fn fn, int auth);
-/* The one civetweb request handler: exact path lookup, 405 with Allow for a known path with another
- * method, 404 otherwise, auth check, then the route. cbdata is the srv_state. */
-int srv_dispatch(struct mg_connection *c, void *cbdata);
 
 /* ---- state -------------------------------------------------------------------------------------- */
 
@@ -141,15 +64,11 @@ struct srv_state {
     int32_t eos[MDL_MAX_EOS];
     mdl_gen_defaults gen;    /* request sampling defaults (generation_config.json; none with
                                 --generation-config vllm) */
-    const char *api_key;     /* NULL: no auth */
-    size_t max_body;
+    srv_http http;           /* router, keys, body limits (server/http/http.h) */
     double request_timeout;  /* seconds */
-    double io_timeout;       /* seconds a client may send nothing while its request is read (slowloris) */
     int max_choices;         /* engine requests per HTTP request (prompts x n) */
     uint64_t seed_base;      /* per-process randomness for unseeded requests */
     double t_start;          /* wall clock at start (for "created") */
-    srv_route routes[SRV_MAX_ROUTES];
-    int n_routes;
 
     pthread_mutex_t mu;      /* inbox + stopping */
     pthread_cond_t inbox_cv;
@@ -161,17 +80,11 @@ struct srv_state {
     srv_job *jobs;
 
     _Atomic uint64_t next_id;
-    atomic_int active;       /* handlers inside srv_dispatch (shutdown lets them finish writing) */
     srv_metrics met;
 
     /* weight updates and admin commands (weights_*.c). Commands are closures run by the engine
      * thread in arrival order; the list is guarded by `mu`. */
     srv_cmd *cmd_head, *cmd_tail;
-    const char *admin_key;      /* --admin-key (Bearer) for the weight routes; NULL: none */
-    int admin_disabled;         /* non-loopback listener without an admin key */
-    srv_cidr admin_allow[SRV_MAX_ADMIN_ALLOW]; /* --admin-allow: clients admitted without a key */
-    int n_admin_allow;          /* 0: none given (keyless admin access: a loopback listener only) */
-    const char *admin_allow_spec; /* the --admin-allow text (start-up log); NULL: none */
     char *weights_root;         /* realpath of --weights-root; NULL: disk loads refused */
     size_t max_bucket;          /* --max-bucket-bytes */
     size_t update_bucket;       /* --update-bucket-bytes (disk loads) */
@@ -190,6 +103,9 @@ struct srv_state {
                                    messages number a session's buckets from 1 */
     uint64_t rx_session;
     int paused;                 /* engine thread: generation paused by /pause (vLLM) */
+    /* engine thread, before the session timeout is looked at: a dialect's own way to end its open
+     * session (TRL: dialects/trl_weights.c); returns 1 when it handled an expired one. NULL: none */
+    int (*w_settle)(srv_state *s, int expired);
     /* GPU weight transports (engine thread only; weights_gpu.c, engine/backend/transport_cuda.h) */
     void *nccl;                 /* gs_nccl communicator; NULL: none */
     int nccl_rank, nccl_world;
@@ -230,19 +146,7 @@ struct srv_state {
     atomic_uint mem_asleep_pub; /* eng_is_sleeping, published by the engine thread */
 };
 
-/* ---- a server in this process (serve.c) ---------------------------------------------------------
- * `graphswap serve` is srv_server_start + wait for SIGINT / SIGTERM + srv_server_stop; graphswap
- * eval --model runs its servers in its own process with the same two calls. */
-typedef struct srv_server srv_server;
-/* serve's argv (argv[0] the command name): options as `graphswap serve` takes them (--help prints
- * the help and exits 0, a bad option exits 2, a bad --admin-allow / --weights-root exits 1); loads the
- * model, starts the engine thread and the listener. NULL with err filled when the model does not
- * load or the address cannot be bound. */
-srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen);
-const char *srv_server_url(const srv_server *sv); /* "http://HOST:PORT", the bound port */
-void srv_server_stop(srv_server *sv);             /* the shutdown of serve.c's file comment; frees sv */
-
-/* ---- engine closures (serve.c) ------------------------------------------------------------------
+/* ---- engine closures (closures.c) ------------------------------------------------------------------
  * The generic way for a handler thread to run code on the engine thread, which alone touches the
  * engine: fill fn and arg, call srv_engine_call. It queues the closure, wakes the engine thread and
  * waits until fn(s, arg) ran there (between steps, after the inbox and the admin commands, in
@@ -258,10 +162,6 @@ struct srv_closure {
 int srv_engine_call(srv_state *s, srv_closure *c);
 /* Engine thread: runs (or, when stopping, drops) every queued closure. */
 void srv_closures_run(srv_state *s, int stopping);
-
-/* ---- memory release (memory_api.c): vLLM /sleep, /wake_up, /is_sleeping; SGLang
- * /release_memory_occupation, /resume_memory_occupation ---------------------------------------------- */
-void srv_memory_routes(srv_state *s);
 
 /* ---- parsed generation request (oai_parse.c) ----------------------------------------------------- */
 
@@ -409,77 +309,19 @@ size_t srv_choice_text_end(const srv_choice *ch);
 /* Prompt tokens taken from the prefix cache, summed over the prompts (each prompt's first sample);
  * settled jobs. */
 long srv_job_cached_tokens(const srv_job *j);
+/* Alternatives the engine reports per prompt token: the larger of echo+logprobs' count and
+ * prompt_logprobs; -1: the prompt is not scored. */
+int srv_gen_prompt_top(const srv_gen *g);
+/* The visible end of a choice's text while it streams (stop-string prefixes and an incomplete
+ * UTF-8 tail held back; never before what was already sent). Caller holds j->mu. */
+size_t srv_choice_visible_end(const srv_job *j, const srv_choice *ch);
 /* A JSON array of ids. */
 cJSON *srv_ids_json(const int32_t *ids, int n);
-/* vLLM's prompt_logprobs of a choice whose prompt was scored (g.prompt_logprobs >= 0): [null,
- * {"<id>": {"logprob", "rank", "decoded_token"}}, ...]. Read once the choice has a token or finished. */
-cJSON *srv_prompt_logprobs_vllm(const srv_job *j, const srv_choice *ch);
 
-int srv_route_completions(srv_state *s, struct mg_connection *c);
-int srv_route_chat(srv_state *s, struct mg_connection *c);
 /* Engine thread: submits every choice of every job of an inbox list taken from srv_state (or, when
  * stopping, rejects them with 503). A job may be freed by its handler as soon as it is handled, so
  * the list is walked before each job is handed over. */
 void srv_jobs_dispatch(srv_state *s, srv_job *list, int stopping);
-
-/* ---- helpers (http.c, text.c) -------------------------------------------------------------------- */
-
-double srv_now(void);        /* monotonic seconds */
-double srv_wall(void);       /* wall-clock seconds since the epoch */
-
-/* Writes a complete response (one write: status line, headers, body). */
-int srv_send(struct mg_connection *c, int status, const char *content_type, const char *extra_headers,
-             const char *body, size_t len);
-int srv_send_json(struct mg_connection *c, int status, const cJSON *body);
-int srv_send_err(struct mg_connection *c, const srv_err *e);
-int srv_send_error(struct mg_connection *c, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-const char *srv_err_type(int status);
-cJSON *srv_err_json(const srv_err *e);
-/* Reads the whole body (bounded by s->max_body). Returns a malloc'd NUL-terminated buffer, or NULL
- * with e filled (413 too large, 400 truncated, 408 timed out). */
-char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, srv_err *e);
-/* Reads and parses the body as a JSON object; NULL with e filled. */
-cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e);
-/* Parses txt[0..len) as one JSON object (400 with e filled otherwise): nesting deeper than
- * MDL_JSON_MAX_DEPTH, a NUL in a string, invalid JSON, another value, or trailing data. */
-cJSON *srv_parse_json_object(const char *txt, size_t len, srv_err *e);
-
-/* A growable byte buffer (responses, SSE batches, the metrics page, rendered chat templates). Out of
- * memory sets oom and makes later appends no-ops; the contents stay NUL-terminated. */
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} srv_buf;
-void srv_buf_add(srv_buf *b, const char *s, size_t n);
-void srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* UTF-8. srv_utf8_stable_len: the length of the longest prefix of s[0..n) that does not end inside
- * a sequence that more bytes could still complete (a streaming writer may send that prefix now). */
-size_t srv_utf8_stable_len(const char *s, size_t n);
-/* 1 when s[0..n) is valid UTF-8. */
-int srv_utf8_valid(const char *s, size_t n);
-/* A valid UTF-8 copy of s[0..n) (each invalid or truncated sequence, and NUL, -> U+FFFD), malloc'd. */
-char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_len);
-/* cJSON string from bytes (invalid UTF-8 -> U+FFFD; NUL kept, written as \u0000 through a raw item).
- * NULL on OOM. */
-cJSON *srv_json_bytes(const char *s, size_t n);
-
-/* Server-sent events, shared by the streaming dialects. */
-typedef struct {
-    struct mg_connection *c;
-    int chunked; /* HTTP/1.1: Transfer-Encoding: chunked; HTTP/1.0: raw until close */
-    int broken;  /* a write failed: the client is gone */
-} srv_sse;
-/* Writes the 200 text/event-stream head. */
-void srv_sse_begin(srv_sse *so, struct mg_connection *c);
-/* Appends "data: <json>\n\n" and frees o. */
-void srv_sse_event(srv_buf *b, cJSON *o);
-/* Writes b as one HTTP chunk (one write) and empties it. */
-void srv_sse_flush(srv_sse *so, srv_buf *b);
-/* Ends the chunked body. */
-void srv_sse_end(srv_sse *so);
 
 /* Streaming: what one choice shows so far, kept by the handler between snapshots. */
 typedef struct {
@@ -497,53 +339,9 @@ int srv_job_wait_event(srv_job *j, uint64_t seen, double deadline);
 /* Decodes ids to bytes (malloc'd, NUL-terminated; *len bytes). NULL on failure. */
 char *srv_decode(const srv_state *s, const int32_t *ids, int n, int skip_special, size_t *len);
 
-/* Constant-time comparison of two byte strings (time depends only on the lengths). */
-int srv_ct_equal(const char *a, size_t an, const char *b, size_t bn);
-
-/* Route handlers that live outside oai_run.c. */
-int srv_route_health(srv_state *s, struct mg_connection *c);
-int srv_route_models(srv_state *s, struct mg_connection *c);
-int srv_route_model_one(srv_state *s, struct mg_connection *c); /* GET /v1/models/{id} */
-int srv_route_metrics(srv_state *s, struct mg_connection *c);
-int srv_route_tokenize(srv_state *s, struct mg_connection *c);
-int srv_route_detokenize(srv_state *s, struct mg_connection *c);
-
-/* ---- dialects (dialect_*.c): framework-native routes over the same jobs --------------------------- */
-void srv_dialect_sglang_routes(srv_state *s); /* SGLang: /generate, /abort_request, server and model info */
-void srv_dialect_vllm_routes(srv_state *s);   /* vLLM tokens in / tokens out: /inference/v1/generate */
-void srv_dialect_trl_routes(srv_state *s);    /* TRL `trl vllm-serve`: /health/, /generate/, /chat/, ... */
-
-/* The shared translation of a dialect's sampling fields onto srv_gen: each {dialect name, canonical
- * name} pair copies src[dialect name] into canon[canonical name] (canonical = the /v1/completions
- * field srv_parse_gen reads), then srv_parse_gen validates and fills g. On an error, e names the
- * dialect's field again. canon is consumed. */
-typedef struct {
-    const char *from, *to;
-} srv_field_map;
-int srv_parse_mapped(const srv_state *s, cJSON *canon, const cJSON *src, const srv_field_map *map, int n_map,
-                     srv_gen *g, srv_err *e);
-/* Renames the canonical field `to` back to the dialect's `from` in e (param and message). */
-void srv_err_rename(srv_err *e, const srv_field_map *map, int n_map);
-
-/* ---- weights (weights_api.c; the dialects' routes: weights_vllm.c, weights_sglang.c, weights_gpu.c) - */
-void srv_weights_init(srv_state *s);
-void srv_weights_destroy(srv_state *s);
-void srv_weights_routes(srv_state *s);
-/* Engine thread: runs the admin commands that are ready (a "wait" pause runs once nothing runs or
- * its drain deadline passed); publishes the weight state. Returns 1 when a command still waits for
- * running requests to drain (the engine must keep stepping). */
-int srv_cmds_run(srv_state *s, int stopping);
-void srv_weights_publish(srv_state *s);
-/* Engine thread: seconds until the open weight session times out (<= 0: now), or -1 when no
- * session is open or the timeout is off. */
-double srv_weights_session_due(srv_state *s);
-/* Engine thread: aborts the open session when it has timed out (as POST /v1/weights/abort would),
- * logs it to stderr and counts it. */
-void srv_weights_expire(srv_state *s);
-/* 1 while generation must not step (a session is open or /pause is in effect). */
-int srv_engine_frozen(srv_state *s);
 /* The "weight_version" of a response whose tokens came from versions[0..n) (numbers): the version
  * string when there is one, else a list of them (tokens kept across a "keep" update). */
 cJSON *srv_weight_version_json(srv_state *s, const uint64_t *versions, int n);
+
 
 #endif

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/weights/weights_api.h"
+#include "server/dialects/dialects.h"
 
 static int send_areal(struct mg_connection *conn, int status, const char *msg)
 {
@@ -51,7 +51,7 @@ static int send_areal(struct mg_connection *conn, int status, const char *msg)
 static int route_update_disk(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(b, "load_format");
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests");
@@ -104,7 +104,7 @@ static int route_continue(srv_state *s, struct mg_connection *conn)
 static int route_init_group(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_INIT);
     int rc = 0;
@@ -138,7 +138,7 @@ static int meta_parse(const cJSON *b, srv_gpu_meta *m, srv_err *e)
 static int route_set_meta(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     srv_gpu_meta m;
     if (meta_parse(b, &m, &e) != 0) {
@@ -203,13 +203,13 @@ void srv_weights_areal_destroy(srv_state *s)
 
 void srv_weights_areal_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/areal_update_weights", route_update_disk, 2);
-    srv_route_add(s, "POST", "/areal_pause_generation", route_pause, 2);
-    srv_route_add(s, "POST", "/areal_continue_generation", route_continue, 2);
-    srv_route_add(s, "POST", "/areal_init_weights_update_group", route_init_group, 2);
-    srv_route_add(s, "POST", "/areal_set_update_weight_meta", route_set_meta, 2);
-    srv_route_add(s, "POST", "/areal_update_weights_xccl", route_update_xccl, 2);
-    srv_route_add(s, "POST", "/areal_update_weights_lora", route_lora, 2);
-    srv_route_add(s, "POST", "/areal_set_update_weight_meta_lora", route_lora, 2);
-    srv_route_add(s, "POST", "/areal_update_weights_lora_xccl", route_lora, 2);
+    srv_route_add(&s->http, "POST", "/areal_update_weights", route_update_disk, 2);
+    srv_route_add(&s->http, "POST", "/areal_pause_generation", route_pause, 2);
+    srv_route_add(&s->http, "POST", "/areal_continue_generation", route_continue, 2);
+    srv_route_add(&s->http, "POST", "/areal_init_weights_update_group", route_init_group, 2);
+    srv_route_add(&s->http, "POST", "/areal_set_update_weight_meta", route_set_meta, 2);
+    srv_route_add(&s->http, "POST", "/areal_update_weights_xccl", route_update_xccl, 2);
+    srv_route_add(&s->http, "POST", "/areal_update_weights_lora", route_lora, 2);
+    srv_route_add(&s->http, "POST", "/areal_set_update_weight_meta_lora", route_lora, 2);
+    srv_route_add(&s->http, "POST", "/areal_update_weights_lora_xccl", route_lora, 2);
 }

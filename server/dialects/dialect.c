@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/dialects/dialects.h"
 
 /* Replaces the first whole-word occurrence of `to` in msg by `from`. */
 static void msg_rename(char *msg, size_t cap, const char *to, const char *from)

@@ -52,7 +52,7 @@
  * SRV_STORE_VLLM rendezvous) at rank rank_offset + 1 of inference_world_size + 1 (graphswap is one
  * GPU: local rank 0; the trainer, root 0), warm-up all_reduce included, answered {"status": "ok"}.
  * The server is then in broadcaster mode: /update_weights {"weight_dir"} is SRV_CMD_PRIMERL_UPDATE
- * (srv_primerl_cmd_run, below), which on the engine thread opens a partial session on the target
+ * (primerl_cmd_run, below), which on the engine thread opens a partial session on the target
  * with pause "keep" (unless one is open), receives 1. and reads it back to the host, then per state
  * dict receives a. and b. into the staging, downloads them, unpickles b. with a strict unpickler
  * of exactly that shape (server/rendezvous/primerl_meta.c: torch dtype globals, torch.Size reductions, nothing
@@ -73,7 +73,7 @@
 
 #include "server/rendezvous/le.h"
 #include "server/rendezvous/primerl_meta.h"
-#include "server/weights/weights_api.h"
+#include "server/dialects/dialects.h"
 
 /* The server whose /init_broadcaster created its NCCL group (broadcaster mode), else NULL. Set by
  * the handler once the engine thread has created the communicator; read by /update_weights'
@@ -124,7 +124,7 @@ static int init_parse(const cJSON *b, srv_cmd *c, srv_err *e)
 static int route_init_broadcaster(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_INIT);
     int rc = c ? init_parse(b, c, &e) : srv_errf(&e, 500, NULL, "out of memory");
@@ -191,7 +191,7 @@ static int group_meta(srv_primerl_meta *pm, size_t a, size_t b, srv_cmd *c)
     return 0;
 }
 
-void srv_primerl_cmd_run(srv_state *s, srv_cmd *c, int *st)
+static void primerl_cmd_run(srv_state *s, srv_cmd *c, int *st)
 {
     eng_engine *e = s->rt.e;
     const gs_gpu_transport *x = srv_gpu_xport(s);
@@ -321,6 +321,7 @@ int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSO
         return srv_send_error(conn, 400, "weight_dir", "weight_dir must be a string");
     if (!srv_gpu_available(s)) return srv_send_error(conn, 501, NULL, "%s", SRV_GPU_NEEDS_CUDA);
     SRV_NEW_CMD(c, SRV_CMD_PRIMERL_UPDATE);
+    c->run = primerl_cmd_run; /* the runner calls it on the engine thread */
     c->which = ENG_WMODEL_TARGET;
     c->pause = ENG_PAUSE_KEEP;
     c->keep_paused = 1;
@@ -339,5 +340,5 @@ int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSO
 
 void srv_weights_primerl_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/init_broadcaster", route_init_broadcaster, 2);
+    srv_route_add(&s->http, "POST", "/init_broadcaster", route_init_broadcaster, 2);
 }

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/dialects/dialects.h"
 
 #define SG_DEFAULT_MAX_NEW 128
 
@@ -416,7 +416,7 @@ static int route_generate(srv_state *s, struct mg_connection *c)
 static int route_abort(srv_state *s, struct mg_connection *c)
 {
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
+    cJSON *body = srv_read_json(&s->http, c, &e);
     if (!body) return srv_send_err(c, &e);
     const cJSON *rid = srv_field(body, "rid");
     const cJSON *all = srv_field(body, "abort_all");
@@ -530,12 +530,12 @@ static int route_health_generate(srv_state *s, struct mg_connection *c)
 
 void srv_dialect_sglang_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/generate", route_generate, 1);
-    srv_route_add(s, "POST", "/abort_request", route_abort, 1);
-    srv_route_add(s, "GET", "/get_server_info", route_server_info, 1);
-    srv_route_add(s, "GET", "/server_info", route_server_info, 1);
-    srv_route_add(s, "GET", "/get_model_info", route_model_info, 1);
-    srv_route_add(s, "GET", "/model_info", route_model_info, 1);
-    srv_route_add(s, "GET", "/v1/loads", route_loads, 1);
-    srv_route_add(s, "GET", "/health_generate", route_health_generate, 1);
+    srv_route_add(&s->http, "POST", "/generate", route_generate, 1);
+    srv_route_add(&s->http, "POST", "/abort_request", route_abort, 1);
+    srv_route_add(&s->http, "GET", "/get_server_info", route_server_info, 1);
+    srv_route_add(&s->http, "GET", "/server_info", route_server_info, 1);
+    srv_route_add(&s->http, "GET", "/get_model_info", route_model_info, 1);
+    srv_route_add(&s->http, "GET", "/model_info", route_model_info, 1);
+    srv_route_add(&s->http, "GET", "/v1/loads", route_loads, 1);
+    srv_route_add(&s->http, "GET", "/health_generate", route_health_generate, 1);
 }

@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/weights/weights_api.h"
+#include "server/dialects/dialects.h"
 
 static int route_sglang_load(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     int st = srv_weights_load(s, conn, b, "model_path", SRV_LOAD_SGLANG);
     cJSON_Delete(b);
@@ -25,7 +25,7 @@ static int route_sglang_load(srv_state *s, struct mg_connection *conn)
 static int route_update_version(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const char *v = NULL;
     if (srv_opt_version(b, "new_version", &v, &e) != 0) {
@@ -177,7 +177,7 @@ static int route_nccl_destroy(srv_state *s, struct mg_connection *conn)
 static int route_nccl_update(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     SRV_NEW_CMD(c, SRV_CMD_NCCL_UPDATE);
     const char *version = NULL;
@@ -280,15 +280,15 @@ static int route_flush_cache(srv_state *s, struct mg_connection *conn)
 
 void srv_weights_sglang_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/update_weights_from_disk", route_sglang_load, 2);
-    srv_route_add(s, "POST", "/pause_generation", srv_wroute_pause, 2);
-    srv_route_add(s, "POST", "/continue_generation", srv_wroute_resume, 2);
-    srv_route_add(s, "POST", "/flush_cache", route_flush_cache, 2);
-    srv_route_add(s, "GET", "/flush_cache", route_flush_cache, 2);
-    srv_route_add(s, "GET", "/get_weight_version", srv_wroute_weight_version, 2);
-    srv_route_add(s, "POST", "/update_weight_version", route_update_version, 2);
-    srv_route_add(s, "POST", "/weights_checker", srv_wroute_checker, 2);
-    srv_route_add(s, "POST", "/update_weights_from_distributed", route_nccl_update, 2);
-    srv_route_add(s, "POST", "/init_weights_update_group", route_nccl_init_sglang, 2);
-    srv_route_add(s, "POST", "/destroy_weights_update_group", route_nccl_destroy, 2);
+    srv_route_add(&s->http, "POST", "/update_weights_from_disk", route_sglang_load, 2);
+    srv_route_add(&s->http, "POST", "/pause_generation", srv_wroute_pause, 2);
+    srv_route_add(&s->http, "POST", "/continue_generation", srv_wroute_resume, 2);
+    srv_route_add(&s->http, "POST", "/flush_cache", route_flush_cache, 2);
+    srv_route_add(&s->http, "GET", "/flush_cache", route_flush_cache, 2);
+    srv_route_add(&s->http, "GET", "/get_weight_version", srv_wroute_weight_version, 2);
+    srv_route_add(&s->http, "POST", "/update_weight_version", route_update_version, 2);
+    srv_route_add(&s->http, "POST", "/weights_checker", srv_wroute_checker, 2);
+    srv_route_add(&s->http, "POST", "/update_weights_from_distributed", route_nccl_update, 2);
+    srv_route_add(&s->http, "POST", "/init_weights_update_group", route_nccl_init_sglang, 2);
+    srv_route_add(&s->http, "POST", "/destroy_weights_update_group", route_nccl_destroy, 2);
 }

@@ -54,7 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/weights/weights_api.h"
+#include "server/dialects/dialects.h"
 
 #define SKYRL_METHODS                                                                                  \
     "skyrl_start_weight_update, update_weights_nccl, update_weights_ipc, skyrl_finish_weight_update, "  \
@@ -242,7 +242,7 @@ static int rpc_sleep(struct mg_connection *conn, const cJSON *kw, int wake)
 static int route_collective_rpc(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(b, "method");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(b, "args");
@@ -282,7 +282,7 @@ static int route_collective_rpc(srv_state *s, struct mg_connection *conn)
 static int route_fetch_weights(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     long long v;
     int rc = srv_json_int(b, "", "target_version", 1, 0, (long long)1 << 53, 0, &v, &e);
@@ -299,6 +299,6 @@ static int route_fetch_weights(srv_state *s, struct mg_connection *conn)
 
 void srv_weights_skyrl_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/collective_rpc", route_collective_rpc, 2);
-    srv_route_add(s, "POST", "/fetch_weights", route_fetch_weights, 2);
+    srv_route_add(&s->http, "POST", "/collective_rpc", route_collective_rpc, 2);
+    srv_route_add(&s->http, "POST", "/fetch_weights", route_fetch_weights, 2);
 }

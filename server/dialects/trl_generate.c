@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/dialects/dialects.h"
 
 static const srv_field_map TRL_MAP[] = {
     {"n", "n"},
@@ -260,9 +260,9 @@ static int route_world_size(srv_state *s, struct mg_connection *c)
 
 void srv_dialect_trl_routes(srv_state *s)
 {
-    srv_route_add(s, "GET", "/health/", route_health, 0);
-    srv_route_add(s, "GET", "/get_world_size/", route_world_size, 1);
-    srv_route_add(s, "POST", "/generate/", route_generate, 1);
-    srv_route_add(s, "POST", "/chat/", route_chat, 1);
+    srv_route_add(&s->http, "GET", "/health/", route_health, 0);
+    srv_route_add(&s->http, "GET", "/get_world_size/", route_world_size, 1);
+    srv_route_add(&s->http, "POST", "/generate/", route_generate, 1);
+    srv_route_add(&s->http, "POST", "/chat/", route_chat, 1);
     /* /reset_prefix_cache/ and the communicator routes: server/dialects/trl_weights.c */
 }

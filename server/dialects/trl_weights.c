@@ -31,7 +31,7 @@
  * One session, one hook: TRL sends no begin or end, so the session its first parameter opens is
  * finished by what the trainer does after its last one — /reset_prefix_cache/ (TRL's
  * VLLMGeneration.sync_weights ends with it) or /close_communicator/ — or, failing those, by the
- * engine thread as soon as a generation request waits for it (srv_trl_settle: vLLM's TRL server
+ * engine thread as soon as a generation request waits for it (trl_settle: vLLM's TRL server
  * serves generation while it loads, so a request never waits on a trainer that updates and then
  * generates without a reset) or the session timeout passes (finished, not aborted: every tensor
  * written was whole). The CPU backend validates every body and answers 501 (no NCCL).
@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/weights/weights_api.h"
+#include "server/dialects/dialects.h"
 
 #define TRL_WORLD 2 /* graphswap is one rank (rank 0); the trainer rank 1 */
 #define TRL_ROOT 1
@@ -96,7 +96,7 @@ static int trl_group_ready(srv_state *s, srv_cmd *c, int *st)
                     "failed: see the server's log)"), *st = 409, -1;
 }
 
-void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st)
+static void trl_cmd_run(srv_state *s, srv_cmd *c, int *st)
 {
     const gs_gpu_transport *x = srv_gpu_xport(s);
     char *err = c->err;
@@ -157,7 +157,7 @@ void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st)
     case SRV_CMD_TRL_PARAM: {
         snprintf(c->what, sizeof c->what, "update_named_param %.40s", c->meta.t[0].name);
         if (trl_group_ready(s, c, st) != 0) return; /* (closed meanwhile: the trainer's broadcast fails) */
-        /* the session again: srv_trl_settle may have finished it since TRL_CHECK */
+        /* the session again: trl_settle may have finished it since TRL_CHECK */
         if (trl_session(s, c, &began, st) != 0) {
             size_t l = strlen(err);
             snprintf(err + l, el - l, "; its broadcast was not received");
@@ -191,7 +191,15 @@ void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st)
     }
 }
 
-int srv_trl_settle(srv_state *s, int expired)
+/* A TRL command: the runner (server/weights/weights_api.c srv_cmds_run) calls trl_cmd_run for it. */
+static srv_cmd *trl_cmd_new(srv_cmd_kind k)
+{
+    srv_cmd *c = srv_cmd_new(k);
+    if (c) c->run = trl_cmd_run;
+    return c;
+}
+
+static int trl_settle(srv_state *s, int expired)
 {
     if (!s->trl_session) return 0;
     if (!expired && eng_num_waiting(s->rt.e) == 0) return 0;
@@ -236,7 +244,7 @@ static int submit_then_post(srv_state *s, struct mg_connection *conn, srv_cmd *c
         free(c);
         return st;
     }
-    srv_cmd *d = srv_cmd_new(then);
+    srv_cmd *d = trl_cmd_new(then);
     if (!d) {
         srv_gpu_meta_free(&c->meta);
         free(c);
@@ -264,7 +272,7 @@ static int route_reset_prefix(srv_state *s, struct mg_connection *conn)
     cJSON *b = srv_read_json_opt(s, conn, &e); /* (TRL's client sends no body) */
     if (!b) return srv_send_err(conn, &e);
     cJSON_Delete(b);
-    srv_cmd *f = srv_cmd_new(SRV_CMD_TRL_FINISH);
+    srv_cmd *f = trl_cmd_new(SRV_CMD_TRL_FINISH);
     if (!f) return srv_send_error(conn, 500, NULL, "out of memory");
     if (srv_cmd_submit(s, f) != 200) {
         int st = srv_cmd_send_result(conn, f, NULL);
@@ -297,7 +305,7 @@ static int req_string(const cJSON *b, const char *key, size_t max, const char **
 static int route_init_communicator(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const char *host = NULL, *uuid = NULL;
     long long port = 0, world = 0;
@@ -311,7 +319,7 @@ static int route_init_communicator(srv_state *s, struct mg_connection *conn)
                       "the trainer the other (rank 1)", world);
     if (rc == 0 && strlen(host) >= sizeof ((srv_cmd *)0)->master_addr)
         rc = srv_errf(&e, 400, "host", "host is too long");
-    srv_cmd *c = rc == 0 ? srv_cmd_new(SRV_CMD_TRL_INIT) : NULL;
+    srv_cmd *c = rc == 0 ? trl_cmd_new(SRV_CMD_TRL_INIT) : NULL;
     if (rc == 0 && !c) rc = srv_errf(&e, 500, NULL, "out of memory");
     if (rc == 0) {
         snprintf(c->master_addr, sizeof c->master_addr, "%s", host); /* where the store listens ("0.0.0.0") */
@@ -338,7 +346,7 @@ static int route_init_communicator(srv_state *s, struct mg_connection *conn)
 static int route_update_named_param(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     srv_gpu_meta meta;
     memset(&meta, 0, sizeof meta);
@@ -362,7 +370,7 @@ static int route_update_named_param(srv_state *s, struct mg_connection *conn)
         srv_gpu_meta_free(&meta);
         rc = srv_errf(&e, 501, NULL, SRV_GPU_NEEDS_CUDA);
     }
-    srv_cmd *c = rc == 0 ? srv_cmd_new(SRV_CMD_TRL_CHECK) : NULL;
+    srv_cmd *c = rc == 0 ? trl_cmd_new(SRV_CMD_TRL_CHECK) : NULL;
     if (rc == 0 && !c) {
         srv_gpu_meta_free(&meta);
         rc = srv_errf(&e, 500, NULL, "out of memory");
@@ -380,7 +388,7 @@ static int route_close_communicator(srv_state *s, struct mg_connection *conn)
     if (!b) return srv_send_err(conn, &e);
     cJSON_Delete(b);
     if (!srv_gpu_available(s)) return srv_send_error(conn, 501, NULL, "%s", SRV_GPU_NEEDS_CUDA);
-    srv_cmd *c = srv_cmd_new(SRV_CMD_TRL_CLOSE);
+    srv_cmd *c = trl_cmd_new(SRV_CMD_TRL_CLOSE);
     if (!c) return srv_send_error(conn, 500, NULL, "out of memory");
     /* TRL closes whatever is there (no group is not an error); an open TRL session is finished */
     int st = srv_cmd_submit(s, c) == 200 ? send_message(conn, "Request received, closing communicator")
@@ -391,8 +399,9 @@ static int route_close_communicator(srv_state *s, struct mg_connection *conn)
 
 void srv_weights_trl_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/reset_prefix_cache/", route_reset_prefix, 2);
-    srv_route_add(s, "POST", "/init_communicator/", route_init_communicator, 2);
-    srv_route_add(s, "POST", "/update_named_param/", route_update_named_param, 2);
-    srv_route_add(s, "POST", "/close_communicator/", route_close_communicator, 2);
+    s->w_settle = trl_settle;
+    srv_route_add(&s->http, "POST", "/reset_prefix_cache/", route_reset_prefix, 2);
+    srv_route_add(&s->http, "POST", "/init_communicator/", route_init_communicator, 2);
+    srv_route_add(&s->http, "POST", "/update_named_param/", route_update_named_param, 2);
+    srv_route_add(&s->http, "POST", "/close_communicator/", route_close_communicator, 2);
 }

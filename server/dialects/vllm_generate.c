@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/dialects/dialects.h"
 
 /* vLLM SamplingParams fields srv_parse_gen reads under the same names */
 static const srv_field_map VL_MAP[] = {
@@ -334,6 +334,6 @@ static int route_world_size(srv_state *s, struct mg_connection *c)
 
 void srv_dialect_vllm_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/inference/v1/generate", route_generate, 1);
-    srv_route_add(s, "GET", "/get_world_size", route_world_size, 1);
+    srv_route_add(&s->http, "POST", "/inference/v1/generate", route_generate, 1);
+    srv_route_add(&s->http, "GET", "/get_world_size", route_world_size, 1);
 }

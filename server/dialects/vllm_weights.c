@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/weights/weights_api.h"
+#include "server/dialects/dialects.h"
 
 static int route_begin_draft(srv_state *s, struct mg_connection *conn)
 {
@@ -94,7 +94,7 @@ static int nccl_bucket(srv_state *s, struct mg_connection *conn, cJSON *b)
 static int route_update_weights(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     const cJSON *wd = cJSON_GetObjectItemCaseSensitive(b, "weight_dir");
     int st;
@@ -110,15 +110,15 @@ static int route_update_weights(srv_state *s, struct mg_connection *conn)
 
 void srv_weights_vllm_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/pause", srv_wroute_pause, 2);
-    srv_route_add(s, "POST", "/resume", srv_wroute_resume, 2);
-    srv_route_add(s, "GET", "/is_paused", route_is_paused, 2);
-    srv_route_add(s, "POST", "/start_weight_update", srv_wroute_begin, 2);
-    srv_route_add(s, "POST", "/start_draft_weight_update", route_begin_draft, 2);
-    srv_route_add(s, "POST", "/finish_weight_update", srv_wroute_finish, 2);
-    srv_route_add(s, "GET", "/weight_info", srv_wroute_weight_version, 2);
-    srv_route_add(s, "POST", "/weight_checker", srv_wroute_checker, 2);
-    srv_route_add(s, "POST", "/reset_prefix_cache", srv_wroute_reset_prefix, 2);
-    srv_route_add(s, "POST", "/update_weights", route_update_weights, 2);
-    srv_route_add(s, "POST", "/init_weight_transfer_engine", route_nccl_init_vllm, 2);
+    srv_route_add(&s->http, "POST", "/pause", srv_wroute_pause, 2);
+    srv_route_add(&s->http, "POST", "/resume", srv_wroute_resume, 2);
+    srv_route_add(&s->http, "GET", "/is_paused", route_is_paused, 2);
+    srv_route_add(&s->http, "POST", "/start_weight_update", srv_wroute_begin, 2);
+    srv_route_add(&s->http, "POST", "/start_draft_weight_update", route_begin_draft, 2);
+    srv_route_add(&s->http, "POST", "/finish_weight_update", srv_wroute_finish, 2);
+    srv_route_add(&s->http, "GET", "/weight_info", srv_wroute_weight_version, 2);
+    srv_route_add(&s->http, "POST", "/weight_checker", srv_wroute_checker, 2);
+    srv_route_add(&s->http, "POST", "/reset_prefix_cache", srv_wroute_reset_prefix, 2);
+    srv_route_add(&s->http, "POST", "/update_weights", route_update_weights, 2);
+    srv_route_add(&s->http, "POST", "/init_weight_transfer_engine", route_nccl_init_vllm, 2);
 }

@@ -15,21 +15,8 @@
 #include <time.h>
 
 #include "models/format/json_guard.h"
-#include "server/core/srv.h"
-
-double srv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-double srv_wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "server/http/http.h"
+#include "server/http/log.h"
 
 int srv_ct_equal(const char *a, size_t an, const char *b, size_t bn)
 {
@@ -150,7 +137,7 @@ int srv_send_error(struct mg_connection *c, int status, const char *param, const
     return srv_send_err(c, &e);
 }
 
-char *srv_read_body(const srv_state *s, struct mg_connection *c, size_t *len, srv_err *e)
+char *srv_read_body(const srv_http *s, struct mg_connection *c, size_t *len, srv_err *e)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     const long long cl = ri->content_length; /* -1: not given (chunked or none) */
@@ -219,33 +206,28 @@ cJSON *srv_parse_json_object(const char *txt, size_t len, srv_err *e)
     /* before cJSON: its recursion would overflow a civetweb worker's small stack on a deeply nested
      * body, and it would cut every string at a \u0000 (a silently shorter prompt or stop string) */
     char why[160];
-    if (mdl_json_check(txt, len, MDL_JSON_MAX_DEPTH, 1, NULL, why, sizeof why) != 0) {
-        srv_errf(e, 400, NULL, "request body: %s", why);
-        return NULL;
-    }
-    const char *end = NULL;
-    cJSON *body = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
-    if (!body) {
-        size_t at = end && end >= txt ? (size_t)(end - txt) : 0;
-        srv_errf(e, 400, NULL, "request body is not valid JSON (error near byte %zu of %zu)", at, len);
-    } else if (!cJSON_IsObject(body)) {
+    mdl_json_result r;
+    cJSON *body = mdl_json_parse(txt, len, MDL_JSON_MAX_DEPTH, MDL_JSON_REFUSE_NUL | MDL_JSON_WHOLE | MDL_JSON_OBJECT,
+                                 &r, why, sizeof why);
+    if (body) return body;
+    switch (r.status) {
+    case MDL_JSON_E_SYNTAX:
+        srv_errf(e, 400, NULL, "request body is not valid JSON (error near byte %zu of %zu)", r.at, len);
+        break;
+    case MDL_JSON_E_NOT_OBJECT:
         srv_errf(e, 400, NULL, "request body must be a JSON object");
-        cJSON_Delete(body);
-        body = NULL;
-    } else {
-        /* only whitespace may follow the object */
-        while (end && (size_t)(end - txt) < len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
-            end++; /* (not strchr: it would match the NUL terminator) */
-        if (end && (size_t)(end - txt) < len) {
-            srv_errf(e, 400, NULL, "request body has data after the JSON object (at byte %zu)", (size_t)(end - txt));
-            cJSON_Delete(body);
-            body = NULL;
-        }
+        break;
+    case MDL_JSON_E_TRAILING: /* only whitespace may follow the object */
+        srv_errf(e, 400, NULL, "request body has data after the JSON object (at byte %zu)", r.at);
+        break;
+    default: /* depth, NUL */
+        srv_errf(e, 400, NULL, "request body: %s", why);
+        break;
     }
-    return body;
+    return NULL;
 }
 
-cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e)
+cJSON *srv_read_json(const srv_http *s, struct mg_connection *c, srv_err *e)
 {
     size_t len;
     char *txt = srv_read_body(s, c, &len, e);
@@ -257,9 +239,12 @@ cJSON *srv_read_json(const srv_state *s, struct mg_connection *c, srv_err *e)
 
 /* ---- router -------------------------------------------------------------------------------------- */
 
-void srv_route_add(srv_state *s, const char *method, const char *path, srv_route_fn fn, int auth)
+void srv_route_add(srv_http *s, const char *method, const char *path, srv_route_fn fn, int auth)
 {
-    if (s->n_routes == SRV_MAX_ROUTES) srv_die("too many HTTP routes (SRV_MAX_ROUTES)");
+    if (s->n_routes == SRV_MAX_ROUTES) { /* a bug: the route tables are fixed at build time */
+        fprintf(stderr, "graphswap: too many HTTP routes (SRV_MAX_ROUTES %d)\n", SRV_MAX_ROUTES);
+        abort();
+    }
     s->routes[s->n_routes++] = (srv_route){method, path, fn, auth};
 }
 
@@ -276,7 +261,7 @@ static int bearer_matches(struct mg_connection *c, const char *key)
 }
 
 /* API key of the generation routes (when one is configured). */
-static int authorized(const srv_state *s, struct mg_connection *c)
+static int authorized(const srv_http *s, struct mg_connection *c)
 {
     if (!s->api_key) return 1;
     return bearer_matches(c, s->api_key);
@@ -370,7 +355,7 @@ int srv_cidr_match(const srv_cidr *list, int n, const char *addr)
     return 0;
 }
 
-static int admin_allowed_addr(const srv_state *s, struct mg_connection *c)
+static int admin_allowed_addr(const srv_http *s, struct mg_connection *c)
 {
     return s->n_admin_allow && srv_cidr_match(s->admin_allow, s->n_admin_allow, mg_get_request_info(c)->remote_addr);
 }
@@ -379,7 +364,7 @@ static int admin_allowed_addr(const srv_state *s, struct mg_connection *c)
  * when one is set; else disabled on a non-loopback listener; else the API key when one is set (an
  * API key protects every route but /health and /metrics); else open (loopback listener), unless an
  * --admin-allow list says who may call without a key. */
-static int admin_authorized(const srv_state *s, struct mg_connection *c)
+static int admin_authorized(const srv_http *s, struct mg_connection *c)
 {
     if (admin_allowed_addr(s, c)) return 1;
     if (s->admin_key) return bearer_matches(c, s->admin_key);
@@ -388,11 +373,11 @@ static int admin_authorized(const srv_state *s, struct mg_connection *c)
     return !s->n_admin_allow;
 }
 
-static int dispatch(srv_state *s, struct mg_connection *c);
+static int dispatch(srv_http *s, struct mg_connection *c);
 
 int srv_dispatch(struct mg_connection *c, void *cbdata)
 {
-    srv_state *s = cbdata;
+    srv_http *s = cbdata;
     atomic_fetch_add(&s->active, 1);
     const double t0 = srv_log_access_begin(); /* --access-log: one line per request (server/http/log.c) */
     int st = dispatch(s, c);
@@ -401,7 +386,7 @@ int srv_dispatch(struct mg_connection *c, void *cbdata)
     return st;
 }
 
-static int dispatch(srv_state *s, struct mg_connection *c)
+static int dispatch(srv_http *s, struct mg_connection *c)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     const char *path = ri->local_uri ? ri->local_uri : "";
@@ -434,7 +419,7 @@ static int dispatch(srv_state *s, struct mg_connection *c)
                 srv_errf(&e, 401, NULL, "missing or invalid API key: send 'Authorization: Bearer <key>'");
                 return srv_send_err(c, &e);
             }
-            return r->fn(s, c);
+            return r->fn(s->owner, c);
         }
         int w = snprintf(allow + an, sizeof allow - an, "%s%s", an ? ", " : "", r->method);
         if (w > 0 && (size_t)w < sizeof allow - an) an += (size_t)w;

@@ -13,11 +13,26 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
-#include "server/core/srv.h" /* srv_utf8_valid, srv_now */
+#include "server/http/http.h" /* srv_utf8_valid, srv_now */
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int log_format = SRV_LOG_TEXT;
 static atomic_int log_access = 0;
+
+/* The clocks (declared in http.h): the log's timings and every deadline of the server. */
+double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double srv_wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 int srv_log_parse_format(const char *s, srv_log_format *out)
 {

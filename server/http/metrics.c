@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/http/http.h"
+#include "server/http/metrics.h"
 
 /* vLLM's buckets */
 static const double ttft_le[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/http/http.h"
 
 /* Classifies the sequence starting at s[0] (n >= 1 bytes available):
  *   returns 1: a valid character of *len bytes;
@@ -159,24 +159,6 @@ cJSON *srv_json_bytes(const char *s, size_t n)
     cJSON *j = cJSON_CreateString(t);
     free(t);
     return j;
-}
-
-char *srv_decode(const srv_state *s, const int32_t *ids, int n, int skip_special, size_t *len)
-{
-    char err[128];
-    size_t need = 0;
-    if (!s->tok || n < 0) return NULL;
-    if (mdl_tok_decode(s->tok, ids, (size_t)n, skip_special, NULL, 0, &need, err, sizeof err) != 0) return NULL;
-    char *out = malloc(need + 1);
-    if (!out) return NULL;
-    size_t got = 0;
-    if (mdl_tok_decode(s->tok, ids, (size_t)n, skip_special, out, need, &got, err, sizeof err) != 0 || got != need) {
-        free(out);
-        return NULL;
-    }
-    out[need] = 0;
-    *len = need;
-    return out;
 }
 
 void srv_buf_add(srv_buf *b, const char *s, size_t n)

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/openai/openai.h"
 
 /* GET /health: liveness, as vLLM / SGLang users expect it: 200 while the process serves, also while a
  * weight session is open or generation is paused (a load balancer must not kill or drop a server for
@@ -153,7 +153,7 @@ static int add_specials(srv_state *s, srv_prompt *p, srv_err *e)
 int srv_route_tokenize(srv_state *s, struct mg_connection *c)
 {
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
+    cJSON *body = srv_read_json(&s->http, c, &e);
     if (!body) return srv_send_err(c, &e);
     srv_prompt p = {0};
     int rc = 0, add_special = 1, strs = 0;
@@ -215,7 +215,7 @@ int srv_route_tokenize(srv_state *s, struct mg_connection *c)
 int srv_route_detokenize(srv_state *s, struct mg_connection *c)
 {
     srv_err e;
-    cJSON *body = srv_read_json(s, c, &e);
+    cJSON *body = srv_read_json(&s->http, c, &e);
     if (!body) return srv_send_err(c, &e);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(body, "tokens");
     int n = cJSON_GetArraySize(t);

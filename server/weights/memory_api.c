@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/core/srv.h"
+#include "server/weights/weights.h"
 
 typedef struct {
     int wake;       /* 0: sleep, 1: wake */
@@ -98,7 +98,7 @@ static cJSON *read_opt_body(srv_state *s, struct mg_connection *c, srv_err *e)
     const struct mg_request_info *ri = mg_get_request_info(c);
     if (ri->content_length == 0) return cJSON_CreateObject();
     size_t len;
-    char *txt = srv_read_body(s, c, &len, e);
+    char *txt = srv_read_body(&s->http, c, &len, e);
     if (!txt) return NULL;
     size_t i = 0;
     while (i < len && (txt[i] == ' ' || txt[i] == '\t' || txt[i] == '\r' || txt[i] == '\n')) i++;
@@ -240,12 +240,12 @@ static int route_resume(srv_state *s, struct mg_connection *c) { return route_sg
 
 void srv_memory_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/sleep", route_sleep, 2);
-    srv_route_add(s, "POST", "/wake_up", route_wake_up, 2);
-    srv_route_add(s, "GET", "/is_sleeping", route_is_sleeping, 1);
+    srv_route_add(&s->http, "POST", "/sleep", route_sleep, 2);
+    srv_route_add(&s->http, "POST", "/wake_up", route_wake_up, 2);
+    srv_route_add(&s->http, "GET", "/is_sleeping", route_is_sleeping, 1);
     /* SGLang's api_route takes GET and POST */
-    srv_route_add(s, "POST", "/release_memory_occupation", route_release, 2);
-    srv_route_add(s, "GET", "/release_memory_occupation", route_release, 2);
-    srv_route_add(s, "POST", "/resume_memory_occupation", route_resume, 2);
-    srv_route_add(s, "GET", "/resume_memory_occupation", route_resume, 2);
+    srv_route_add(&s->http, "POST", "/release_memory_occupation", route_release, 2);
+    srv_route_add(&s->http, "GET", "/release_memory_occupation", route_release, 2);
+    srv_route_add(&s->http, "POST", "/resume_memory_occupation", route_resume, 2);
+    srv_route_add(&s->http, "GET", "/resume_memory_occupation", route_resume, 2);
 }

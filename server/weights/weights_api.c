@@ -25,6 +25,7 @@
  * no update pays for page-faulting a fresh buffer (measured: 512 MiB buckets 2.8 GB/s with a
  * buffer per session, 6.7 GB/s reused).
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -35,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "models/format/json_guard.h"
 #include "server/weights/weights_api.h"
 
 /* ---- engine thread -------------------------------------------------------------------------------- */
@@ -131,10 +133,11 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     case SRV_CMD_TRL_PARAM:
     case SRV_CMD_TRL_FINISH:
     case SRV_CMD_TRL_CLOSE:
-        srv_trl_cmd_run(s, c, &st); /* weights_trl.c */
-        break;
     case SRV_CMD_PRIMERL_UPDATE:
-        srv_primerl_cmd_run(s, c, &st); /* weights_primerl.c */
+        /* a dialect's own engine-side steps (dialects/trl_weights.c, primerl_weights.c): set by the
+         * route that made the command */
+        assert(c->run);
+        c->run(s, c, &st);
         break;
     case SRV_CMD_LOAD: {
         /* the files again, right before they are opened (see confine_ckpt) */
@@ -253,7 +256,8 @@ double srv_weights_session_due(srv_state *s)
 void srv_weights_expire(srv_state *s)
 {
     const double due = srv_weights_session_due(s);
-    if (srv_trl_settle(s, due != -1 && due <= 0)) return; /* TRL's session ends by a finish (weights_trl.c) */
+    /* TRL's session ends by a finish (dialects/trl_weights.c) */
+    if (s->w_settle && s->w_settle(s, due != -1 && due <= 0)) return;
     if (due == -1 || due > 0) return; /* (-1 is exact: no session, or the timeout is off) */
     eng_weights_info wi;
     eng_weights_get_info(s->rt.e, &wi);
@@ -364,7 +368,7 @@ cJSON *srv_read_json_opt(srv_state *s, struct mg_connection *c, srv_err *e)
     const struct mg_request_info *ri = mg_get_request_info(c);
     if (ri->content_length == 0) return cJSON_CreateObject();
     size_t len;
-    char *txt = srv_read_body(s, c, &len, e);
+    char *txt = srv_read_body(&s->http, c, &len, e);
     if (!txt) return NULL;
     size_t i = 0;
     while (i < len && is_ws(txt[i])) i++;
@@ -691,11 +695,16 @@ static int confine_ckpt(srv_state *s, const char *dir, srv_err *e, const char *p
     size_t len;
     char *txt = mdl_read_file(ip, 64u << 20, &len, err, sizeof err);
     if (!txt) return srv_errf(e, 400, param, "%s", err), -1;
-    cJSON *index = cJSON_ParseWithLength(txt, len);
+    /* guarded: this runs on a civetweb worker (~100 KiB of stack), where cJSON's recursion over a
+     * deeply nested index crashed the server */
+    char why[160];
+    mdl_json_result jr;
+    cJSON *index = mdl_json_parse(txt, len, MDL_JSON_MAX_DEPTH, 0, &jr, why, sizeof why);
     free(txt);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *x;
     int rc = 0;
-    if (!cJSON_IsObject(wm)) rc = (srv_errf(e, 400, param, "%s: not a JSON object with a weight_map", ip), -1);
+    if (!index && jr.status == MDL_JSON_E_DEEP) rc = (srv_errf(e, 400, param, "%s: %s", ip, why), -1);
+    else if (!cJSON_IsObject(wm)) rc = (srv_errf(e, 400, param, "%s: not a JSON object with a weight_map", ip), -1);
     cJSON_ArrayForEach(x, wm)
     {
         if (rc != 0) break;
@@ -786,7 +795,7 @@ err:
 static int route_load(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     int st = srv_weights_load(s, conn, b, "path", SRV_LOAD_NATIVE);
     cJSON_Delete(b);
@@ -980,22 +989,6 @@ int srv_wroute_weight_version(srv_state *s, struct mg_connection *conn)
     cJSON_Delete(o);
     return st;
 }
-cJSON *srv_weight_version_json(srv_state *s, const uint64_t *versions, int n)
-{
-    pthread_mutex_lock(&s->wmu);
-    cJSON *o;
-    if (n <= 0) {
-        o = cJSON_CreateString(s->wpub.version);
-    } else if (n == 1) {
-        o = cJSON_CreateString(s->vname[versions[0] % 64]);
-    } else {
-        o = cJSON_CreateArray();
-        for (int i = 0; i < n; i++) cJSON_AddItemToArray(o, cJSON_CreateString(s->vname[versions[i] % 64]));
-    }
-    pthread_mutex_unlock(&s->wmu);
-    return o;
-}
-
 void srv_weights_init(srv_state *s)
 {
     pthread_mutex_init(&s->wmu, NULL);
@@ -1007,9 +1000,6 @@ void srv_weights_destroy(srv_state *s)
 {
     free(s->staging);
     free(s->weights_root);
-    srv_weights_sglang_destroy(s);
-    srv_weights_trl_destroy(s);
-    srv_weights_areal_destroy(s);
     pthread_mutex_destroy(&s->store_mu);
     pthread_mutex_destroy(&s->wmu);
     pthread_mutex_destroy(&s->bucket_mu);
@@ -1018,18 +1008,11 @@ void srv_weights_destroy(srv_state *s)
 void srv_weights_routes(srv_state *s)
 {
     /* native */
-    srv_route_add(s, "POST", "/v1/weights/begin", srv_wroute_begin, 2);
-    srv_route_add(s, "POST", "/v1/weights/bucket", route_bucket, 2);
-    srv_route_add(s, "POST", "/v1/weights/finish", srv_wroute_finish, 2);
-    srv_route_add(s, "POST", "/v1/weights/abort", route_abort, 2);
-    srv_route_add(s, "POST", "/v1/weights/load", route_load, 2);
-    srv_route_add(s, "GET", "/v1/weights", route_info, 2);
-    srv_route_add(s, "GET", "/v1/weights/checksums", route_checksums, 2);
-    srv_weights_vllm_routes(s);
-    srv_weights_areal_routes(s); /* AReaL's vLLM server (areal_vllm_server.py) */
-    srv_weights_skyrl_routes(s);   /* SkyRL's /collective_rpc, /fetch_weights */
-    srv_weights_primerl_routes(s); /* prime-rl's /init_broadcaster */
-    srv_weights_sglang_routes(s);
-    srv_weights_trl_routes(s);
-    srv_weights_gpu_routes(s); /* CUDA IPC (native) */
+    srv_route_add(&s->http, "POST", "/v1/weights/begin", srv_wroute_begin, 2);
+    srv_route_add(&s->http, "POST", "/v1/weights/bucket", route_bucket, 2);
+    srv_route_add(&s->http, "POST", "/v1/weights/finish", srv_wroute_finish, 2);
+    srv_route_add(&s->http, "POST", "/v1/weights/abort", route_abort, 2);
+    srv_route_add(&s->http, "POST", "/v1/weights/load", route_load, 2);
+    srv_route_add(&s->http, "GET", "/v1/weights", route_info, 2);
+    srv_route_add(&s->http, "GET", "/v1/weights/checksums", route_checksums, 2);
 }

@@ -24,6 +24,7 @@
 #include "engine/backend/transport_cuda.h"
 #include "engine/weights.h"
 #include "server/core/srv.h"
+#include "server/weights/weights.h"
 #include "server/rendezvous/tcpstore.h"
 
 typedef enum {
@@ -104,6 +105,9 @@ struct srv_cmd {
     int draining;
     double deadline;
     int detached;       /* srv_cmd_post: nobody waits; the engine thread logs a failure and frees it */
+    /* a dialect's command (SRV_CMD_TRL_*, SRV_CMD_PRIMERL_UPDATE): its engine-thread side, which the
+     * runner calls; *st its HTTP status. Set by the route that makes the command. */
+    void (*run)(srv_state *s, srv_cmd *c, int *st);
     /* results */
     int done, status;
     char err[1024];
@@ -208,15 +212,6 @@ void srv_gpu_nccl_release(srv_state *s);
  * c->meta (as a refused bucket: a failure appends to c->err and releases the communicator). */
 int srv_gpu_nccl_recv_host(srv_state *s, srv_cmd *c, void *host, size_t bytes, int *st);
 void srv_gpu_nccl_drain(srv_state *s, srv_cmd *c);
-/* Engine thread: runs SRV_CMD_PRIMERL_UPDATE (weights_primerl.c); *st its HTTP status. */
-void srv_primerl_cmd_run(srv_state *s, srv_cmd *c, int *st);
-/* Engine thread: runs an SRV_CMD_TRL_* command (weights_trl.c); *st its HTTP status. */
-void srv_trl_cmd_run(srv_state *s, srv_cmd *c, int *st);
-/* Engine thread, between commands: ends an open TRL session when generation is waiting for it or
- * it timed out (see weights_trl.c); returns 1 when it handled an expired session. */
-int srv_trl_settle(srv_state *s, int expired);
-/* At shutdown: the TRL store. */
-void srv_weights_trl_destroy(srv_state *s);
 /* Engine thread: unmaps the CUDA-IPC buffer of the session (at finish / abort / timeout). */
 void srv_gpu_ipc_release(srv_state *s);
 /* Parses names / dtypes / shapes (and, for IPC, offsets) of obj. pfx prefixes the field names in
@@ -266,32 +261,5 @@ int srv_nccl_store_fetch(srv_store_group *g, srv_cmd *c, srv_err *e);
 /* An integer field of o in [lo, hi] (a number, or a string of one); required or (dflt when absent). */
 int srv_json_int(const cJSON *o, const char *pfx, const char *key, int required, long long lo, long long hi,
                  long long dflt, long long *out, srv_err *e);
-
-/* ---- route tables (each dialect's file; called by srv_weights_routes) ---------------------------- */
-
-void srv_weights_vllm_routes(srv_state *s);
-void srv_weights_sglang_routes(srv_state *s);
-/* Leaves a joined SGLang group that never got its communicator (at shutdown). */
-void srv_weights_sglang_destroy(srv_state *s);
-void srv_weights_trl_routes(srv_state *s);
-/* SkyRL's /collective_rpc weight-sync methods and /fetch_weights (weights_skyrl.c) */
-void srv_weights_skyrl_routes(srv_state *s);
-/* prime-rl's /init_broadcaster (weights_primerl.c); after it succeeded (CUDA), /update_weights
- * {"weight_dir"} is srv_primerl_update_nccl instead of a disk load */
-void srv_weights_primerl_routes(srv_state *s);
-int srv_primerl_broadcasting(const srv_state *s);
-int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSON *b);
-void srv_weights_areal_routes(srv_state *s);
-/* Drops a weight meta set by /areal_set_update_weight_meta (at shutdown). */
-void srv_weights_areal_destroy(srv_state *s);
-/* The SGLang-style NCCL group (weights_sglang.c), shared with AReaL whose trainer creates its group
- * the same way (init_custom_process_group: SRV_STORE_SGLANG keys, no warm-up). init: c from
- * srv_nccl_init_request; joins the trainer's store (or creates the communicator from
- * nccl_unique_id_b64); update_route names the route that creates the communicator in the message.
- * update: c an SRV_CMD_NCCL_UPDATE with its meta; 501 on the CPU backend, else the pending group's
- * communicator, then the update. Both take c and answer {success, message}. */
-int srv_nccl_group_init(srv_state *s, struct mg_connection *conn, srv_cmd *c, const char *update_route);
-int srv_nccl_group_update(srv_state *s, struct mg_connection *conn, srv_cmd *c);
-void srv_weights_gpu_routes(srv_state *s);
 
 #endif

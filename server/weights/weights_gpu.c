@@ -816,7 +816,7 @@ int srv_gpu_nccl_recv_host(srv_state *s, srv_cmd *c, void *host, size_t bytes, i
 
 srv_cmd *srv_nccl_init_request(srv_state *s, struct mg_connection *conn, srv_store_kind kind, srv_err *e)
 {
-    cJSON *b = srv_read_json(s, conn, e);
+    cJSON *b = srv_read_json(&s->http, conn, e);
     if (!b) return NULL;
     srv_cmd *c = srv_cmd_new(SRV_CMD_NCCL_INIT);
     int rc = c ? srv_nccl_init_parse(b, kind, c, e) : srv_errf(e, 500, NULL, "out of memory");
@@ -836,7 +836,7 @@ srv_cmd *srv_nccl_init_request(srv_state *s, struct mg_connection *conn, srv_sto
 static int route_ipc_open(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     SRV_NEW_CMD(c, SRV_CMD_IPC_OPEN);
     long long bytes = 0, off = 0;
@@ -875,7 +875,7 @@ static int route_ipc_open(srv_state *s, struct mg_connection *conn)
 static int route_ipc_bucket(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
-    cJSON *b = srv_read_json(s, conn, &e);
+    cJSON *b = srv_read_json(&s->http, conn, &e);
     if (!b) return srv_send_err(conn, &e);
     SRV_NEW_CMD(c, SRV_CMD_IPC_BUCKET);
     int rc = srv_gpu_meta_parse(b, "", "names", "dtypes", "offsets", &c->meta, &e);
@@ -901,6 +901,6 @@ static int route_ipc_bucket(srv_state *s, struct mg_connection *conn)
 
 void srv_weights_gpu_routes(srv_state *s)
 {
-    srv_route_add(s, "POST", "/v1/weights/ipc/open", route_ipc_open, 2);
-    srv_route_add(s, "POST", "/v1/weights/ipc/bucket", route_ipc_bucket, 2);
+    srv_route_add(&s->http, "POST", "/v1/weights/ipc/open", route_ipc_open, 2);
+    srv_route_add(&s->http, "POST", "/v1/weights/ipc/bucket", route_ipc_bucket, 2);
 }

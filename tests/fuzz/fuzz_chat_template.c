@@ -37,9 +37,8 @@ static void *run(void *arg)
 {
     job *j = arg;
     const srv_state *s = j->s;
-    /* the server's pre-check of every body (depth, NUL) before cJSON */
-    if (mdl_json_check(j->body, j->len, MDL_JSON_MAX_DEPTH, 1, NULL, NULL, 0) != 0) return NULL;
-    cJSON *msgs = cJSON_ParseWithLength(j->body, j->len);
+    /* the server's reader of every body (depth, NUL refused) */
+    cJSON *msgs = mdl_json_parse(j->body, j->len, MDL_JSON_MAX_DEPTH, MDL_JSON_REFUSE_NUL, NULL, NULL, 0);
     if (!msgs) return NULL;
     srv_prompt p;
     srv_err e;

@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "models/format/json_guard.h"
 #include "models/mkmodel.h"
 #include "server/core/cli.h"
 #include "tests/fuzz/fuzz_common.h"
@@ -177,9 +178,9 @@ static void check_answer(const char *buf, size_t n)
     if (!ct) return;
     const size_t blen = strtoul(ct + sizeof tag - 1, NULL, 10);
     if (hlen + blen > n) return; /* cut off by the buffer */
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(buf + hlen, blen, &end, 0);
-    FZ_CHECK(j != NULL && end == buf + hlen + blen);
+    mdl_json_result jr;
+    cJSON *j = mdl_json_parse(buf + hlen, blen, MDL_JSON_MAX_DEPTH, 0, &jr, NULL, 0);
+    FZ_CHECK(j != NULL && jr.end == blen);
     cJSON_Delete(j);
 }
 

@@ -1,6 +1,6 @@
 /* tests/fuzz/fuzz_oai_parse.c — libFuzzer harness for the OpenAI request parsers: srv_parse_gen
  * (/v1/completions and /v1/chat/completions, the chat template included) over the body parse the
- * server does (cJSON_ParseWithLengthOpts, as srv_read_json), on a civetweb-sized stack.
+ * server does (srv_parse_json_object, as srv_read_json), on a civetweb-sized stack.
  *
  * Input: byte 0 picks the API (bit 0: chat) and the tokenizer (bits 1-2); the rest is the body.
  * Properties beyond "no crash" (a successful parse is what the engine is then given):
@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/format/json_guard.h"
 #include "server/core/srv.h"
 #include "tests/fuzz/fuzz_common.h"
 
@@ -33,7 +34,7 @@ static const srv_state *state_for(int which)
         s->model_name = "m"; /* as serve sets it (--served-model-name); the corpus names it */
         s->kv_tokens = 384; /* smaller than the context: both limits are reachable */
         s->max_choices = 32;
-        s->max_body = 1 << 20;
+        s->http.max_body = 1 << 20;
         s->n_eos = 1;
         s->eos[0] = mdl_tok_eos(s->tok);
     }
@@ -83,7 +84,7 @@ static void check_err(const srv_err *e)
     FZ_CHECK(o);
     char *txt = cJSON_PrintUnformatted(o);
     FZ_CHECK(txt);
-    cJSON *back = cJSON_Parse(txt);
+    cJSON *back = mdl_json_parse(txt, strlen(txt), MDL_JSON_MAX_DEPTH, MDL_JSON_WHOLE | MDL_JSON_OBJECT, NULL, NULL, 0);
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(back, "error"), "message");
     FZ_CHECK(cJSON_IsString(m) && srv_utf8_valid(m->valuestring, strlen(m->valuestring)));
     cJSON_Delete(back);
