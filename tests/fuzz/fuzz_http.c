@@ -29,6 +29,7 @@
 #include "models/format/json_guard.h"
 #include "models/mkmodel.h"
 #include "server/core/cli.h"
+#include "server/server.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
