@@ -1,4 +1,56 @@
 /* engine/engine.c — scheduler, KV block management, plan cache and the step loop (see engine.h). */
+/* The life of a request. An eng_request has no state field: where it is follows from what holds it
+ * (e->queue, or e->seqs[slot].req) and from its sequence's counters (eng_seq, engine_internal.h).
+ *
+ *   eng_submit (engine thread: server/core/jobs.c hands it the inbox's choices)
+ *     |  checked: ids < vocab, prompt + max_tokens <= max_model_len, KV fits, logprobs, penalties;
+ *     |  refused: -1 and *busy 0 bad request (400), 1 queue full, 2 asleep / INCONSISTENT /
+ *     |  UNDEFINED weights (503 with the reason, I8)
+ *     v
+ *   QUEUED    in the e->queue FIFO, r->slot = -1 --- cancel flag ---------------> FINISHED "abort"
+ *     |         (eng_retire_and_admit ends a cancelled request anywhere in the queue, not at the head)
+ *     |  admit(): only in ENG_W_READY with admission on; strictly FIFO (a head that does not fit
+ *     |  blocks the rest); needs a free slot and KV blocks for prompt + max_tokens + lookahead, all
+ *     |  reserved now, so a running sequence never runs out of blocks (no preemption exists)
+ *     v
+ *   PREFILL   n_computed < n_tokens - 1, or n_computed == n_tokens - 1 with n_out == 0; leading full
+ *     |         prompt blocks found in the prefix cache start it at n_computed = matched * block_size
+ *     |  chunks of <= prefill_chunk rows per step; the row of the last known token samples the first
+ *     |  output token (and rows scoring prompt logprobs, if asked, write those)
+ *     v
+ *   DECODE    eng_seq_decode_ready: n_computed == n_tokens - 1, n_out >= 1. One row per step; with a
+ *     |         drafter the anchor + up to W drafts (spec_step.c), n_computed cut back to the accepted
+ *     |  eng_append_token: on_token != 0, an eos or stop id (after min_tokens) -> "stop";
+ *     |  max_tokens or max_model_len reached -> "length"
+ *     v
+ *   FINISHED  eng_finish_seq: blocks released, slot free, r->finish set, on_finish called (the last
+ *             time the engine touches r)
+ *
+ *   From QUEUED or a slot to FINISHED "abort": the cancel flag (next step), eng_abort_running (the
+ *   server's pause "abort"), eng_abort_all (sleep, shutdown), eng_weights_begin with pause "abort".
+ *   A weight session freezes slots where they are: while ENG_W_UPDATING eng_step does nothing (I7).
+ *   A finish that wrote weights sends "recompute" slots back to PREFILL (n_computed = 0: every known
+ *   token again, under the new weights); "keep" slots go on where they were, their blocks never
+ *   registered in the prefix cache (I6). After a failed session (INCONSISTENT) admit() admits
+ *   nothing, but sequences still in their slots are stepped again (eng_step stops only while
+ *   UPDATING).
+ *
+ * One eng_step, in this order:
+ *   0. ENG_W_UPDATING: return at once (I7). With a drafter the rest is spec_step (spec_step.c).
+ *   1. eng_retire_and_admit: cancelled slots and queued requests end "abort", then admit().
+ *   2. rows: decode rows first (eng_schedule_rows, decode = 1), then prefill chunks within
+ *      max_step_tokens (decode = 0); each row that needs logits gets a logits row (sample or score).
+ *   3. eng_set_prefill_rows: sampling parameters, bans and penalties of every logits row.
+ *   4. eng_run_target: upload the step parameters (penalty updates, block tables when dirty), launch
+ *      the plan of the smallest bucket >= rows (or run the tape eagerly), download the chosen tokens.
+ *   5. n_computed += rows; eng_register_blocks (prefix cache); eng_emit_prefill (scores, append,
+ *      stop conditions, callbacks, finish).
+ * Weight commands, pauses and closures are not part of a step: the server's engine loop runs them
+ * between steps (server/serve.c engine_main), so every step runs on one set of weights (I7). Pause
+ * modes there: "abort" ends running requests (at begin, or by /pause); "wait" turns admission off
+ * (eng_set_admission) and steps until nothing runs, bounded, before the begin; "keep" and
+ * "recompute" freeze the slots as above; the server's /pause (srv_state.paused) just stops stepping.
+ */
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
 #include "engine/kvpool.h"
@@ -178,6 +230,8 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
         snprintf(err, errlen, "max_step_tokens %d needs more than %d plan buckets", R, MAX_BUCKETS);
         goto fail;
     }
+    /* I1: every plan-visible buffer (step I/O, KV, workspaces above; the drafter's in spec_init) exists
+     * before the first capture below; nothing a plan bakes is allocated after it. */
     if (draft && spec_init(e, err, errlen) != 0) goto fail;
     if (c->use_plans) {
         for (int b = 0; b < e->n_buckets; b++) {
@@ -192,6 +246,8 @@ eng_engine *eng_create_spec(const eng_config *cfg_in, mdl_model *m, mdl_model *d
         }
     }
     snprintf(e->winfo.version, sizeof e->winfo.version, "0");
+    /* I5: the reference the guard compares against at every finish and wake-up: the addresses, sizes
+     * and dtypes the plans just captured */
     if (eng_guard_record(e) != 0) goto oom;
     return e;
 oom:
@@ -379,6 +435,8 @@ int eng_submit(eng_engine *e, eng_request *r, int *busy, char *err, size_t errle
         return -1;
     }
     if (eng_check_penalties(e, &r->sp, err, errlen) != 0) return -1;
+    /* I8 (and I5): nothing is queued on weights a failed update left half written or a guard
+     * failure left undefined; busy 2 becomes a 503 carrying the reason */
     if (e->winfo.state == ENG_W_INCONSISTENT || e->winfo.state == ENG_W_UNDEFINED) {
         snprintf(err, errlen, "weights are %s: %s", eng_wstate_name(e->winfo.state), e->winfo.reason);
         if (busy) *busy = 2;
@@ -433,6 +491,7 @@ void eng_finish_seq(eng_engine *e, int slot, eng_finish why)
     s->no_register = 0;
     e->n_running--;
     e->stats.finished++;
+    /* on_finish last, after the slot is free: its owner may free r as soon as it returns */
     r->finish = why;
     r->slot = -1;
     if (r->on_finish) r->on_finish(r, r->user);
@@ -440,6 +499,8 @@ void eng_finish_seq(eng_engine *e, int slot, eng_finish why)
 
 static void admit(eng_engine *e)
 {
+    /* I7: no sequence starts during a session or a "wait" drain; I8: none starts on INCONSISTENT or
+     * UNDEFINED weights (requests queued before the failure wait for a good update) */
     if (e->admission_off || e->winfo.state != ENG_W_READY) return; /* draining or updating */
     while (e->q_len > 0) {
         eng_request *r = e->queue[e->q_head];
@@ -470,6 +531,8 @@ static void admit(eng_engine *e)
             }
         }
         int need = blocks_for(e, r) - matched;
+        /* matched blocks idle in the LRU count as available, but this request takes them itself: they
+         * cannot also be among the `need` fresh ones */
         if (need > eng_kvpool_available(&e->kv) - cached_idle) return; /* wait for blocks */
         for (int b = 0; b < matched; b++) eng_kvpool_acquire(&e->kv, bt[b]);
         for (int b = 0; b < need; b++) bt[matched + b] = eng_kvpool_alloc(&e->kv);
@@ -513,6 +576,7 @@ eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok)
     eng_seq *s = &e->seqs[slot];
     eng_request *r = s->req;
     s->tokens[s->n_tokens++] = tok;
+    /* I6: the version this token was generated with; a "keep" update mid-request appends the new one */
     if (r->n_versions == 0 || r->versions[r->n_versions - 1] != e->winfo.version_num) {
         if (r->n_versions < 8) r->versions[r->n_versions++] = e->winfo.version_num;
     }
@@ -538,6 +602,9 @@ eng_finish eng_append_token(eng_engine *e, int slot, int32_t tok)
     return ENG_FINISH_NONE;
 }
 
+/* Batch invariance: a bucket only bounds the extents a plan was captured for; it reads n_rows and
+ * n_logits at run time and a row's result depends only on its own sequence, never on the step's other
+ * rows, so which bucket (or eager run) computes a row never changes its bits. */
 int eng_bucket_index(const eng_engine *e, int rows)
 {
     for (int b = 0; b < e->n_buckets; b++)
@@ -581,6 +648,8 @@ void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter,
     p->min_p = r->sp.min_p;
     p->top_k = r->sp.top_k;
     p->seed = r->sp.seed;
+    /* batch invariance: the random stream is keyed by (seed, output index), never by row or step, so
+     * a request samples the same tokens alone or batched, chunked or not, with or without drafts */
     p->counter = (uint64_t)counter;
     p->draft = draft;
     p->n_logprobs = r->sp.logprobs;
@@ -607,6 +676,8 @@ void eng_set_sample_row(eng_engine *e, int j, const eng_request *r, int counter,
     }
 }
 
+/* No allocation in the step loop: every buffer this writes (the h_* mirrors, io.*) was allocated by
+ * eng_create_spec; a step only uploads, launches or runs, and downloads. */
 void eng_run_target(eng_engine *e, int rows, int nl)
 {
     const eng_config *c = &e->cfg;
@@ -671,6 +742,7 @@ void eng_register_blocks(eng_engine *e)
         eng_seq *q = &e->seqs[s];
         /* with a drafter, a "speculative": false request's blocks lack the drafter's context K/V
          * (spec_step skips its context rows): never shared with a request that drafts */
+        /* I6: no_register marks KV that spans a "keep" update (old weights before it): never shared */
         if (!q->req || q->no_register || (e->draft && q->req->no_spec)) continue;
         const int32_t *bt = e->h_bt + (size_t)s * (size_t)e->io.max_blocks;
         while ((q->n_hashed + 1) * bs <= q->n_computed) {
@@ -713,6 +785,7 @@ void eng_schedule_rows(eng_engine *e, int decode, int *rows, int *nl)
         eng_add_rows(e, s, take, rows);
         for (int i = 0; i < take; i++) {
             const int p = first + i;
+            /* (n_prompt_scored: a "recompute" re-prefill must not score a position twice) */
             const int at = rq->out_prompt_logprobs && p + 1 < rq->n_prompt && p + 1 >= rq->n_prompt_scored ? p + 1 : 0;
             if (!at && p != q->n_tokens - 1) continue;
             e->h_logit_idx[*nl] = row0 + i;
@@ -771,10 +844,12 @@ int eng_step(eng_engine *e)
     eng_schedule_rows(e, 1, &rows, &nl);
     eng_schedule_rows(e, 0, &rows, &nl);
     assert(rows > 0);
+    /* (all nl rows: a decode row is a sampling row like the last row of a prefill) */
     eng_set_prefill_rows(e, 0, nl);
     eng_run_target(e, rows, nl);
 
     /* advance computed counts for every scheduled row; register newly completed full blocks */
+    /* n_computed first: registration hashes only computed full blocks, and emitting appends tokens */
     for (int r = 0; r < rows; r++) e->seqs[e->h_slot[r]].n_computed++;
     eng_register_blocks(e);
     eng_emit_prefill(e, 0, nl);

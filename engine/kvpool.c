@@ -158,6 +158,10 @@ uint64_t eng_kvpool_register(eng_kvpool *p, int32_t b, uint64_t parent, const in
     return h;
 }
 
+/* I6: called at every finish that wrote weights (engine/weights.c), at sleep and wake (sleep.c) and
+ * by eng_reset_prefix_cache (an explicit flush): idle cached blocks go back to the free list and
+ * blocks in use are unhashed, so no lookup can match KV computed before (a running sequence keeps
+ * using its own blocks). */
 void eng_kvpool_reset_cache(eng_kvpool *p)
 {
     while (p->n_lru > 0) {

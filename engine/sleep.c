@@ -10,6 +10,32 @@
  * Nothing a plan bakes moves: no plan is captured again, and the guard (I5) is checked at wake.
  *
  * Not in the step loop: everything here may allocate (range lists, the level 1 host backup). */
+/* Per tag, e->sleep.asleep says which sleep (bit set: ASLEEP). eng_sleep / eng_wake run on the engine
+ * thread (server/weights/memory_api.c, through an engine closure); tags 0 means both.
+ *
+ *   AWAKE --- eng_sleep(level, tags) ---> ASLEEP --- eng_wake(tags) ---> AWAKE
+ *   (a tag already asleep at sleep, or awake at wake, is skipped)
+ *
+ *   tag              eng_sleep level 1             eng_sleep level 2      eng_wake
+ *   ---------------  ----------------------------  ---------------------  ------------------------------
+ *   weights          copied to host (w_backup, in  released, no copy      mem_restore at the same
+ *   (ENG_MEM_        tag_ranges order), then                              addresses; level 1: backup
+ *    WEIGHTS)        released                                             uploaded and freed; level 2:
+ *                                                                         zero, INCONSISTENT (I8) until
+ *                                                                         a complete full update
+ *   kv_cache         released: contents lost       the same               zero; block tables re-uploaded
+ *   (ENG_MEM_KV)
+ *
+ * Freed: the physical memory of the tag's allocations (backend mem_release). Kept: every address
+ * (the reservation), so the plans, the guard's record, the parameter tables and block tables stay
+ * valid (I1); the engine's host state. Lost either way: every running and waiting request (aborted
+ * at sleep) and the prefix cache (flushed at sleep and at wake).
+ * Refused: level not 1 or 2, an unknown tag (400); a backend without mem_release (501); UNDEFINED
+ * weights (503); an open weight session (409). While a tag sleeps: eng_submit refuses (503); with
+ * the weights asleep eng_weights_begin refuses (409) and checksums are not read.
+ * Failures: a failed weights release, or a host backup that cannot be restored, leaves the weights
+ * INCONSISTENT (lose_weights); once nothing sleeps, the guard is checked (UNDEFINED if it fails).
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,10 +131,13 @@ int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen,
         *status = 503;
         return -1;
     }
+    /* (a session's buckets must land in live memory, and its finish runs the hooks and the guard on
+     * it: sleeping in the middle would lose writes) */
     if (e->winfo.session_open)
         return fail(err, errlen, status, 409, "a weight update session is open: finish or abort it before sleeping");
     tags &= ~e->sleep.asleep; /* already asleep: nothing to do */
     if (!tags) return 0;
+    /* (waiting requests too: admit() does not look at sleep, they would run on released memory) */
     eng_abort_all(e); /* running and waiting requests end with "abort" */
     be->ops->synchronize(be);
     if (tags & ENG_MEM_WEIGHTS) {
@@ -133,6 +162,7 @@ int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen,
             e->sleep.backup_bytes = r.total;
         }
         size_t rel = 0;
+        /* I1: the physical pages go, the addresses stay reserved: no buffer moves, no plan is recaptured */
         if (be->ops->mem_release(be, GROUP_WEIGHTS, r.l.ptr, r.l.n, &rel, err, errlen) != 0) {
             /* some memory may already be gone: the weights are only good again after a full update */
             free(e->w_backup);
@@ -168,6 +198,7 @@ int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen,
     }
     /* the KV cache's contents are gone (also when only the weights sleep: KV computed under them
      * is no use once they may come back different) */
+    /* I6: flushed here, so no block cached before the sleep is matched after it */
     eng_kvpool_reset_cache(&e->kv);
     e->sleep.sleeps++;
     return 0;
@@ -202,6 +233,7 @@ int eng_wake(eng_engine *e, unsigned tags, char *err, size_t errlen, int *status
             be->ops->synchronize(be); /* the uploads read the backup: done before it is freed */
             ranges_free(&r);
         } else {
+            /* I8: the weights are zero pages now: refused (503 with the reason) until a full update */
             lose_weights(e, "the weights were discarded by sleep level 2 (or released by tag); a complete full "
                             "weight update (mode \"full\") is needed before generation");
         }

@@ -234,12 +234,15 @@ int spec_step(eng_engine *e)
         const eng_request *r = q->req;
         int nd = r->no_spec ? 0 : W;
         if (c->num_spec_tokens > 0 && nd > c->num_spec_tokens) nd = c->num_spec_tokens;
+        /* (the anchor's step emits up to nd + 1 tokens: accepted drafts plus the bonus) */
         if (nd > r->max_tokens - r->n_out - 1) nd = r->max_tokens - r->n_out - 1; /* never past max_tokens */
         if (nd < 0) nd = 0;
         e->sp_slot[ns] = s;
         e->sp_nd[ns++] = nd;
         n_drafting += nd > 0;
     }
+    /* (decode-ready sequences with nd == 0 still get a verify row below: plain decoding in the same
+     * target step) */
     /* drafting sequences first (they form the draft step's rows, in order) */
     for (int a = 0, b = 0; b < ns; b++)
         if (e->sp_nd[b] > 0) {
@@ -325,6 +328,8 @@ int spec_step(eng_engine *e)
                 o->accepted = 1;
                 o->tok = d[i];
             }
+            /* I9: emit up to the first rejected slot, whose token is the target's own choice there
+             * (greedy: its argmax; sampling: resampled without the draft), so the output is the target's */
             const int accepted_here = i < nd && o->accepted;
             acc += accepted_here;
             if (!accepted_here) bonus = o->tok;
@@ -357,6 +362,8 @@ int spec_step(eng_engine *e)
             e->h_c_pos[crows] = start + i;
             e->h_c_slot[crows++] = s;
         }
+        /* I9: positions past the accepted prefix hold rejected drafts' K/V; kv_len never reaches them
+         * before they are written again, so cutting back is only this */
         q->n_computed = start + acc + 1;
     }
     /* context rows of finished sequences are harmless (their blocks are released, positions

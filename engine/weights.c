@@ -1,4 +1,43 @@
 /* engine/weights.c — weight-update sessions, the plan guard and checksums (see weights.h). */
+/* Weight sessions: the state machine of e->winfo.state (eng_wstate) and session_open, driven on the
+ * engine thread by the server's command runner (server/weights/weights_api.c srv_cmds_run: BEGIN,
+ * BUCKET, FINISH, ABORT, LOAD, the GPU transports' commands) and by its session timeout
+ * (srv_weights_expire, which calls eng_weights_abort). The cold load before eng_create is not a
+ * session of this file: it is one mdl_session of models/model.c.
+ *
+ *   state (at the call)  begin                      bucket / validate / load_dir   finish / abort
+ *   -------------------  -------------------------  -----------------------------  ---------------
+ *   READY                full or partial: UPDATING  409 (no session)               409
+ *   UPDATING             409 (one at a time)        validated whole, then written  see below
+ *   INCONSISTENT         full only: UPDATING        409                            409
+ *                        (partial: 409, I8)
+ *   UNDEFINED            503, for good (I5)         409                            409
+ *   begin also refuses: weights asleep (409, sleep.c), a drafter model without one (400).
+ *   A bucket: every tensor of both models (model "all": names "draft." go to the drafter) is
+ *   validated before the first byte is written; a refused bucket (400) changes nothing, the session
+ *   stays open. "Written" (mdl_session.wrote) is what decides the failure states below.
+ *
+ *   finish (UPDATING)
+ *     1. coverage, full mode (I3): a slot unset -> 422; wrote anything ? INCONSISTENT (I8)
+ *        : back to the state at begin (prev_state_ok)
+ *     2. hooks: each model the session wrote runs its post-load hook once (I4); derived buffers are
+ *        refilled in place (models/model.c model_post_load); an untouched model is not re-processed
+ *     3. guard (I5): a plan-visible buffer freed, moved, resized or retyped -> UNDEFINED, 503
+ *     4. wrote anything: version_num++, version string = finish's, else begin's, else the number;
+ *        prefix cache dropped; "recompute" slots re-prefill, the others never register (I6)
+ *        nothing written: only a version given at finish renames the current version
+ *     5. -> READY (also from INCONSISTENT: such a session is full and passed coverage)
+ *   abort (UPDATING): wrote anything ? INCONSISTENT (I8) : back to the state at begin
+ *   A session always ends at finish or abort (end_sessions), whatever the outcome.
+ *
+ * Pause modes (eng_pause), chosen at begin: "abort" ends the running requests at begin (queued ones
+ * stay queued); "wait" is done by the caller before begin (weights_api.c run_cmd: admission off,
+ * step until nothing runs or --drain-timeout, then abort the rest); "keep" and "recompute" leave the
+ * sequences frozen in their slots (eng_step does nothing while UPDATING, I7), to go on with their KV
+ * ("keep": tokens after the update report the new version too) or to recompute it ("recompute").
+ * The server maps the frameworks' words onto these: SGLang's abort_all_requests -> abort, else wait;
+ * SGLang's /pause_generation retract and in_place -> keep; vLLM's /pause abort | wait | keep.
+ */
 #include "engine/weights.h"
 
 #include <stdio.h>
@@ -60,6 +99,8 @@ void eng_set_admission(eng_engine *e, int on) { e->admission_off = !on; }
 static int guard_add(eng_engine *e, int *cap, const void *ptr, size_t bytes, int dtype, const void *owner,
                      const char *tag)
 {
+    /* (a buffer many ops bake is recorded once; a parameter is kept apart from the allocation it
+     * lives in, so both its table entry and its allocation are checked) */
     for (int i = 0; i < e->n_guard; i++)
         if (e->guard[i].ptr == ptr && e->guard[i].owner == owner) return 0;
     if (e->n_guard == *cap) {
@@ -138,12 +179,16 @@ int eng_guard_check(eng_engine *e, char *reason, size_t cap)
     for (int i = 0; i < e->n_guard; i++) {
         const eng_guard_entry *g = &e->guard[i];
         eng_alloc_info info;
+        /* I5 / I1: the allocation a plan baked is still live, starts where it did and has its size
+         * (the arena never hands a retired range out again, so a freed one stays detectable) */
         if (e->be->ops->alloc_info(e->be, g->ptr, &info) != 0 || !info.live || info.ptr != g->ptr ||
             info.bytes != g->bytes) {
             snprintf(reason, cap, "plan-visible buffer %s at %p (%zu bytes) was freed or resized after capture",
                      g->tag, g->ptr, g->bytes);
             return -1;
         }
+        /* I5: a parameter or derived buffer still points at that allocation with its dtype (a hook
+         * that swapped in a new buffer changes p->ptr even when the old one stays live) */
         if (g->owner) {
             const mdl_param *p = g->owner;
             if (p->ptr != g->ptr || p->bytes != g->bytes || (int)p->dt != g->dtype) {
@@ -177,11 +222,14 @@ int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause
                       uint64_t *session_id, char *err, size_t errlen, int *status)
 {
     eng_weights_info *w = &e->winfo;
+    /* I5: fail closed for good: plans may point at freed memory, so nothing may write into it */
     if (w->state == ENG_W_UNDEFINED) {
         snprintf(err, errlen, "weights are undefined (%s); restart the server", w->reason);
         *status = 503;
         return -1;
     }
+    /* I1: their pages are released (sleep.c): a write would fault (unmapped device memory) or be
+     * undone by the level 1 backup at wake */
     if (e->sleep.asleep & ENG_MEM_WEIGHTS) {
         snprintf(err, errlen,
                  "the weights are asleep (their memory is released): wake them first (POST /wake_up?tags=weights "
@@ -219,6 +267,8 @@ int eng_weights_begin(eng_engine *e, int full, eng_wmodel which, eng_pause pause
         if (mdl_session_begin(&e->ws_draft, e->draft, mode, err, errlen) != 0) goto oom;
         e->ws_has_draft = 1;
     }
+    /* I7: from here on no step runs until finish or abort (eng_step returns while UPDATING); "abort"
+     * ends what runs, the other modes leave it frozen in its slot */
     if (pause == ENG_PAUSE_ABORT) /* running requests end now; waiting ones stay queued */
         for (int s = 0; s < e->cfg.max_seqs; s++)
             if (e->seqs[s].req) eng_finish_seq(e, s, ENG_FINISH_ABORT);
@@ -252,6 +302,7 @@ static int out_of_order(eng_engine *e, const char *what, char *err, size_t errle
 static int bucket_impl(eng_engine *e, const mdl_st_tensor *t, size_t n, const char *what, int write, char *err,
                        size_t errlen, int *status)
 {
+    /* I7: weights are written only inside a session, i.e. while no step runs */
     if (!e->winfo.session_open) return out_of_order(e, "bucket", err, errlen, status);
     *status = 400;
     /* model "all": drafter tensors carry the prefix "draft."; split the bucket by model */
@@ -287,6 +338,8 @@ static int bucket_impl(eng_engine *e, const mdl_st_tensor *t, size_t n, const ch
         da = dt;
         ndd = nd;
     }
+    /* bad input leaves the weights unharmed (DESIGN's error tiers): a refused bucket writes nothing,
+     * so it cannot by itself make the weights INCONSISTENT */
     /* validate every tensor of both models before the first byte is written */
     if (ta && mdl_session_validate(&e->ws_target, ta, na, what, err, errlen) != 0) goto out;
     if (da && mdl_session_validate(&e->ws_draft, da, ndd, what, err, errlen) != 0) goto out;
@@ -336,6 +389,8 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
     eng_weights_info *w = &e->winfo;
     if (!w->session_open) return out_of_order(e, "finish", err, errlen, status);
     /* coverage of every model in the session (full mode) */
+    /* I3 / I4: a full session finishes only when every destination part of every model in it arrived
+     * in this session (mdl_session.covered), before any hook runs */
     if (e->ws_full) {
         char miss[400];
         const char *who = NULL;
@@ -343,6 +398,7 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
         else if (e->ws_has_draft && mdl_session_check_coverage(&e->ws_draft, miss, sizeof miss) != 0) who = "drafter: ";
         if (who) {
             snprintf(err, errlen, "incomplete full update: %s%s", who, miss);
+            /* I8: some weights are new, some old: refused until a complete full update */
             if (wrote_any(e)) {
                 fail_inconsistent(e, err);
             } else { /* nothing was written: the weights are what they were */
@@ -389,6 +445,7 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
         const char *v = version && *version ? version : w->pending_version;
         if (*v) snprintf(w->version, sizeof w->version, "%s", v);
         else snprintf(w->version, sizeof w->version, "%llu", (unsigned long long)w->version_num);
+        /* I6: no cached prefix block computed under the old weights can be matched again */
         eng_kvpool_reset_cache(&e->kv);
         for (int s = 0; s < e->cfg.max_seqs; s++) {
             eng_seq *q = &e->seqs[s];
@@ -418,6 +475,7 @@ int eng_weights_abort(eng_engine *e, char *err, size_t errlen, int *status)
 {
     eng_weights_info *w = &e->winfo;
     if (!w->session_open) return out_of_order(e, "abort", err, errlen, status);
+    /* I8: an abort after writes leaves the weights mixed: INCONSISTENT until a complete full update */
     if (wrote_any(e)) {
         char why[256];
         uint64_t n = (e->ws_has_target ? e->ws_target.tensors : 0) + (e->ws_has_draft ? e->ws_draft.tensors : 0);

@@ -1,4 +1,36 @@
 /* models/model.c — parameter table, storage, load sessions and cold loading (see model.h). */
+/* Load sessions (mdl_session): the one way bytes get into a model, for the cold load and for every
+ * hot update alike.
+ *
+ *   mdl_model_create   build_table (checkpoint name -> mdl_dest: a whole parameter or a row range of a
+ *                      stacked one, each with a coverage slot); every parameter and derived buffer
+ *                      allocated once from the backend arena (zeroed); inv_freq filled
+ *        |
+ *   mdl_session_begin(FULL | PARTIAL)   covered[n_cover] all 0, counters 0, wrote = 0
+ *        v
+ *   OPEN  <--- mdl_session_bucket = mdl_session_validate (every tensor: a known name, a convertible
+ *        |     dtype, the destination's shape; one failure refuses the bucket, nothing is written)
+ *        |     + mdl_session_write / _write_device (a dtype-converting copy into each destination,
+ *        |     covered[d->cover] = 1, wrote = 1). Any number of buckets, in any order.
+ *        |
+ *        | mdl_session_finish: FULL: mdl_session_check_coverage, every slot set (the tied lm_head
+ *        |   alias excepted) else -1 "missing tensor ..." and the session stays open for the caller
+ *        |   to end; then mdl_session_run_hook: model_post_load once if the session wrote anything
+ *        v
+ *   mdl_session_end    covered freed; what was written stays written (there is no rollback)
+ *
+ * Cold load (server/core/cli.c srv_runtime_open): mdl_config_load (config.json, models/config.c) ->
+ * mdl_model_create -> mdl_model_load_dir[_progress]: begin FULL -> mdl_ckpt_foreach_bucket
+ * (model.safetensors alone, or the shard files of model.safetensors.index.json's weight_map in
+ * first-seen order, each tensor checked to be mapped to the file it is in) -> buckets -> finish
+ * (coverage, hook) -> end. Only then does eng_create_spec capture plans. A failure fails start-up.
+ * Hot updates (engine/weights.c) run the same steps on the same model and tables: begin, per bucket
+ * mdl_session_validate then mdl_session_write[_device] (split so that a bucket spanning target and
+ * drafter is validated whole first), at finish mdl_session_check_coverage and mdl_session_run_hook.
+ * One table maps a name to the same bytes and one hook derives the same buffers, so after a full
+ * update every parameter and derived buffer equals a cold start on that checkpoint (hot == cold),
+ * at the addresses the plans baked (I1).
+ */
 #include "models/model.h"
 #include "models/format/json_guard.h"
 
@@ -65,6 +97,8 @@ static int add_dest(builder *b, const char *name, int param, int64_t row0, int64
     d->rows = rows;
     d->ndim = ndim;
     d->cols = m->params[param].cols;
+    /* I3: one coverage slot per destination part (a qkv row range is its own part); an alias shares
+     * its partner's slot, so writing either name covers the shared matrix */
     d->cover = cover >= 0 ? cover : m->n_cover++;
     m->n_dests++;
     return d->cover;
@@ -117,6 +151,8 @@ static void build_table(builder *b)
         L->qkv = add_param(b, rt, W, qkv_rows, H);
         const char *proj[3] = {"q_proj", "k_proj", "v_proj"};
         const int64_t r0[3] = {0, q_rows, q_rows + kv_rows}, nr[3] = {q_rows, kv_rows, kv_rows};
+        /* I2: q, k and v are three disjoint row ranges of one stacked qkv parameter: each name is
+         * written straight into its rows, nothing waits for the other two (any bucket, any order) */
         for (int i = 0; i < 3; i++) {
             snprintf(ck, sizeof ck, "%slayers.%d.self_attn.%s.weight", pre, l, proj[i]);
             add_dest(b, ck, L->qkv, r0[i], nr[i], 2, -1);
@@ -205,9 +241,12 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
     builder b = {.m = m};
     build_table(&b);
     if (b.failed) goto oom;
+    /* I2: sorted once for bsearch (mdl_model_find); build_table adds each checkpoint name once, so a
+     * name has exactly one destination */
     qsort(m->dests, (size_t)m->n_dests, sizeof *m->dests, dest_cmp);
     for (int i = 0; i < m->n_params; i++) {
         mdl_param *p = &m->params[i];
+        /* I1: the one allocation of this parameter; loads and updates write into it, nothing moves it */
         p->ptr = be->ops->alloc(be, p->bytes, p->name);
         if (!p->ptr) {
             snprintf(err, errlen, "out of device memory allocating %s (%zu bytes)", p->name, p->bytes);
@@ -344,6 +383,7 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
                     mdl_dtype_name(p->dt));
             abort();
         }
+        /* I3: this part arrived in this session (covered is per session: begin zeroes it) */
         s->covered[d->cover] = 1;
         s->tensors++;
         s->bytes += t[i].nbytes;
@@ -372,6 +412,8 @@ int mdl_session_bucket(mdl_session *s, const mdl_st_tensor *t, size_t n, const c
  * stacked k_norm, so the context path is one GEMM for every layer. */
 static void model_post_load(mdl_model *m)
 {
+    /* I4: the only place derived state is recomputed after create, from the whole of the model's
+     * parameters, once per finish; every copy below writes into buffers allocated at create (I1) */
     m->hook_runs++;
     fill_inv_freq(m); /* config-derived: the same values, in place (I1, I4) */
     if (!m->cfg.is_drafter) return;
@@ -407,6 +449,7 @@ int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen)
     size_t n = 0, missing = 0;
     for (int i = 0; i < m->n_dests; i++) {
         const mdl_dest *d = &m->dests[i];
+        /* I3 / I4: a full finish requires every slot, so no hook runs on a half-written model */
         if (s->covered[d->cover]) continue;
         /* an alias (tied lm_head) is satisfied by its partner; report the primary name */
         if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
@@ -564,6 +607,8 @@ static int progress_bucket_fn(const mdl_st_tensor *t, size_t n, const char *what
 int mdl_model_load_dir_progress(mdl_model *m, const char *dir, mdl_load_progress_fn fn, void *user, char *err,
                                 size_t errlen)
 {
+    /* hot == cold: the cold load is the same FULL session (begin, buckets, coverage, hook) a trainer's
+     * full update runs through engine/weights.c, on the same table */
     mdl_session s;
     if (mdl_session_begin(&s, m, MDL_LOAD_FULL, err, errlen) != 0) return -1;
     int rc;

@@ -13,6 +13,36 @@
  *   3. Handlers still writing (their jobs are settled) get up to 10 s to finish, then mg_stop stops
  *      accepting and joins the handler threads.
  *   4. Tokenizer, runtime and state are freed.
+ *
+ * Start-up (srv_server_start), in this order: options and the log format; srv_runtime_open
+ * (server/core/cli.c: config.json, the backend, the target's cold load, the drafter's, then
+ * eng_create_spec: every plan-visible buffer, plan capture, the guard's record); the tokenizer;
+ * immutable copies for the handler threads; locks, metrics and the published weight state; the
+ * routes; the engine thread (engine_main); last the civetweb listener (mg_start) and the
+ * "serving ... on URL" line. A signal before that line defers the shutdown to the end of start-up.
+ *
+ * The engine thread (engine_main), one iteration:
+ *
+ *     +-> under mu: wait on inbox_cv while no job, command or closure is queued, nothing can step and
+ *     |   not stopping (timed: the end of an unlogged stats window; with a session open at least once
+ *     |   a second, for --weight-session-timeout); take the whole inbox list, read `stopping`
+ *     |   srv_jobs_dispatch   each job's choices -> eng_submit (stopping: the job is rejected, 503)
+ *     |   srv_cmds_run        admin commands, in arrival order (weights/weights_api.c); 1 while a
+ *     |                       "wait" drain holds the head command: steps go on though frozen
+ *     |   srv_closures_run    srv_engine_call closures (sleep / wake, ...), in arrival order
+ *     |   srv_weights_expire  an open session idle past --weight-session-timeout is aborted
+ *     |   stopping?           eng_abort_all, publish metrics, leave the thread
+ *     |   eng_step            once, if work exists and the engine is not frozen (a weight session
+ *     |                       open or generation paused, I7), or a drain is in progress
+ *     +-- publish metrics; the throughput line
+ *
+ * Handler threads hand work over through three queues, all under srv_state.mu, each push signalling
+ * inbox_cv, each refused (503 / -1) once `stopping` is set:
+ *   jobs      srv_job_submit -> inbox; the engine's callbacks publish under job->mu; the handler
+ *             waits on job->cv until the job settled (server/core/jobs.c, srv.h)
+ *   commands  srv_cmd_submit (waits for c->done) or srv_cmd_post (detached) -> cmd_head
+ *   closures  srv_engine_call -> clo_head, waits until the closure ran (server/core/closures.c)
+ * So within one iteration jobs are submitted before commands run, and commands before closures.
  */
 #include <errno.h>
 #include <limits.h>
@@ -174,6 +204,7 @@ static void *engine_main(void *arg)
         }
         srv_job *list = s->inbox_head;
         s->inbox_head = s->inbox_tail = NULL;
+        /* (`stopping` read with the list under one lock: nothing can be pushed after it was set) */
         const int stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
         srv_jobs_dispatch(s, list, stopping);
@@ -186,6 +217,7 @@ static void *engine_main(void *arg)
             return NULL;
         }
         if (slept) stats_reset(sl, e, srv_now());
+        /* I7: looked at after the commands ran: a begin taken in this iteration already freezes it */
         if ((draining || !srv_engine_frozen(s)) && eng_num_running(e) + eng_num_waiting(e) > 0) eng_step(e);
         srv_metrics_publish(&s->met, e); /* (the weight state changes only in commands: published there) */
         stats_tick(sl, e, srv_now());

@@ -21,6 +21,8 @@ void eng_arena_release(eng_arena *a)
 
 void *eng_arena_take(eng_arena *a, size_t bytes, size_t align, const char *tag)
 {
+    /* I1: a bump allocator: ranges are handed out once, in address order, never reused after a
+     * retire, so an address always names the same allocation (and find() can bsearch the entries) */
     size_t off = (a->used + align - 1) & ~(align - 1);
     if (bytes == 0) bytes = 1;
     if (off > a->cap || bytes > a->cap - off) return NULL;

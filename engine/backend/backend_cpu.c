@@ -55,6 +55,8 @@ static void cpu_free_fn(eng_backend *be, void *ptr)
         fprintf(stderr, "graphswap: bug: free of %p which is not a live arena allocation\n", ptr);
         abort();
     }
+    /* I1 / I5: a freed range is never reused, so a plan still baking it points at a retired entry
+     * (the guard's alloc_info sees !live; checked replay aborts) instead of at someone else's buffer */
     /* give the pages back but keep the range reserved: it is never handed out again */
     size_t pg = 4096;
     uintptr_t b = ((uintptr_t)x->ptr + pg - 1) & ~(uintptr_t)(pg - 1);
@@ -92,6 +94,7 @@ static void cpu_check_op(eng_backend *be, const kern_op *op, size_t index)
     for (int b = 0; b < KERN_MAX_BUFS; b++) {
         const kern_buf *kb = &op->buf[b];
         if (!kb->ptr) continue;
+        /* I1 (--checked): every baked pointer must lie inside one live allocation before the op runs */
         if (!cpu_contains(be, kb->ptr, kb->bytes)) {
             eng_alloc_info info;
             const char *why = "outside every arena allocation";

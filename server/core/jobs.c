@@ -174,6 +174,8 @@ static void job_submit(srv_state *s, srv_job *j)
     pthread_mutex_lock(&j->mu);
     j->n_live = submitted;
     if (submitted < j->n_ch) {
+        /* all or nothing: choices already queued are cancelled (retired at the next step), so the job
+         * settles once they report their finish */
         for (int i = 0; i < submitted; i++) atomic_store(&j->ch[i].r.cancel, 1);
         srv_errf(&j->rej, busy ? 503 : 400, NULL, "%s", err);
         /* busy 2: the weights are unusable (a failed update), not a full queue: no point retrying
@@ -417,6 +419,8 @@ cJSON *srv_ids_json(const int32_t *ids, int n)
 
 /* "weight_version": the versions the tokens of choice `only` (or of every choice, -1) were generated
  * with — one string, or a list across a "keep" update. Read once the choices finished. */
+/* I6: responses report every version their tokens came from (eng_request.versions, written by the
+ * engine per token), not the version current when the answer is written. */
 cJSON *srv_job_versions_json(const srv_job *j, int only)
 {
     uint64_t vs[8];
@@ -595,6 +599,7 @@ char *srv_decode(const srv_state *s, const int32_t *ids, int n, int skip_special
 
 cJSON *srv_weight_version_json(srv_state *s, const uint64_t *versions, int n)
 {
+    /* (vname is a ring of the last 64 version names, by number, published by the engine thread) */
     pthread_mutex_lock(&s->wmu);
     cJSON *o;
     if (n <= 0) {

@@ -24,6 +24,45 @@
  * It keeps the size of the largest bucket seen: resident memory is flat across updates, and
  * no update pays for page-faulting a fresh buffer (measured: 512 MiB buckets 2.8 GB/s with a
  * buffer per session, 6.7 GB/s reused).
+ *
+ * The command runner, srv_cmds_run (engine thread, called by server/serve.c engine_main between
+ * steps). A route parses and validates its input into a srv_cmd and queues it: srv_cmd_submit
+ * waits for it, srv_cmd_post (detached) does not. One command at a time, the head of the queue:
+ *
+ *   QUEUED    s->cmd_head .. cmd_tail (under s->mu)
+ *     |  run_cmd. A "wait" BEGIN, LOAD, NCCL_UPDATE (with a communicator) or PAUSE, with no session
+ *     |  open and the weights not UNDEFINED, first drains:
+ *     v
+ *   DRAINING  admission off (eng_set_admission(0)), deadline = now + --drain-timeout. run_cmd
+ *     |  returns 0, srv_cmds_run returns 1 and engine_main steps though frozen; the head command is
+ *     |  run again each iteration until nothing runs or the deadline passed (what still runs is
+ *     |  aborted: abort_running); then admission on again
+ *     v
+ *   RUN       the kind's engine calls (below); the HTTP status in c->status, the message in c->err;
+ *     |  srv_log_weight_cmd logs a session that ended
+ *     v
+ *   DONE      srv_weights_publish, c->done = 1, its cv signalled (the handler answers and frees it);
+ *             a detached command is logged when it failed and freed here.
+ *   Stopping: every queued command goes to DONE with 503, unrun (a drain's admission restored).
+ *
+ *   kind                 engine calls (engine/weights.h unless named)
+ *   BEGIN                eng_weights_begin (pause "abort" ends running requests there); s->paused = 0
+ *   BUCKET               eng_weights_bucket (the handler parsed the safetensors header already)
+ *   FINISH               eng_weights_finish; the CUDA-IPC mapping released once the session closed
+ *   ABORT                eng_weights_abort; the CUDA-IPC mapping released
+ *   LOAD                 confine_ckpt again, then one whole session: eng_weights_begin ->
+ *                        eng_weights_load_dir (the target, then the drafter: "draft." for model "all")
+ *                        -> eng_weights_finish; a failed load is aborted (INCONSISTENT once something
+ *                        was written, I8); s->paused = 0 after the finish unless keep_paused
+ *   CHECKSUMS            eng_weights_checksums or eng_weights_checksums_ckpt
+ *   RESET_PREFIX         eng_reset_prefix_cache
+ *   PAUSE / RESUME       s->paused = 1 / 0 (PAUSE "abort": eng_abort_running first); no engine state:
+ *                        engine_main does not step while paused (srv_engine_frozen)
+ *   SET_VERSION          eng_weights_set_version
+ *   NCCL_*, IPC_*        srv_gpu_cmd_run (weights_gpu.c): receive into a session, or manage the group
+ *   TRL_*, PRIMERL_...   c->run, the dialect's engine side (server/dialects/), set by its route
+ * The session timeout is not a command: srv_weights_expire (after the commands, each iteration)
+ * aborts an open session with no command and no bucket upload for --weight-session-timeout.
  */
 #include <assert.h>
 #include <errno.h>
@@ -57,6 +96,8 @@ void srv_weights_publish(srv_state *s)
     pthread_mutex_unlock(&s->wmu);
 }
 
+/* I7: engine_main steps only when this is 0 (or a "wait" drain runs): no step while a session is open
+ * (UPDATING) or generation is paused */
 int srv_engine_frozen(srv_state *s) { return s->paused || eng_weights_state(s->rt.e) == ENG_W_UPDATING; }
 
 static void add_sum(const char *name, const char *hex, void *u) { cJSON_AddStringToObject(u, name, hex); }
@@ -92,6 +133,8 @@ static int run_cmd(srv_state *s, srv_cmd *c)
             c->deadline = srv_now() + s->drain_timeout;
             eng_set_admission(e, 0);
         }
+        /* I7 ("wait"): the session begins only once nothing runs, so no request straddles two weight
+         * versions; returning 0 keeps this command at the head and lets engine_main step meanwhile */
         if (eng_num_running(e) > 0 && srv_now() < c->deadline) return 0;
         if (eng_num_running(e) > 0) abort_running(s, c);
         eng_set_admission(e, 1);
@@ -157,6 +200,8 @@ static int run_cmd(srv_state *s, srv_cmd *c)
         if (rc == 0 && ddir)
             rc = eng_weights_load_dir(e, ddir, c->which == ENG_WMODEL_ALL ? "draft." : NULL, s->update_bucket, err,
                                       el, &st);
+        /* I8: a load that failed half way is aborted, never finished: if it wrote anything the
+         * weights are INCONSISTENT (the load's own error is what the caller gets) */
         if (rc != 0) {
             int st2;
             char e2[64];
@@ -263,6 +308,8 @@ void srv_weights_expire(srv_state *s)
     eng_weights_get_info(s->rt.e, &wi);
     char err[256];
     int st;
+    /* (a trainer that died mid-session must not freeze generation forever, I7; I8 applies as to any
+     * abort) */
     eng_weights_abort(s->rt.e, err, sizeof err, &st); /* exactly what POST /v1/weights/abort does */
     srv_gpu_ipc_release(s);
     atomic_fetch_add(&s->w_sessions_timed_out, 1);
