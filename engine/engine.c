@@ -31,12 +31,13 @@
  *   A weight session freezes slots where they are: while ENG_W_UPDATING eng_step does nothing (I7).
  *   A finish that wrote weights sends "recompute" slots back to PREFILL (n_computed = 0: every known
  *   token again, under the new weights); "keep" slots go on where they were, their blocks never
- *   registered in the prefix cache (I6). After a failed session (INCONSISTENT) admit() admits
- *   nothing, but sequences still in their slots are stepped again (eng_step stops only while
- *   UPDATING).
+ *   registered in the prefix cache (I6). After a failed session that wrote weights (INCONSISTENT)
+ *   or a guard failure (UNDEFINED) the next eng_step ends every running and queued request "abort"
+ *   (I8: no token from mixed weights), and eng_submit refuses new ones until a full update passes.
  *
  * One eng_step, in this order:
- *   0. ENG_W_UPDATING: return at once (I7). With a drafter the rest is spec_step (spec_step.c).
+ *   0. ENG_W_UPDATING: return at once (I7); INCONSISTENT / UNDEFINED: abort everything, return (I8).
+ *      With a drafter the rest is spec_step (spec_step.c).
  *   1. eng_retire_and_admit: cancelled slots and queued requests end "abort", then admit().
  *   2. rows: decode rows first (eng_schedule_rows, decode = 1), then prefill chunks within
  *      max_step_tokens (decode = 0); each row that needs logits gets a logits row (sample or score).
@@ -500,7 +501,7 @@ void eng_finish_seq(eng_engine *e, int slot, eng_finish why)
 static void admit(eng_engine *e)
 {
     /* I7: no sequence starts during a session or a "wait" drain; I8: none starts on INCONSISTENT or
-     * UNDEFINED weights (requests queued before the failure wait for a good update) */
+     * UNDEFINED weights (eng_step aborts those queued before the failure) */
     if (e->admission_off || e->winfo.state != ENG_W_READY) return; /* draining or updating */
     while (e->q_len > 0) {
         eng_request *r = e->queue[e->q_head];
@@ -835,6 +836,14 @@ void eng_emit_prefill(eng_engine *e, int from, int nl)
 int eng_step(eng_engine *e)
 {
     if (e->winfo.state == ENG_W_UPDATING) return e->n_running + e->q_len; /* no step in a session (I7) */
+    /* I8: a failed session left the weights half written (or the guard found them undefined): no
+     * token may come from them, and none may wait for a good update that may never come (the engine
+     * loop would spin on a queue nothing can admit). Every request in flight ends "abort" here, as
+     * new ones are refused 503 in eng_submit. */
+    if (e->winfo.state == ENG_W_INCONSISTENT || e->winfo.state == ENG_W_UNDEFINED) {
+        eng_abort_all(e);
+        return 0;
+    }
     if (e->draft) return spec_step(e);
     eng_retire_and_admit(e);
     if (e->n_running == 0) return e->q_len;

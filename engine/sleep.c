@@ -140,6 +140,10 @@ int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen,
     /* (waiting requests too: admit() does not look at sleep, they would run on released memory) */
     eng_abort_all(e); /* running and waiting requests end with "abort" */
     be->ops->synchronize(be);
+    /* the KV cache's contents are gone (also when only the weights sleep: KV computed under them
+     * is no use once they may come back different). I6: flushed before any release, so no block
+     * cached before the sleep is matched after it, also when a release below fails half way */
+    eng_kvpool_reset_cache(&e->kv);
     if (tags & ENG_MEM_WEIGHTS) {
         ranges r;
         if (tag_ranges(e, ENG_MEM_WEIGHTS, &r) != 0) {
@@ -196,10 +200,6 @@ int eng_sleep(eng_engine *e, int level, unsigned tags, char *err, size_t errlen,
         e->sleep.released[1] = rel;
         e->sleep.asleep |= ENG_MEM_KV;
     }
-    /* the KV cache's contents are gone (also when only the weights sleep: KV computed under them
-     * is no use once they may come back different) */
-    /* I6: flushed here, so no block cached before the sleep is matched after it */
-    eng_kvpool_reset_cache(&e->kv);
     e->sleep.sleeps++;
     return 0;
 }

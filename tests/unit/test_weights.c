@@ -247,6 +247,54 @@ static void test_incomplete_abort_and_order(void **state)
     test_rt_close(&x);
 }
 
+/* I8: a "keep" or "recompute" session that wrote weights and then failed (here: aborted) leaves the
+ * frozen sequences on mixed weights. None of them may produce another token: the next step ends the
+ * running and the queued request "abort", with the tokens they had before the session and no more,
+ * and the engine is idle (no spin on a queue nothing can admit). With and without a drafter. */
+static void test_failed_session_aborts_in_flight(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 4; mode++) {
+        rt x;
+        open_rt(&x, T0, mode >= 2 ? D0 : NULL);
+        req q, w;
+        memset(&q, 0, sizeof q);
+        memset(&w, 0, sizeof w);
+        for (int i = 0; i < 8; i++) q.prompt[i] = w.prompt[i] = (i * 31 + 7) % 190;
+        q.r.prompt = q.prompt;
+        q.r.n_prompt = 8;
+        q.r.max_tokens = 20;
+        q.r.ignore_eos = 1;
+        q.r.out_tokens = q.out;
+        q.r.out_logprobs = q.lp;
+        w.r = q.r;
+        w.r.prompt = w.prompt;
+        w.r.out_tokens = w.out;
+        w.r.out_logprobs = w.lp;
+        char err[512];
+        int status;
+        assert_int_equal(eng_submit(x.e, &q.r, NULL, err, sizeof err), 0);
+        for (int i = 0; i < 3; i++) eng_step(x.e);
+        const int before = q.r.n_out;
+        assert_true(before > 0 && before < 20);
+        assert_int_equal(eng_submit(x.e, &w.r, NULL, err, sizeof err), 0); /* queued, not admitted */
+        eng_pause pm = mode % 2 == 0 ? ENG_PAUSE_KEEP : ENG_PAUSE_RECOMPUTE;
+        assert_int_equal(eng_weights_begin(x.e, 1, ENG_WMODEL_TARGET, pm, NULL, NULL, err, sizeof err, &status), 0);
+        push_dir(&x, T1, "", 3, 5, 1);
+        assert_int_equal(eng_weights_abort(x.e, err, sizeof err, &status), 0);
+        eng_weights_info wi;
+        eng_weights_get_info(x.e, &wi);
+        assert_int_equal(wi.state, ENG_W_INCONSISTENT);
+        assert_int_equal(eng_step(x.e), 0);
+        assert_int_equal(q.r.finish, ENG_FINISH_ABORT);
+        assert_int_equal(q.r.n_out, before);
+        assert_int_equal(w.r.finish, ENG_FINISH_ABORT);
+        assert_int_equal(w.r.n_out, 0);
+        assert_int_equal(eng_num_running(x.e) + eng_num_waiting(x.e), 0);
+        test_rt_close(&x);
+    }
+}
+
 static rt *g_bad;
 static void replay_bad(void *arg)
 {
@@ -516,6 +564,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hot_equals_cold),
         cmocka_unit_test(test_incomplete_abort_and_order),
+        cmocka_unit_test(test_failed_session_aborts_in_flight),
         cmocka_unit_test(test_guard_fires),
         cmocka_unit_test(test_recompute_and_keep),
         cmocka_unit_test(test_prompt_logprobs_across_recompute),
