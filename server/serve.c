@@ -393,6 +393,8 @@ static const char help[] =
     "/is_sleeping; SGLang POST /release_memory_occupation, /resume_memory_occupation; see README):\n"
     "  --enable-weights-cpu-backup  SGLang's release keeps a host copy of the weights (as vLLM's\n"
     "                         level 1) instead of discarding them (a full update is then needed)\n"
+    "  --enable-memory-saver  report enable_memory_saver true in /server_info (SGLang's flag; slime\n"
+    "                         checks it against --offload-rollout). The release routes work either way\n"
     "\n"
     "Logging (stderr; a start-up summary, one line per weight update, errors):\n"
     "  --log-format text|json one line per event as text (default) or as one JSON object per line\n"
@@ -418,7 +420,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     const char *admin_allow_env = getenv("GRAPHSWAP_ADMIN_ALLOW"), *admin_allow = admin_allow_env;
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     const char *log_format = "text";
-    int access_log = 0, log_interval = 10, weights_cpu_backup = 0, prompt_tokens_details = 0;
+    int access_log = 0, log_interval = 10, weights_cpu_backup = 0, prompt_tokens_details = 0, memory_saver = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -447,6 +449,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
             srv_arg_flag(argc, argv, &i, "--access-log", &access_log) ||
             srv_arg_flag(argc, argv, &i, "--enable-weights-cpu-backup", &weights_cpu_backup) ||
             srv_arg_flag(argc, argv, &i, "--enable-prompt-tokens-details", &prompt_tokens_details) ||
+            srv_arg_flag(argc, argv, &i, "--enable-memory-saver", &memory_saver) ||
             srv_arg_int(argc, argv, &i, "--log-interval", 0, 1 << 20, &log_interval) ||
             srv_arg_str(argc, argv, &i, "--generation-config", &gen_cfg))
             continue;
@@ -576,6 +579,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     srv_dialect_trl_routes(s);
     s->weights_cpu_backup = weights_cpu_backup;
     s->prompt_tokens_details = prompt_tokens_details;
+    s->memory_saver = memory_saver;
     srv_memory_routes(s);
 
     signal(SIGPIPE, SIG_IGN);

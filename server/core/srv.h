@@ -144,6 +144,9 @@ struct srv_state {
     int weights_cpu_backup;     /* --enable-weights-cpu-backup: SGLang's release keeps a host copy of
                                    the weights (sleep level 1) instead of discarding them (level 2) */
     atomic_uint mem_asleep_pub; /* eng_is_sleeping, published by the engine thread */
+    int memory_saver;           /* --enable-memory-saver (SGLang's flag): reported as server_info's
+                                   enable_memory_saver, which slime checks against its
+                                   --offload-rollout; the release routes work either way */
 };
 
 /* ---- engine closures (closures.c) ------------------------------------------------------------------
@@ -156,10 +159,16 @@ struct srv_closure {
     void *arg;
     /* serve.c */
     int done, ran;
+    int abandoned; /* srv_engine_ping timed out: the engine thread frees the closure (heap) */
     pthread_cond_t cv;
     srv_closure *next;
 };
 int srv_engine_call(srv_state *s, srv_closure *c);
+/* Liveness: a no-op closure the engine thread must service within timeout_s seconds. Returns 0
+ * when it did, 1 on a timeout (the engine is stuck in a step, or not looping), -1 when the server is
+ * shutting down or out of memory. Never blocks past the timeout: on one, the closure is left to the
+ * engine thread to free, so the handler can answer (prime-rl's /liveness: 503 "engine_unresponsive"). */
+int srv_engine_ping(srv_state *s, double timeout_s);
 /* Engine thread: runs (or, when stopping, drops) every queued closure. */
 void srv_closures_run(srv_state *s, int stopping);
 

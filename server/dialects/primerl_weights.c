@@ -338,7 +338,31 @@ int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSO
     return st;
 }
 
+/* GET /liveness (prime-rl src/prime_rl/inference/vllm/server.py at 559b447, polled by its
+ * Kubernetes liveness probe): 200 {"status": "ok"} when the engine loop serviced a no-op within the
+ * timeout (prime-rl's liveness_timeout_seconds, default 30; ?timeout= here, 0.1 to 300), else 503
+ * {"status": "engine_unresponsive"}. Unlike /health it proves the engine thread is looping. */
+static int route_liveness(srv_state *s, struct mg_connection *conn)
+{
+    const struct mg_request_info *ri = mg_get_request_info(conn);
+    double lim = 30;
+    char v[32];
+    if (ri->query_string && mg_get_var(ri->query_string, strlen(ri->query_string), "timeout", v, sizeof v) >= 0) {
+        char *end;
+        lim = strtod(v, &end);
+        if (end == v || *end || !(lim >= 0.1 && lim <= 300))
+            return srv_send_error(conn, 400, "timeout", "timeout must be a number of seconds in [0.1, 300]");
+    }
+    const int rc = srv_engine_ping(s, lim);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", rc == 0 ? "ok" : rc == 1 ? "engine_unresponsive" : "shutting_down");
+    int st = srv_send_json(conn, rc == 0 ? 200 : 503, o);
+    cJSON_Delete(o);
+    return st;
+}
+
 void srv_weights_primerl_routes(srv_state *s)
 {
+    srv_route_add(&s->http, "GET", "/liveness", route_liveness, 0);
     srv_route_add(&s->http, "POST", "/init_broadcaster", route_init_broadcaster, 2);
 }

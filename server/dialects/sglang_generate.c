@@ -487,8 +487,52 @@ static int route_server_info(srv_state *s, struct mg_connection *c)
     else cJSON_AddNullToObject(o, "speculative_algorithm");
     cJSON_AddStringToObject(o, "weight_version", weight_version_now(s, wv, sizeof wv));
     cJSON_AddBoolToObject(o, "incremental_streaming_output", 0);
+    /* slime (sglang_engine.py _init_external) asserts it equals its --offload-rollout */
+    cJSON_AddBoolToObject(o, "enable_memory_saver", s->memory_saver);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "internal_states"), load_json(s));
     cJSON_AddStringToObject(o, "version", "graphswap");
+    int st = srv_send_json(c, 200, o);
+    cJSON_Delete(o);
+    return st;
+}
+
+/* GET /get_load, in two shapes, because its two readers disagree:
+ *  - SGLang's server answers a list, one entry per DP rank, of GetLoadReqOutput {rid, http_worker_ipc,
+ *    dp_rank, num_reqs, num_waiting_reqs, num_tokens} (sgl-project/sglang, the nightly API test
+ *    test_api_get_load asserts rid / http_worker_ipc / dp_rank null and the three counts >= 0);
+ *  - the Rust routers (sglang-router's and vllm-router's get_worker_load, routers/http/router.rs)
+ *    read `data.get("load").as_i64()` of an object, and without it count the worker as -1 (blind
+ *    power_of_two / cache_aware balancing).
+ * So: ?format=sglang gives the list, ?format=router (or vllm) the object {"load": running + waiting,
+ * plus the counts}; without a format, a request with no User-Agent (reqwest, the routers' client,
+ * sends none) gets the object and every other (curl, python-requests, aiohttp) SGLang's list. */
+static int route_get_load(srv_state *s, struct mg_connection *c)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    char fmt[16] = "";
+    if (ri->query_string) mg_get_var(ri->query_string, strlen(ri->query_string), "format", fmt, sizeof fmt);
+    int router;
+    if (!fmt[0]) router = mg_get_header(c, "User-Agent") == NULL;
+    else if (strcmp(fmt, "router") == 0 || strcmp(fmt, "vllm") == 0) router = 1;
+    else if (strcmp(fmt, "sglang") == 0) router = 0;
+    else return srv_send_error(c, 400, "format", "format must be \"sglang\", \"router\" or \"vllm\"");
+    const int run = atomic_load(&s->met.running), wait = atomic_load(&s->met.waiting);
+    const int used = atomic_load(&s->met.kv_in_use);
+    cJSON *l = cJSON_CreateObject();
+    if (router) cJSON_AddNumberToObject(l, "load", run + wait);
+    else {
+        cJSON_AddNullToObject(l, "rid");
+        cJSON_AddNullToObject(l, "http_worker_ipc");
+        cJSON_AddNullToObject(l, "dp_rank");
+    }
+    cJSON_AddNumberToObject(l, "num_reqs", run + wait);
+    cJSON_AddNumberToObject(l, "num_waiting_reqs", wait);
+    cJSON_AddNumberToObject(l, "num_tokens", used);
+    cJSON *o = l;
+    if (!router) {
+        o = cJSON_CreateArray();
+        cJSON_AddItemToArray(o, l);
+    }
     int st = srv_send_json(c, 200, o);
     cJSON_Delete(o);
     return st;
@@ -537,5 +581,6 @@ void srv_dialect_sglang_routes(srv_state *s)
     srv_route_add(&s->http, "GET", "/get_model_info", route_model_info, 1);
     srv_route_add(&s->http, "GET", "/model_info", route_model_info, 1);
     srv_route_add(&s->http, "GET", "/v1/loads", route_loads, 1);
+    srv_route_add(&s->http, "GET", "/get_load", route_get_load, 1);
     srv_route_add(&s->http, "GET", "/health_generate", route_health_generate, 1);
 }
