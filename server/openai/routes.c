@@ -69,7 +69,14 @@ int srv_route_models(srv_state *s, struct mg_connection *c)
 int srv_route_model_one(srv_state *s, struct mg_connection *c)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
-    const char *id = ri->local_uri + strlen("/v1/models/");
+    /* The official openai client sends retrieve("/tmp/model") as GET /v1/models/%2Ftmp%2Fmodel
+     * (openai-python models.retrieve: path_template("/models/{model}") quotes every "/"). civetweb
+     * decodes it into local_uri_raw ("/v1/models//tmp/model") and then cleans local_uri, whose
+     * "//" collapse would drop the id's leading "/": the id is read from local_uri_raw, as decoded,
+     * so an absolute --model folder (the default id, as in vLLM) is found. */
+    const char *raw = ri->local_uri_raw ? ri->local_uri_raw : ri->local_uri;
+    const size_t pre = strlen("/v1/models/");
+    const char *id = strncmp(raw, "/v1/models/", pre) == 0 ? raw + pre : ri->local_uri + pre;
     if (strcmp(id, s->model_name) != 0) {
         srv_err e;
         srv_errf(&e, 404, "model", "The model `%.200s` does not exist.", id);
