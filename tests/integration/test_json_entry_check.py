@@ -15,6 +15,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import gs_harness  # noqa: E402
+
 SRC = os.environ.get("GS_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 CHECK = os.path.join(SRC, "scripts", "check_json_entry.py")
 failures = []
@@ -36,13 +39,7 @@ def expect(name, cond, out):
 
 
 def tree(files):
-    root = tempfile.mkdtemp(prefix="gs-json-entry-")
-    for path, text in files.items():
-        full = os.path.join(root, path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w") as fh:
-            fh.write(text)
-    return root
+    return gs_harness.write_tree(files, "gs-json-entry-")
 
 
 GUARD = {"models/format/json_guard.c":

@@ -13,6 +13,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import gs_harness  # noqa: E402
+
 SRC = os.environ.get("GS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("GS_BIN")
 CHECK = os.path.join(SRC, "scripts", "check_layers.py")
@@ -32,13 +35,7 @@ def expect(name, cond, out):
 
 
 def tree(files):
-    root = tempfile.mkdtemp(prefix="gs-layers-")
-    for path, text in files.items():
-        full = os.path.join(root, path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w") as fh:
-            fh.write(text)
-    return root
+    return gs_harness.write_tree(files, "gs-layers-")
 
 
 # 1. this tree

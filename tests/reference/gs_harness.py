@@ -42,6 +42,17 @@ class Checker:
         return 1 if self.failed else 0
 
 
+def write_tree(files, prefix):
+    """A fresh temporary folder holding files ({relative path: text}); returns its path."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    for path, text in files.items():
+        full = os.path.join(root, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w") as fh:
+            fh.write(text)
+    return root
+
+
 def scratch_dir(name):
     base = os.environ.get("GS_TEST_TMP")
     if base:
