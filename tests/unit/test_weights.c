@@ -79,7 +79,8 @@ static void on_spec(eng_request *r, int step, int start, int32_t anchor, const i
                               anchor, nd, nd ? d[0] : -1, acc, bonus);
 }
 
-static int generate(rt *x, req *q, int max_tokens)
+/* The tests' one request: the fixed 8-token prompt, max_tokens, eos ignored, outputs into q. */
+static void req_init(req *q, int max_tokens)
 {
     memset(q, 0, sizeof *q);
     for (int i = 0; i < 8; i++) q->prompt[i] = (i * 31 + 7) % 190;
@@ -89,6 +90,11 @@ static int generate(rt *x, req *q, int max_tokens)
     q->r.ignore_eos = 1;
     q->r.out_tokens = q->out;
     q->r.out_logprobs = q->lp;
+}
+
+static int generate(rt *x, req *q, int max_tokens)
+{
+    req_init(q, max_tokens);
     q->r.on_spec = on_spec;
     q->r.user = q;
     char err[256];
@@ -258,19 +264,8 @@ static void test_failed_session_aborts_in_flight(void **state)
         rt x;
         open_rt(&x, T0, mode >= 2 ? D0 : NULL);
         req q, w;
-        memset(&q, 0, sizeof q);
-        memset(&w, 0, sizeof w);
-        for (int i = 0; i < 8; i++) q.prompt[i] = w.prompt[i] = (i * 31 + 7) % 190;
-        q.r.prompt = q.prompt;
-        q.r.n_prompt = 8;
-        q.r.max_tokens = 20;
-        q.r.ignore_eos = 1;
-        q.r.out_tokens = q.out;
-        q.r.out_logprobs = q.lp;
-        w.r = q.r;
-        w.r.prompt = w.prompt;
-        w.r.out_tokens = w.out;
-        w.r.out_logprobs = w.lp;
+        req_init(&q, 20);
+        req_init(&w, 20);
         char err[512];
         int status;
         assert_int_equal(eng_submit(x.e, &q.r, NULL, err, sizeof err), 0);
@@ -342,14 +337,7 @@ static void test_recompute_and_keep(void **state)
         rt x;
         open_rt(&x, T0, NULL);
         req q;
-        memset(&q, 0, sizeof q);
-        for (int i = 0; i < 8; i++) q.prompt[i] = (i * 31 + 7) % 190;
-        q.r.prompt = q.prompt;
-        q.r.n_prompt = 8;
-        q.r.max_tokens = 12;
-        q.r.ignore_eos = 1;
-        q.r.out_tokens = q.out;
-        q.r.out_logprobs = q.lp;
+        req_init(&q, 12);
         char err[512];
         int status;
         assert_int_equal(eng_submit(x.e, &q.r, NULL, err, sizeof err), 0);
