@@ -140,17 +140,6 @@ static void stats_tick(stats_log *sl, const eng_engine *e, double now)
     stats_reset(sl, e, now);
 }
 
-/* pthread_cond_timedwait deadline `sec` seconds from now on the inbox condition's clock (monotonic) */
-static struct timespec deadline_in(double sec)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const long long ns = (long long)ts.tv_nsec + (long long)(sec * 1e9);
-    ts.tv_sec += (time_t)(ns / 1000000000LL);
-    ts.tv_nsec = (long)(ns % 1000000000LL);
-    return ts;
-}
-
 /* A running server: state, engine thread, listener (srv_server_start / srv_server_stop). */
 struct srv_server {
     srv_state *s;
@@ -199,7 +188,7 @@ static void *engine_main(void *arg)
                 pthread_cond_wait(&s->inbox_cv, &s->mu);
                 continue;
             }
-            struct timespec ts = deadline_in(wait);
+            struct timespec ts = srv_timespec_at(srv_now() + wait);
             (void)pthread_cond_timedwait(&s->inbox_cv, &s->mu, &ts); /* woken or timed out: look again */
         }
         srv_job *list = s->inbox_head;
@@ -531,11 +520,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->jobs_mu, NULL);
     /* monotonic: the engine thread's timed wait (the throughput line) must not jump with the clock */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->inbox_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    srv_cond_init_monotonic(&s->inbox_cv);
     srv_metrics_init(&s->met);
     srv_metrics_publish(&s->met, s->rt.e);
     srv_weights_init(s);

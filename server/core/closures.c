@@ -7,13 +7,15 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "server/core/srv.h"
 
-int srv_engine_call(srv_state *s, srv_closure *c)
+/* Queues c and waits until the engine thread ran it, or until `deadline` (srv_now() seconds;
+ * INFINITY: no limit). 0: ran; -1: not run (shutting down); 1: the deadline passed first, and c
+ * now belongs to the engine thread, which frees it (so c must come from malloc then). */
+static int call_until(srv_state *s, srv_closure *c, double deadline)
 {
-    pthread_cond_init(&c->cv, NULL);
+    srv_cond_init_monotonic(&c->cv);
     c->done = c->ran = c->abandoned = 0;
     c->next = NULL;
     pthread_mutex_lock(&s->mu);
@@ -26,11 +28,24 @@ int srv_engine_call(srv_state *s, srv_closure *c)
     else s->clo_head = c;
     s->clo_tail = c;
     pthread_cond_signal(&s->inbox_cv);
-    while (!c->done) pthread_cond_wait(&c->cv, &s->mu);
+    if (isinf(deadline)) {
+        while (!c->done) pthread_cond_wait(&c->cv, &s->mu);
+    } else {
+        const struct timespec ts = srv_timespec_at(deadline);
+        while (!c->done && pthread_cond_timedwait(&c->cv, &s->mu, &ts) != ETIMEDOUT) {
+        }
+    }
+    if (!c->done) { /* still queued or running: the engine thread frees it when it is done */
+        c->abandoned = 1;
+        pthread_mutex_unlock(&s->mu);
+        return 1;
+    }
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&c->cv);
     return c->ran ? 0 : -1;
 }
+
+int srv_engine_call(srv_state *s, srv_closure *c) { return call_until(s, c, INFINITY); }
 
 void srv_closures_run(srv_state *s, int stopping)
 {
@@ -67,39 +82,8 @@ int srv_engine_ping(srv_state *s, double timeout_s)
 {
     srv_closure *c = calloc(1, sizeof *c);
     if (!c) return -1;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
-    pthread_condattr_destroy(&ca);
     c->fn = ping_noop;
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    const double whole = floor(timeout_s);
-    dl.tv_sec += (time_t)whole;
-    dl.tv_nsec += (long)((timeout_s - whole) * 1e9);
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&s->mu);
-    if (s->stopping) {
-        pthread_mutex_unlock(&s->mu);
-        pthread_cond_destroy(&c->cv);
-        free(c);
-        return -1;
-    }
-    if (s->clo_tail) s->clo_tail->next = c;
-    else s->clo_head = c;
-    s->clo_tail = c;
-    pthread_cond_signal(&s->inbox_cv);
-    int rc = 0;
-    while (!c->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&c->cv, &s->mu, &dl);
-    const int done = c->done, ran = c->ran;
-    if (!done) c->abandoned = 1; /* still queued or running: the engine thread frees it */
-    pthread_mutex_unlock(&s->mu);
-    if (!done) return 1;
-    pthread_cond_destroy(&c->cv);
-    free(c);
-    return ran ? 0 : -1;
+    const int rc = call_until(s, c, srv_now() + timeout_s);
+    if (rc != 1) free(c); /* (on 1 the engine thread owns it) */
+    return rc;
 }

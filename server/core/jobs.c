@@ -253,11 +253,7 @@ srv_job *srv_job_new(srv_state *s, double t_arrival)
     j->created = srv_wall();
     atomic_init(&j->aborted, 0);
     pthread_mutex_init(&j->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&j->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    srv_cond_init_monotonic(&j->cv);
     return j;
 }
 
@@ -348,22 +344,10 @@ static void cancel_all(srv_job *j)
 /* Caller holds j->mu. */
 static int settled(const srv_job *j) { return j->state != SRV_JOB_QUEUED && j->n_live == 0; }
 
-static void abs_deadline(double t, struct timespec *ts)
-{
-    /* srv_now() is CLOCK_MONOTONIC, as is the job condvar */
-    ts->tv_sec = (time_t)t;
-    ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 /* Caller holds j->mu. Waits until pred or the deadline; returns 0 on pred, ETIMEDOUT otherwise. */
 static int wait_until(srv_job *j, int (*pred)(const srv_job *, uint64_t), uint64_t arg, double deadline)
 {
-    struct timespec ts;
-    abs_deadline(deadline, &ts);
+    const struct timespec ts = srv_timespec_at(deadline);
     while (!pred(j, arg)) {
         if (srv_now() >= deadline) return ETIMEDOUT;
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);

@@ -344,15 +344,9 @@ int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSO
  * {"status": "engine_unresponsive"}. Unlike /health it proves the engine thread is looping. */
 static int route_liveness(srv_state *s, struct mg_connection *conn)
 {
-    const struct mg_request_info *ri = mg_get_request_info(conn);
     double lim = 30;
-    char v[32];
-    if (ri->query_string && mg_get_var(ri->query_string, strlen(ri->query_string), "timeout", v, sizeof v) >= 0) {
-        char *end;
-        lim = strtod(v, &end);
-        if (end == v || *end || !(lim >= 0.1 && lim <= 300))
-            return srv_send_error(conn, 400, "timeout", "timeout must be a number of seconds in [0.1, 300]");
-    }
+    if (srv_query_seconds(conn, "timeout", 0.1, 300, &lim) < 0)
+        return srv_send_error(conn, 400, "timeout", "timeout must be a number of seconds in [0.1, 300]");
     const int rc = srv_engine_ping(s, lim);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", rc == 0 ? "ok" : rc == 1 ? "engine_unresponsive" : "shutting_down");

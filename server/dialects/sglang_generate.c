@@ -448,18 +448,28 @@ static int route_model_info(srv_state *s, struct mg_connection *c)
     return st;
 }
 
+/* The engine's live counters, as the engine thread last published them (srv_metrics_publish). */
+typedef struct {
+    int run, wait, used, total; /* running and waiting requests, KV tokens in use and in all */
+} load_now;
+
+static load_now load_read(srv_state *s)
+{
+    return (load_now){atomic_load(&s->met.running), atomic_load(&s->met.waiting), atomic_load(&s->met.kv_in_use),
+                      atomic_load(&s->met.kv_total)};
+}
+
 static cJSON *load_json(srv_state *s)
 {
-    const int run = atomic_load(&s->met.running), wait = atomic_load(&s->met.waiting);
-    const int used = atomic_load(&s->met.kv_in_use), total = atomic_load(&s->met.kv_total);
+    const load_now n = load_read(s);
     cJSON *l = cJSON_CreateObject();
     cJSON_AddNumberToObject(l, "dp_rank", 0);
-    cJSON_AddNumberToObject(l, "num_running_reqs", run);
-    cJSON_AddNumberToObject(l, "num_waiting_reqs", wait);
-    cJSON_AddNumberToObject(l, "num_total_reqs", run + wait);
-    cJSON_AddNumberToObject(l, "num_used_tokens", used);
+    cJSON_AddNumberToObject(l, "num_running_reqs", n.run);
+    cJSON_AddNumberToObject(l, "num_waiting_reqs", n.wait);
+    cJSON_AddNumberToObject(l, "num_total_reqs", n.run + n.wait);
+    cJSON_AddNumberToObject(l, "num_used_tokens", n.used);
     cJSON_AddNumberToObject(l, "max_total_num_tokens", s->kv_tokens);
-    cJSON_AddNumberToObject(l, "token_usage", total > 0 ? (double)used / (double)total : 0.0);
+    cJSON_AddNumberToObject(l, "token_usage", n.total > 0 ? (double)n.used / (double)n.total : 0.0);
     return l;
 }
 
@@ -508,26 +518,24 @@ static int route_server_info(srv_state *s, struct mg_connection *c)
  * sends none) gets the object and every other (curl, python-requests, aiohttp) SGLang's list. */
 static int route_get_load(srv_state *s, struct mg_connection *c)
 {
-    const struct mg_request_info *ri = mg_get_request_info(c);
     char fmt[16] = "";
-    if (ri->query_string) mg_get_var(ri->query_string, strlen(ri->query_string), "format", fmt, sizeof fmt);
+    srv_query_var(c, "format", fmt, sizeof fmt);
     int router;
     if (!fmt[0]) router = mg_get_header(c, "User-Agent") == NULL;
     else if (strcmp(fmt, "router") == 0 || strcmp(fmt, "vllm") == 0) router = 1;
     else if (strcmp(fmt, "sglang") == 0) router = 0;
     else return srv_send_error(c, 400, "format", "format must be \"sglang\", \"router\" or \"vllm\"");
-    const int run = atomic_load(&s->met.running), wait = atomic_load(&s->met.waiting);
-    const int used = atomic_load(&s->met.kv_in_use);
+    const load_now n = load_read(s);
     cJSON *l = cJSON_CreateObject();
-    if (router) cJSON_AddNumberToObject(l, "load", run + wait);
+    if (router) cJSON_AddNumberToObject(l, "load", n.run + n.wait);
     else {
         cJSON_AddNullToObject(l, "rid");
         cJSON_AddNullToObject(l, "http_worker_ipc");
         cJSON_AddNullToObject(l, "dp_rank");
     }
-    cJSON_AddNumberToObject(l, "num_reqs", run + wait);
-    cJSON_AddNumberToObject(l, "num_waiting_reqs", wait);
-    cJSON_AddNumberToObject(l, "num_tokens", used);
+    cJSON_AddNumberToObject(l, "num_reqs", n.run + n.wait);
+    cJSON_AddNumberToObject(l, "num_waiting_reqs", n.wait);
+    cJSON_AddNumberToObject(l, "num_tokens", n.used);
     cJSON *o = l;
     if (!router) {
         o = cJSON_CreateArray();

@@ -248,16 +248,9 @@ int srv_nccl_group_update(srv_state *s, struct mg_connection *conn, srv_cmd *c)
 static int route_flush_cache(srv_state *s, struct mg_connection *conn)
 {
     const struct mg_request_info *ri = mg_get_request_info(conn);
-    if (ri->query_string) {
-        char v[64];
-        if (mg_get_var(ri->query_string, strlen(ri->query_string), "timeout", v, sizeof v) >= 0) {
-            char *end = NULL;
-            errno = 0;
-            const double t = strtod(v, &end);
-            if (!v[0] || *end || errno || !(t >= 0) || t > 1e9)
-                return srv_send_error(conn, 400, "timeout", "timeout must be a number of seconds >= 0");
-        }
-    }
+    double t;
+    if (srv_query_seconds(conn, "timeout", 0, 1e9, &t) < 0)
+        return srv_send_error(conn, 400, "timeout", "timeout must be a number of seconds >= 0");
     if (strcmp(ri->request_method, "POST") == 0) {
         srv_err e;
         cJSON *b = srv_read_json_opt(s, conn, &e); /* (none, or a JSON object: SGLang ignores it) */

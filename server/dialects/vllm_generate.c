@@ -323,8 +323,7 @@ static int route_world_size(srv_state *s, struct mg_connection *c)
 {
     (void)s;
     char v[16] = "";
-    const struct mg_request_info *ri = mg_get_request_info(c);
-    if (ri->query_string) mg_get_var(ri->query_string, strlen(ri->query_string), "include_dp", v, sizeof v);
+    srv_query_var(c, "include_dp", v, sizeof v);
     if (v[0] && strcmp(v, "true") && strcmp(v, "false") && strcmp(v, "1") && strcmp(v, "0") && strcmp(v, "True") &&
         strcmp(v, "False"))
         return srv_send_error(c, 400, "include_dp", "include_dp must be a boolean");

@@ -7,6 +7,7 @@
  * early (413, 401, 404) without reading the body.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -439,4 +440,27 @@ static int dispatch(srv_http *s, struct mg_connection *c)
     }
     srv_errf(&e, 404, NULL, "no route %s %s", ri->request_method, path);
     return srv_send_err(c, &e);
+}
+
+int srv_query_var(struct mg_connection *c, const char *name, char *v, size_t len)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    char tmp[256];
+    if (!ri->query_string || len > sizeof tmp) return 0;
+    /* (mg_get_var empties its buffer when the variable is absent: read into tmp first) */
+    if (mg_get_var(ri->query_string, strlen(ri->query_string), name, tmp, len) < 0) return 0;
+    memcpy(v, tmp, strlen(tmp) + 1);
+    return 1;
+}
+
+int srv_query_seconds(struct mg_connection *c, const char *name, double lo, double hi, double *out)
+{
+    char v[64];
+    if (!srv_query_var(c, name, v, sizeof v)) return 0;
+    char *end = NULL;
+    errno = 0;
+    const double t = strtod(v, &end);
+    if (!v[0] || *end || errno || !(t >= lo && t <= hi)) return -1;
+    *out = t;
+    return 1;
 }

@@ -9,10 +9,12 @@
 #define GS_SRV_HTTP_H
 
 #include <civetweb.h>
+#include <pthread.h>
 #include <cjson/cJSON.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define SRV_MAX_ROUTES 160 /* every dialect, the weight and memory routes */
 
@@ -87,6 +89,18 @@ int srv_dispatch(struct mg_connection *c, void *cbdata);
 
 double srv_now(void);        /* monotonic seconds */
 double srv_wall(void);       /* wall-clock seconds since the epoch */
+/* Every timed wait of the server is on CLOCK_MONOTONIC (a clock step must not fire or stall one):
+ * conditions are made with srv_cond_init_monotonic, deadlines are srv_now() seconds, and
+ * srv_timespec_at turns one into pthread_cond_timedwait's absolute time. */
+void srv_cond_init_monotonic(pthread_cond_t *cv);
+struct timespec srv_timespec_at(double t);
+
+/* Query-string variables (decoded). srv_query_var: 1 and the value in v[0..len) when `name` is
+ * there (the first one), else 0 with v untouched, so a default written into v beforehand stays.
+ * srv_query_seconds: 0 when absent (*out untouched), 1 with *out when it is a number in [lo, hi],
+ * -1 otherwise (the caller answers 400). */
+int srv_query_var(struct mg_connection *c, const char *name, char *v, size_t len);
+int srv_query_seconds(struct mg_connection *c, const char *name, double lo, double hi, double *out);
 
 /* Writes a complete response (one write: status line, headers, body). */
 int srv_send(struct mg_connection *c, int status, const char *content_type, const char *extra_headers,

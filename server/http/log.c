@@ -27,6 +27,28 @@ double srv_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void srv_cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+struct timespec srv_timespec_at(double t)
+{
+    struct timespec ts;
+    const double whole = floor(t);
+    ts.tv_sec = (time_t)whole;
+    ts.tv_nsec = (long)((t - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 double srv_wall(void)
 {
     struct timespec ts;

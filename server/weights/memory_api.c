@@ -138,13 +138,12 @@ static int call_and_reply(srv_state *s, struct mg_connection *c, mem_call *m, in
 /* POST /sleep?level=1|2 (vLLM; a JSON {"level": n} body too, as SkyRL sends it) */
 static int route_sleep(srv_state *s, struct mg_connection *c)
 {
-    const struct mg_request_info *ri = mg_get_request_info(c);
     srv_err e;
     cJSON *b = read_opt_body(s, c, &e);
     if (!b) return srv_send_err(c, &e);
     mem_call m = {.level = 1};
     char v[32];
-    if (ri->query_string && mg_get_var(ri->query_string, strlen(ri->query_string), "level", v, sizeof v) >= 0) {
+    if (srv_query_var(c, "level", v, sizeof v)) {
         char *end;
         long l = strtol(v, &end, 10);
         if (*end || (l != 1 && l != 2)) {

@@ -881,15 +881,8 @@ void srv_weights_hash_fields(cJSON *o, const srv_cmd *c)
 static int route_checksums(srv_state *s, struct mg_connection *conn)
 {
     char model[16] = "target", names[16] = "internal";
-    const struct mg_request_info *ri = mg_get_request_info(conn);
-    if (ri->query_string) {
-        /* (mg_get_var empties its buffer when the variable is absent: keep the defaults then) */
-        char v[16];
-        if (mg_get_var(ri->query_string, strlen(ri->query_string), "model", v, sizeof v) >= 0)
-            snprintf(model, sizeof model, "%s", v);
-        if (mg_get_var(ri->query_string, strlen(ri->query_string), "names", v, sizeof v) >= 0)
-            snprintf(names, sizeof names, "%s", v);
-    }
+    srv_query_var(conn, "model", model, sizeof model);
+    srv_query_var(conn, "names", names, sizeof names);
     if (strcmp(model, "target") != 0 && strcmp(model, "draft") != 0)
         return srv_send_error(conn, 400, "model", "model must be \"target\" or \"draft\"");
     const int ck = srv_weights_parse_names(names);
@@ -1005,8 +998,7 @@ int srv_weights_pause(srv_state *s, struct mg_connection *conn, const char *mode
 int srv_wroute_pause(srv_state *s, struct mg_connection *conn)
 {
     char mode[32] = "abort";
-    const struct mg_request_info *ri = mg_get_request_info(conn);
-    if (ri->query_string) mg_get_var(ri->query_string, strlen(ri->query_string), "mode", mode, sizeof mode);
+    srv_query_var(conn, "mode", mode, sizeof mode);
     srv_err e;
     cJSON *b = srv_read_json_opt(s, conn, &e);
     if (!b) return srv_send_err(conn, &e);

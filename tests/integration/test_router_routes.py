@@ -5,10 +5,11 @@
     num_waiting_reqs, num_tokens}] (sgl-project/sglang nightly API test test_api_get_load) for a
     client with a User-Agent or ?format=sglang; the routers' object {"load": n, ...} (sglang-router
     and vllm-router get_worker_load read data["load"] as an integer; their reqwest client sends no
-    User-Agent) without one or with ?format=router / vllm; a bad format 400. While a long generation
-    runs, load and num_reqs count it, and drop back to 0 after.
+    User-Agent) without one or with ?format=router / vllm; a bad format 400. A request a pause
+    (mode keep) holds counts in load, num_reqs and num_waiting_reqs, 0 again after the resume;
+    /pause with a query that lacks mode keeps its default.
   - GET /liveness (prime-rl src/prime_rl/inference/vllm/server.py at 559b447): 200 {"status": "ok"},
-    also while a generation runs; a bad ?timeout 400.
+    also while generation is paused; a bad ?timeout 400.
   - GET /server_info: enable_memory_saver false by default, true with --enable-memory-saver (slime's
     sglang_engine.py _init_external asserts it equals its --offload-rollout).
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
@@ -45,32 +46,41 @@ def test_get_load(C, srv):
     r = H.get(srv, "/get_load?format=xml", headers=UA)
     H.error_ok(C, "get_load bad format", r, 400, "format")
 
-    # a long generation: the load counts it while it runs
+    # a request held by a pause (mode keep: generation stops, nothing is dropped) is counted, and
+    # the engine loop still answers /liveness meanwhile; after the resume it finishes and the load is 0
+    r = H.post(srv, "/pause?mode=keep", {})
+    C.check(r.status == 200, "pause keep: %r" % r)
     done = {}
 
     def gen():
-        done["r"] = H.post(srv, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 400, "temperature": 0,
-                                                     "ignore_eos": True}, timeout=300)
+        done["r"] = H.post(srv, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 16, "temperature": 0},
+                           timeout=120)
 
     t = threading.Thread(target=gen)
     t.start()
-    seen = 0
-    live_busy = None
-    t0 = time.time()
-    while t.is_alive() and time.time() - t0 < 120:
+    load, t0 = None, time.time()
+    while time.time() - t0 < 30:
         r = H.get(srv, "/get_load")
         if r.status == 200 and isinstance(r.json, dict) and r.json.get("load", 0) >= 1:
-            seen = max(seen, r.json["load"])
-            lr = H.get(srv, "/liveness?timeout=10")
-            live_busy = live_busy if live_busy is not None else lr
-        time.sleep(0.01)
-    t.join()
-    C.check(done.get("r") is not None and done["r"].status == 200, "long generation: %r" % done.get("r"))
-    C.check(seen >= 1, "get_load counted the running request (max load seen %d)" % seen)
-    C.check(live_busy is not None and live_busy.status == 200 and live_busy.json == {"status": "ok"},
-            "liveness while generating: %r" % live_busy)
+            load = r.json
+            break
+        time.sleep(0.02)
+    C.check(load is not None and load["load"] == 1 and load["num_reqs"] == 1 and load["num_waiting_reqs"] == 1,
+            "get_load counts the request a pause holds: %r" % load)
+    r = H.get(srv, "/get_load", headers=UA)
+    C.check(r.status == 200 and r.json[0].get("num_reqs") == 1, "the SGLang shape counts it too: %r" % r)
+    r = H.get(srv, "/liveness?timeout=10")
+    C.check(r.status == 200 and r.json == {"status": "ok"}, "liveness while paused: %r" % r)
+    r = H.post(srv, "/resume", {})
+    C.check(r.status == 200, "resume: %r" % r)
+    t.join(120)
+    C.check(done.get("r") is not None and done["r"].status == 200, "the held request after resume: %r" % done.get("r"))
     r = H.get(srv, "/get_load")
     C.check(r.status == 200 and r.json.get("load") == 0 and r.json.get("num_reqs") == 0, "get_load after: %r" % r)
+    # a query without mode keeps pause's default (mode "abort"), as a body without it does
+    r = H.post(srv, "/pause?unrelated=1", {})
+    C.check(r.status == 200, "pause with another query variable: %r" % r)
+    H.post(srv, "/resume", {})
 
 
 def test_liveness(C, srv):
