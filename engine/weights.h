@@ -73,6 +73,15 @@ void eng_weights_get_info(const eng_engine *e, eng_weights_info *out);
 eng_wstate eng_weights_state(const eng_engine *e);
 /* Renames the current version (SGLang /update_weight_version); the weights are unchanged. */
 void eng_weights_set_version(eng_engine *e, const char *version);
+/* SGLang's weights_checker "reset_tensors" (weights_reset.c): one partial session that overwrites
+ * every checkpoint tensor of `which` (model "all": the drafter's as "draft.<name>") with
+ * pseudo-random values uniform in [0, 1) in the checkpoint dtype, except names containing one of
+ * skip[0..n_skip); running requests are aborted; the hooks run; the version string is kept.
+ * *n_reset: tensors written. 0, or -1 with err / *status as eng_weights_begin / bucket / finish. */
+int eng_weights_reset(eng_engine *e, eng_wmodel which, const char *const *skip, int n_skip, uint64_t seed,
+                      int *n_reset, char *err, size_t errlen, int *status);
+/* 1 when name contains one of skip[0..n_skip) (SGLang's skip_tensor_list: substrings). */
+int eng_weights_name_skipped(const char *name, const char *const *skip, int n_skip);
 /* Disk transport: streams a checkpoint folder into the open session in buckets of about
  * bucket_bytes (names prefixed with `prefix`, e.g. "draft." for model "all"; NULL: none). A bad
  * tensor refuses its bucket; earlier buckets stay written (the caller aborts the session). */

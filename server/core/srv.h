@@ -136,6 +136,7 @@ struct srv_state {
     eng_weights_info wpub;
     char vname[64][128];        /* version strings by version number (ring) */
     int is_paused_pub;
+    cJSON *wsnap;               /* weights_checker's last snapshot (checker.c), under wmu */
     /* engine closures (serve.c srv_engine_call), guarded by `mu` */
     srv_closure *clo_head, *clo_tail;
     int prompt_tokens_details;  /* --enable-prompt-tokens-details (vLLM): usage.prompt_tokens_details

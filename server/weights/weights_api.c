@@ -61,6 +61,7 @@
  *   SET_VERSION          eng_weights_set_version
  *   NCCL_*, IPC_*        srv_gpu_cmd_run (weights_gpu.c): receive into a session, or manage the group
  *   TRL_*, PRIMERL_...   c->run, the dialect's engine side (server/dialects/), set by its route
+ *   WRESET               c->run: eng_weights_reset (weights_checker reset_tensors, checker.c)
  * The session timeout is not a command: srv_weights_expire (after the commands, each iteration)
  * aborts an open session with no command and no bucket upload for --weight-session-timeout.
  */
@@ -177,6 +178,7 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     case SRV_CMD_TRL_FINISH:
     case SRV_CMD_TRL_CLOSE:
     case SRV_CMD_PRIMERL_UPDATE:
+    case SRV_CMD_WRESET:
         /* a dialect's own engine-side steps (dialects/trl_weights.c, primerl_weights.c): set by the
          * route that made the command */
         assert(c->run);
@@ -907,64 +909,6 @@ static int route_checksums(srv_state *s, struct mg_connection *conn)
 
 /* ---- routes more than one dialect serves (registered by weights_vllm.c and weights_sglang.c) -- */
 
-/* vLLM /weight_checker and SGLang /weights_checker: {"action":"checksum"} or
- * {"action":"compare","checksums":{name:hex}} (model optional). */
-int srv_wroute_checker(srv_state *s, struct mg_connection *conn)
-{
-    srv_err e;
-    cJSON *b = srv_read_json_opt(s, conn, &e);
-    if (!b) return srv_send_err(conn, &e);
-    const char *action = "checksum", *model = "target", *names = NULL;
-    if (srv_opt_string(b, "action", &action, &e) || srv_opt_string(b, "model", &model, &e) ||
-        srv_opt_string(b, "names", &names, &e)) {
-        cJSON_Delete(b);
-        return srv_send_err(conn, &e);
-    }
-    if (strcmp(action, "checksum") != 0 && strcmp(action, "compare") != 0) {
-        cJSON_Delete(b);
-        return srv_send_error(conn, 400, "action", "action must be \"checksum\" or \"compare\"");
-    }
-    const int ck = srv_weights_parse_names(names);
-    if (ck < 0) {
-        cJSON_Delete(b);
-        return srv_send_error(conn, 400, "names", "names must be \"internal\" or \"checkpoint\"");
-    }
-    cJSON *t = NULL;
-    srv_cmd *c = NULL;
-    srv_weights_checksums(s, conn, strcmp(model, "draft") == 0, ck, &t, &c);
-    if (!c) {
-        cJSON_Delete(b);
-        return 500;
-    }
-    cJSON *o = NULL;
-    if (c->status == 200) {
-        o = cJSON_CreateObject();
-        if (ck) srv_weights_hash_fields(o, c); /* (the default answer keeps its vLLM / SGLang shape) */
-        if (strcmp(action, "checksum") == 0) {
-            cJSON_AddItemToObject(o, "checksums", t);
-        } else {
-            const cJSON *want = cJSON_GetObjectItemCaseSensitive(b, "checksums");
-            cJSON *mism = cJSON_AddArrayToObject(o, "mismatches");
-            const cJSON *x;
-            int n = 0;
-            cJSON_ArrayForEach(x, want)
-            {
-                const cJSON *have = cJSON_GetObjectItemCaseSensitive(t, x->string);
-                n++;
-                if (!cJSON_IsString(x) || !cJSON_IsString(have) || strcmp(x->valuestring, have->valuestring) != 0)
-                    cJSON_AddItemToArray(mism, cJSON_CreateString(x->string));
-            }
-            cJSON_AddBoolToObject(o, "match", cJSON_GetArraySize(mism) == 0 && n == cJSON_GetArraySize(t));
-            cJSON_AddNumberToObject(o, "compared", n);
-            cJSON_Delete(t);
-        }
-    }
-    cJSON_Delete(b);
-    int st = srv_cmd_send_result(conn, c, o);
-    free(c);
-    return st;
-}
-
 int srv_wroute_reset_prefix(srv_state *s, struct mg_connection *conn)
 {
     srv_err e;
@@ -1039,6 +983,7 @@ void srv_weights_destroy(srv_state *s)
 {
     free(s->staging);
     free(s->weights_root);
+    cJSON_Delete(s->wsnap);
     pthread_mutex_destroy(&s->store_mu);
     pthread_mutex_destroy(&s->wmu);
     pthread_mutex_destroy(&s->bucket_mu);

@@ -50,6 +50,7 @@ typedef enum {
     SRV_CMD_TRL_PARAM,    /* ... then its broadcast received, written, the barrier (detached) */
     SRV_CMD_TRL_FINISH,   /* /reset_prefix_cache/: the TRL session finished (one hook) */
     SRV_CMD_TRL_CLOSE,    /* /close_communicator/: finish, communicator and store gone */
+    SRV_CMD_WRESET,       /* /weights_checker reset_tensors (checker.c: eng_weights_reset) */
     SRV_CMD_PRIMERL_UPDATE, /* prime-rl's /update_weights in broadcaster mode: its whole framed stream */
 } srv_cmd_kind;
 
@@ -101,6 +102,8 @@ struct srv_cmd {
     char master_addr[256];
     int master_port;
     size_t ipc_offset, ipc_bytes;
+    const char *const *skip; /* WRESET: names containing one of these are not reset */
+    int n_skip, n_reset;     /* ... and the tensors it wrote */
     /* drain state (wait mode) */
     int draining;
     double deadline;
@@ -176,7 +179,7 @@ int srv_weights_pause(srv_state *s, struct mg_connection *conn, const char *mode
 int srv_wroute_begin_model(srv_state *s, struct mg_connection *conn, eng_wmodel dflt);
 int srv_wroute_begin(srv_state *s, struct mg_connection *conn);          /* target model */
 int srv_wroute_finish(srv_state *s, struct mg_connection *conn);
-int srv_wroute_checker(srv_state *s, struct mg_connection *conn);        /* /weight_checker, /weights_checker */
+int srv_wroute_checker(srv_state *s, struct mg_connection *conn); /* /weight_checker, /weights_checker (checker.c) */
 int srv_wroute_reset_prefix(srv_state *s, struct mg_connection *conn);   /* {"success": true} */
 int srv_wroute_pause(srv_state *s, struct mg_connection *conn);          /* ?mode= or {"mode"} */
 int srv_wroute_resume(srv_state *s, struct mg_connection *conn);
