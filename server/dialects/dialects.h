@@ -30,6 +30,7 @@ void srv_err_rename(srv_err *e, const srv_field_map *map, int n_map);
 
 void srv_weights_vllm_routes(srv_state *s);
 void srv_weights_sglang_routes(srv_state *s);
+void srv_weights_sglang_tensor_routes(srv_state *s); /* /update_weights_from_tensor (sglang_tensor.c) */
 /* Leaves a joined SGLang group that never got its communicator (at shutdown). */
 void srv_weights_sglang_destroy(srv_state *s);
 void srv_weights_trl_routes(srv_state *s); /* also sets srv_state.w_settle (TRL's session end) */

@@ -284,4 +284,5 @@ void srv_weights_sglang_routes(srv_state *s)
     srv_route_add(&s->http, "POST", "/update_weights_from_distributed", route_nccl_update, 2);
     srv_route_add(&s->http, "POST", "/init_weights_update_group", route_nccl_init_sglang, 2);
     srv_route_add(&s->http, "POST", "/destroy_weights_update_group", route_nccl_destroy, 2);
+    srv_weights_sglang_tensor_routes(s);
 }

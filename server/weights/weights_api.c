@@ -54,6 +54,9 @@
  *                        eng_weights_load_dir (the target, then the drafter: "draft." for model "all")
  *                        -> eng_weights_finish; a failed load is aborted (INCONSISTENT once something
  *                        was written, I8); s->paused = 0 after the finish unless keep_paused
+ *   HOST_UPDATE          one whole session: eng_weights_begin -> eng_weights_bucket of the caller's
+ *                        host tensors (SGLang /update_weights_from_tensor) -> eng_weights_finish; a
+ *                        refused bucket is aborted (it wrote nothing); s->paused as LOAD
  *   CHECKSUMS            eng_weights_checksums or eng_weights_checksums_ckpt
  *   RESET_PREFIX         eng_reset_prefix_cache
  *   PAUSE / RESUME       s->paused = 1 / 0 (PAUSE "abort": eng_abort_running first); no engine state:
@@ -125,7 +128,8 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     eng_weights_get_info(e, &wi);
     /* (with a session already open or the weights undefined the command fails at once: no drain) */
     const int begins =
-        c->kind == SRV_CMD_BEGIN || c->kind == SRV_CMD_LOAD || (c->kind == SRV_CMD_NCCL_UPDATE && s->nccl);
+        c->kind == SRV_CMD_BEGIN || c->kind == SRV_CMD_LOAD || c->kind == SRV_CMD_HOST_UPDATE ||
+        (c->kind == SRV_CMD_NCCL_UPDATE && s->nccl);
     if ((begins || c->kind == SRV_CMD_PAUSE) && c->pause == ENG_PAUSE_WAIT &&
         !wi.session_open && wi.state != ENG_W_UNDEFINED) {
         /* drain: no admission, running requests finish (bounded); the rest is aborted */
@@ -183,6 +187,17 @@ static int run_cmd(srv_state *s, srv_cmd *c)
          * route that made the command */
         assert(c->run);
         c->run(s, c, &st);
+        break;
+    case SRV_CMD_HOST_UPDATE: /* one whole session of one bucket of host tensors (the caller's) */
+        if (eng_weights_begin(e, c->full, c->which, c->pause, c->version, &c->session, err, el, &st) != 0) break;
+        if (eng_weights_bucket(e, c->tensors, c->n_tensors, c->what, err, el, &st) != 0) {
+            int st2; /* a refused bucket writes nothing: the weights are what they were */
+            char e2[64];
+            eng_weights_abort(e, e2, sizeof e2, &st2);
+            break;
+        }
+        if (eng_weights_finish(e, c->version, err, el, &st) == 0) st = 200;
+        if (!c->keep_paused) s->paused = 0;
         break;
     case SRV_CMD_LOAD: {
         /* the files again, right before they are opened (see confine_ckpt) */

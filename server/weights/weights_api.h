@@ -33,6 +33,7 @@ typedef enum {
     SRV_CMD_FINISH,
     SRV_CMD_ABORT,
     SRV_CMD_LOAD,
+    SRV_CMD_HOST_UPDATE,  /* begin + one bucket of host tensors + finish (dialects/sglang_tensor.c) */
     SRV_CMD_CHECKSUMS,
     SRV_CMD_RESET_PREFIX,
     SRV_CMD_PAUSE,
