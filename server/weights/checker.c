@@ -255,8 +255,9 @@ int srv_wroute_checker(srv_state *s, struct mg_connection *conn)
     const cJSON *want = cJSON_GetObjectItemCaseSensitive(b, "checksums");
     if (strcmp(r.action, "checksum") == 0 || (strcmp(r.action, "compare") == 0 && want)) {
         if (strcmp(r.model, "all") == 0) {
-            cJSON_Delete(b);
-            return srv_send_error(conn, 400, "model", "action %s takes model \"target\" or \"draft\"", r.action);
+            st = srv_send_error(conn, 400, "model", "action %s takes model \"target\" or \"draft\"", r.action);
+            cJSON_Delete(b); /* (r's strings point into b) */
+            return st;
         }
         srv_cmd *c = NULL;
         cJSON *t = model_sums(s, conn, strcmp(r.model, "draft") == 0, names, &c, &st);
@@ -326,12 +327,14 @@ int srv_wroute_checker(srv_state *s, struct mg_connection *conn)
     const int n = s->wsnap ? compare_snapshot(s->wsnap, now, r.model, &r, bad) : -1;
     pthread_mutex_unlock(&s->wmu);
     cJSON_Delete(now);
-    cJSON_Delete(b);
     if (n < 0) {
         cJSON_Delete(bad);
-        return srv_send_error(conn, 400, "action",
-                              "no snapshot of model \"%s\" to compare with: send {\"action\": \"snapshot\"} first", r.model);
+        st = srv_send_error(conn, 400, "action",
+                            "no snapshot of model \"%s\" to compare with: send {\"action\": \"snapshot\"} first", r.model);
+        cJSON_Delete(b); /* (r's strings point into b) */
+        return st;
     }
+    cJSON_Delete(b);
     const int nb = cJSON_GetArraySize(bad);
     char msg[1024];
     if (nb == 0) {
