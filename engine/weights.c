@@ -531,23 +531,23 @@ int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name,
     return rc;
 }
 
-/* Checkpoint-name checksums (see weights.h). Each checkpoint tensor is a contiguous row range
- * [row0, row0 + rows) x cols of its destination (row-major), so its bytes are downloaded as one
- * run, converted from the storage dtype to the checkpoint's torch_dtype (round to nearest even;
- * exact whenever the value came from a tensor of that dtype) and hashed. */
-int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u),
-                               void *u, mdl_dtype *hash_dt)
+/* Checkpoint tensors (see weights.h), shared by the checkpoint-name checksums and the export
+ * (server/weights/pull.c). Each checkpoint tensor is a contiguous row range [row0, row0 + rows) x
+ * cols of its destination (row-major), so its bytes are downloaded as one run, converted from the
+ * storage dtype to the checkpoint's torch_dtype (round to nearest even; exact whenever the value
+ * came from a tensor of that dtype) and handed to fn. The two buffers are grown, never per tensor
+ * reallocated when the next one fits. */
+int eng_weights_ckpt_visit(eng_engine *e, int draft, int with_data, int (*fn)(const eng_ckpt_tensor *t, void *u),
+                           void *u)
 {
     const mdl_model *m = draft ? e->draft : e->m;
     if (!m) return -1;
-    if (e->sleep.asleep & ENG_MEM_WEIGHTS) return -3; /* released memory must not be read */
+    if (with_data && (e->sleep.asleep & ENG_MEM_WEIGHTS)) return -3; /* released memory must not be read */
     const mdl_dtype hd = m->cfg.dtype;
-    if (hash_dt) *hash_dt = hd;
     eng_backend *be = e->be;
     size_t cap = 0, ccap = 0;
     uint8_t *buf = NULL, *cbuf = NULL;
     int rc = 0;
-    char hex[65];
     for (int k = 0; k < m->n_dests && rc == 0; k++) {
         const mdl_dest *d = &m->dests[k];
         /* tied embeddings: lm_head.weight is an alias of model.embed_tokens.weight (the same
@@ -555,36 +555,72 @@ int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *
         if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
         const mdl_param *p = &m->params[d->param];
         const size_t n = (size_t)d->rows * (size_t)p->cols, es = mdl_dtype_size(p->dt);
-        if (n * es > cap || n * mdl_dtype_size(hd) > ccap) {
-            free(buf);
-            free(cbuf);
-            cap = n * es;
-            ccap = n * mdl_dtype_size(hd);
-            buf = malloc(cap ? cap : 1);
-            cbuf = malloc(ccap ? ccap : 1);
-            if (!buf || !cbuf) {
-                rc = -2;
-                break;
+        eng_ckpt_tensor t = {.name = d->name, .dtype = hd, .ndim = d->ndim, .nbytes = n * mdl_dtype_size(hd)};
+        t.shape[0] = d->rows;
+        t.shape[1] = d->ndim == 2 ? d->cols : 0;
+        if (with_data) {
+            if (n * es > cap || t.nbytes > ccap) {
+                free(buf);
+                free(cbuf);
+                cap = n * es;
+                ccap = t.nbytes;
+                buf = malloc(cap ? cap : 1);
+                cbuf = malloc(ccap ? ccap : 1);
+                if (!buf || !cbuf) {
+                    rc = -2;
+                    break;
+                }
+            }
+            be->ops->download(be, buf, (const uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols * es, n * es);
+            be->ops->synchronize(be);
+            t.data = buf;
+            if (p->dt != hd) {
+                if (mdl_convert(cbuf, hd, buf, p->dt, n) != 0) {
+                    rc = -2;
+                    break;
+                }
+                t.data = cbuf;
             }
         }
-        be->ops->download(be, buf, (const uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols * es, n * es);
-        be->ops->synchronize(be);
-        const uint8_t *src = buf;
-        if (p->dt != hd) {
-            if (mdl_convert(cbuf, hd, buf, p->dt, n) != 0) {
-                rc = -2;
-                break;
-            }
-            src = cbuf;
-        }
-        eng_sha256_hex(src, n * mdl_dtype_size(hd), hex);
-        fn(d->name, hex, u);
+        if (fn(&t, u) != 0) rc = -4;
     }
-    /* derived buffers have no checkpoint name: their own entry, over their stored bytes */
-    for (int k = 0; k < m->n_derived && rc == 0; k++)
-        if (hash_stored(be, &m->derived[k], &buf, &cap, fn, u) != 0) rc = -2;
     free(buf);
     free(cbuf);
+    return rc;
+}
+
+typedef struct {
+    void (*fn)(const char *name, const char *hex, void *u);
+    void *u;
+} hash_ctx;
+
+static int hash_ckpt(const eng_ckpt_tensor *t, void *u)
+{
+    const hash_ctx *h = u;
+    char hex[65];
+    eng_sha256_hex(t->data, t->nbytes, hex);
+    h->fn(t->name, hex, h->u);
+    return 0;
+}
+
+/* Checkpoint-name checksums (see weights.h): SHA-256 of each tensor eng_weights_ckpt_visit hands
+ * over, then the derived buffers over their stored bytes. */
+int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u),
+                               void *u, mdl_dtype *hash_dt)
+{
+    const mdl_model *m = draft ? e->draft : e->m;
+    if (!m) return -1;
+    if (e->sleep.asleep & ENG_MEM_WEIGHTS) return -3; /* released memory must not be read */
+    if (hash_dt) *hash_dt = m->cfg.dtype;
+    hash_ctx h = {fn, u};
+    int rc = eng_weights_ckpt_visit(e, draft, 1, hash_ckpt, &h);
+    if (rc != 0) return rc;
+    /* derived buffers have no checkpoint name: their own entry, over their stored bytes */
+    size_t cap = 0;
+    uint8_t *buf = NULL;
+    for (int k = 0; k < m->n_derived && rc == 0; k++)
+        if (hash_stored(e->be, &m->derived[k], &buf, &cap, fn, u) != 0) rc = -2;
+    free(buf);
     return rc;
 }
 

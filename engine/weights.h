@@ -112,4 +112,23 @@ int eng_weights_checksums(eng_engine *e, int draft, void (*fn)(const char *name,
 int eng_weights_checksums_ckpt(eng_engine *e, int draft, void (*fn)(const char *name, const char *hex, void *u),
                                void *u, mdl_dtype *hash_dt);
 
+/* One checkpoint tensor as eng_weights_ckpt_visit hands it over. */
+typedef struct {
+    const char *name;  /* checkpoint (Hugging Face) name */
+    mdl_dtype dtype;   /* the model's checkpoint dtype (config torch_dtype) */
+    int ndim;          /* 1 or 2: the checkpoint's shape */
+    int64_t shape[2];
+    size_t nbytes;     /* numel * mdl_dtype_size(dtype) */
+    const void *data;  /* the values converted to dtype, row-major, little endian (valid during the
+                          call only); NULL when the visit is of the metadata only */
+} eng_ckpt_tensor;
+/* Visits every checkpoint tensor of the target (draft = 0) or the drafter (draft = 1): exactly the
+ * tensors, names, order (by name) and bytes eng_weights_checksums_ckpt hashes (for tied embeddings
+ * lm_head.weight is skipped; derived buffers are not visited: they have no checkpoint name).
+ * with_data = 0 visits the metadata only (nothing is read; allowed while asleep). fn returns 0 to go
+ * on, anything else to stop. Returns 0; -1 no drafter, -2 out of memory, -3 weights asleep
+ * (with_data), -4 stopped by fn. Engine thread (it reads the weights). */
+int eng_weights_ckpt_visit(eng_engine *e, int draft, int with_data, int (*fn)(const eng_ckpt_tensor *t, void *u),
+                           void *u);
+
 #endif

@@ -10,6 +10,9 @@
  *   2. The engine thread finishes its current step, rejects what is still in the inbox, aborts every
  *      running and waiting request (finish "abort": non-streaming clients get their partial result,
  *      streams get a final chunk with finish_reason "abort" and [DONE]) and exits; it is joined.
+ *      A --weights-from pull still under way was told to stop before step 1 and is joined here
+ *      (each command or closure it waits for has been answered 503; a read from a silent source
+ *      ends within civetweb's 30 s).
  *   3. Handlers still writing (their jobs are settled) get up to 10 s to finish, then mg_stop stops
  *      accepting and joins the handler threads.
  *   4. Tokenizer, runtime and state are freed.
@@ -18,7 +21,8 @@
  * (server/core/cli.c: config.json, the backend, the target's cold load, the drafter's, then
  * eng_create_spec: every plan-visible buffer, plan capture, the guard's record); the tokenizer;
  * immutable copies for the handler threads; locks, metrics and the published weight state; the
- * routes; the engine thread (engine_main); last the civetweb listener (mg_start) and the
+ * routes; the engine thread (engine_main); with --weights-from the pull's thread (generation refused
+ * until it succeeded; weights/pull.c); last the civetweb listener (mg_start) and the
  * "serving ... on URL" line. A signal before that line defers the shutdown to the end of start-up.
  *
  * The engine thread (engine_main), one iteration:
@@ -377,6 +381,13 @@ static const char help[] =
     "  --drain-timeout S      seconds a \"wait\" pause lets running requests finish (default 60)\n"
     "  --weight-session-timeout S  abort an open weight session after S seconds without a bucket or\n"
     "                         command, as /v1/weights/abort would (default 300; 0 = never)\n"
+    "  --weights-from URL     join with the live weights: after loading --model (the shapes), pull\n"
+    "                         every checkpoint tensor of the replica at URL (http://HOST:PORT, its\n"
+    "                         /v1/weights/export, checked against its checksums) as one full update\n"
+    "                         before reporting ready (/health?ready=1 503 and generation 503 until\n"
+    "                         then); retried while the source is unreachable or busy, then exit 1\n"
+    "  --weights-from-key KEY the source's admin key (Bearer; also GRAPHSWAP_WEIGHTS_FROM_KEY)\n"
+    "  --weights-from-timeout S  seconds the pull may take, retries included (default 300)\n"
     "\n"
     "Memory release for a colocated trainer (vLLM POST /sleep?level=1|2, POST /wake_up, GET\n"
     "/is_sleeping; SGLang POST /release_memory_occupation, /resume_memory_occupation; see docs/WEIGHTS.md):\n"
@@ -410,6 +421,8 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     uint64_t max_bucket = (uint64_t)2 << 30, update_bucket = (uint64_t)512 << 20;
     const char *log_format = "text";
     int access_log = 0, log_interval = 10, weights_cpu_backup = 0, prompt_tokens_details = 0, memory_saver = 0;
+    const char *weights_from = NULL, *weights_from_key = getenv("GRAPHSWAP_WEIGHTS_FROM_KEY");
+    int weights_from_timeout = 300;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -434,6 +447,9 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
             srv_arg_u64(argc, argv, &i, "--update-bucket-bytes", &update_bucket) ||
             srv_arg_int(argc, argv, &i, "--drain-timeout", 0, 1 << 20, &drain_s) ||
             srv_arg_int(argc, argv, &i, "--weight-session-timeout", 0, 1 << 24, &wsess_s) ||
+            srv_arg_str(argc, argv, &i, "--weights-from", &weights_from) ||
+            srv_arg_str(argc, argv, &i, "--weights-from-key", &weights_from_key) ||
+            srv_arg_int(argc, argv, &i, "--weights-from-timeout", 1, 86400, &weights_from_timeout) ||
             srv_arg_str(argc, argv, &i, "--log-format", &log_format) ||
             srv_arg_flag(argc, argv, &i, "--access-log", &access_log) ||
             srv_arg_flag(argc, argv, &i, "--enable-weights-cpu-backup", &weights_cpu_backup) ||
@@ -559,6 +575,7 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
     srv_weights_sglang_routes(s);
     srv_weights_trl_routes(s);
     srv_weights_gpu_routes(s);     /* CUDA IPC (native) */
+    srv_weights_pull_routes(s);    /* /v1/weights/export, /v1/weights/pull (native) */
     srv_dialect_sglang_routes(s);
     srv_dialect_vllm_routes(s);
     srv_dialect_trl_routes(s);
@@ -592,6 +609,13 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
     mg_init_library(0); /* reference-counted by civetweb: one per server, undone in teardown */
+    /* --weights-from: not ready (generation 503) before the listener takes its first request; the
+     * pull runs on its own thread from here, with civetweb's client (weights/pull.c) */
+    if (weights_from &&
+        srv_pull_boot_start(s, weights_from, weights_from_key, weights_from_timeout, err, errlen) != 0) {
+        server_teardown(sv);
+        return NULL;
+    }
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof cb);
     cb.log_message = log_civetweb;
@@ -624,15 +648,19 @@ srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen)
 
 const char *srv_server_url(const srv_server *sv) { return sv->url; }
 
+int srv_server_failed(const srv_server *sv) { return srv_pull_boot_failed(sv->s); }
+
 /* Shutdown steps 1-4 (the file comment); the listener may be absent (a failed start). */
 static void server_teardown(srv_server *sv)
 {
     srv_state *s = sv->s;
+    srv_pull_boot_cancel(s); /* a --weights-from pull stops at its next read or attempt */
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_signal(&s->inbox_cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(sv->eng_thread, NULL);
+    srv_pull_boot_stop(s); /* (every command or closure it waited for was answered 503) */
     /* every job is settled now; let the handlers write their last bytes (mg_stop makes civetweb
      * drop further writes), bounded in case a client does not read */
     for (int i = 0; i < 500 && atomic_load(&s->http.active) > 0; i++) usleep(20000);
@@ -671,8 +699,10 @@ int srv_cmd_serve(int argc, char **argv)
     srv_server *sv = srv_server_start(argc, argv, err, sizeof err);
     if (!sv) fatal("%s", err);
     g_started = 1;
-    while (!g_signal) usleep(20000);
-    srv_logf("info", "serve", "signal %d, shutting down", (int)g_signal);
+    int failed = 0;
+    while (!g_signal && !(failed = srv_server_failed(sv))) usleep(20000);
+    if (failed) srv_logf("error", "serve", "the --weights-from pull failed, shutting down (exit status 1)");
+    else srv_logf("info", "serve", "signal %d, shutting down", (int)g_signal);
     srv_server_stop(sv);
-    return 0;
+    return failed ? 1 : 0;
 }

@@ -16,6 +16,8 @@ typedef struct srv_server srv_server;
 srv_server *srv_server_start(int argc, char **argv, char *err, size_t errlen);
 const char *srv_server_url(const srv_server *sv); /* "http://HOST:PORT", the bound port */
 void srv_server_stop(srv_server *sv);             /* the shutdown of serve.c's file comment; frees sv */
+/* 1 once the server cannot become ready: its --weights-from pull gave up (serve then exits 1). */
+int srv_server_failed(const srv_server *sv);
 
 /* `graphswap serve`: srv_server_start + wait for SIGINT / SIGTERM + srv_server_stop. */
 int srv_cmd_serve(int argc, char **argv);

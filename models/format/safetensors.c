@@ -682,50 +682,44 @@ static int write_all(int fd, const void *p, size_t n)
     return 0;
 }
 
-int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *const *meta,
-                 char *err, size_t errlen)
+/* Validates t[0..n) and meta (what names the output in messages) and builds the header JSON into
+ * *h_out (padded with spaces so that 8 + its length is a multiple of 8), nbytes[i] each tensor's data
+ * size (nbytes has room for n). need_data: a tensor with bytes must have data. 0, or -1 with err. */
+static int build_header(const mdl_st_out *t, size_t n, const char *const *meta, const char *what, int need_data,
+                        sbuf *h_out, uint64_t *nbytes, char *err, size_t errlen)
 {
-    if (!path) {
-        seterr(err, errlen, "safetensors write: no path");
-        return -1;
-    }
-    if (n && !t) {
-        seterr(err, errlen, "%s: no tensors array", path);
-        return -1;
-    }
-    int rc = -1, fd = -1;
-    char *tmp = NULL;
+    int rc = -1;
     char **names = NULL, **mkeys = NULL;
-    uint64_t *nbytes = NULL;
     sbuf h = {0};
-
-    /* Validate first so that nothing is written for input that would produce an invalid file. */
-    nbytes = malloc((n ? n : 1) * sizeof *nbytes);
+    if (n && !t) {
+        seterr(err, errlen, "%s: no tensors array", what);
+        return -1;
+    }
     names = malloc((n ? n : 1) * sizeof *names);
-    if (!nbytes || !names) {
-        seterr(err, errlen, "%s: out of memory", path);
+    if (!names) {
+        seterr(err, errlen, "%s: out of memory", what);
         goto done;
     }
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         const char *nm = t[i].name;
         if (!nm || strcmp(nm, "__metadata__") == 0) {
-            seterr(err, errlen, "%s: tensor %zu: invalid name %s", path, i, nm ? nm : "(null)");
+            seterr(err, errlen, "%s: tensor %zu: invalid name %s", what, i, nm ? nm : "(null)");
             goto done;
         }
         if ((unsigned)t[i].dtype >= MDL_DT_COUNT) {
-            seterr(err, errlen, "%s: tensor %s: invalid dtype %d", path, nm, (int)t[i].dtype);
+            seterr(err, errlen, "%s: tensor %s: invalid dtype %d", what, nm, (int)t[i].dtype);
             goto done;
         }
         if (t[i].ndim < 0 || t[i].ndim > MDL_ST_MAX_DIMS) {
-            seterr(err, errlen, "%s: tensor %s: ndim %d out of range", path, nm, t[i].ndim);
+            seterr(err, errlen, "%s: tensor %s: ndim %d out of range", what, nm, t[i].ndim);
             goto done;
         }
         uint64_t numel = 1;
         int zero = 0;
         for (int d = 0; d < t[i].ndim; d++) {
             if (t[i].shape[d] < 0 || (double)t[i].shape[d] >= ST_INT_LIMIT) {
-                seterr(err, errlen, "%s: tensor %s: shape[%d] = %" PRId64 " out of range", path, nm,
+                seterr(err, errlen, "%s: tensor %s: shape[%d] = %" PRId64 " out of range", what, nm,
                        d, t[i].shape[d]);
                 goto done;
             }
@@ -747,30 +741,30 @@ int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *co
         if (nbytes[i] >= (uint64_t)ST_INT_LIMIT - total || nbytes[i] > SIZE_MAX)
             goto too_big;
         total += nbytes[i];
-        if (nbytes[i] && !t[i].data) {
-            seterr(err, errlen, "%s: tensor %s: no data", path, nm);
+        if (need_data && nbytes[i] && !t[i].data) {
+            seterr(err, errlen, "%s: tensor %s: no data", what, nm);
             goto done;
         }
         names[i] = (char *)nm;
         continue;
     too_big:
-        seterr(err, errlen, "%s: tensor %s: too large to write", path, nm);
+        seterr(err, errlen, "%s: tensor %s: too large to write", what, nm);
         goto done;
     }
     int oom;
     const char *dup = find_duplicate(names, n, &oom);
     if (oom || dup) {
         if (oom)
-            seterr(err, errlen, "%s: out of memory", path);
+            seterr(err, errlen, "%s: out of memory", what);
         else
-            seterr(err, errlen, "%s: tensor %s: duplicate tensor name", path, dup);
+            seterr(err, errlen, "%s: tensor %s: duplicate tensor name", what, dup);
         goto done;
     }
     size_t n_meta = 0;
     if (meta) {
         while (meta[2 * n_meta]) {
             if (!meta[2 * n_meta + 1]) {
-                seterr(err, errlen, "%s: __metadata__ key \"%s\" has no value", path,
+                seterr(err, errlen, "%s: __metadata__ key \"%s\" has no value", what,
                        meta[2 * n_meta]);
                 goto done;
             }
@@ -778,7 +772,7 @@ int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *co
         }
         mkeys = malloc((n_meta ? n_meta : 1) * sizeof *mkeys);
         if (!mkeys) {
-            seterr(err, errlen, "%s: out of memory", path);
+            seterr(err, errlen, "%s: out of memory", what);
             goto done;
         }
         for (size_t i = 0; i < n_meta; i++)
@@ -786,9 +780,9 @@ int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *co
         dup = find_duplicate(mkeys, n_meta, &oom);
         if (oom || dup) {
             if (oom)
-                seterr(err, errlen, "%s: out of memory", path);
+                seterr(err, errlen, "%s: out of memory", what);
             else
-                seterr(err, errlen, "%s: __metadata__ has duplicate key \"%s\"", path, dup);
+                seterr(err, errlen, "%s: __metadata__ has duplicate key \"%s\"", what, dup);
             goto done;
         }
     }
@@ -832,14 +826,81 @@ int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *co
     while (!h.oom && (8 + h.len) % 8 != 0)
         sb_put(&h, " ", 1);
     if (h.oom) {
-        seterr(err, errlen, "%s: out of memory building the header", path);
+        seterr(err, errlen, "%s: out of memory building the header", what);
         goto done;
     }
     if (h.len > MDL_ST_MAX_HEADER) {
-        seterr(err, errlen, "%s: header of %zu bytes exceeds the maximum of %llu", path, h.len,
+        seterr(err, errlen, "%s: header of %zu bytes exceeds the maximum of %llu", what, h.len,
                MDL_ST_MAX_HEADER);
         goto done;
     }
+
+    *h_out = h;
+    h.p = NULL;
+    rc = 0;
+done:
+    free(h.p);
+    free(names);
+    free(mkeys);
+    return rc;
+}
+
+int mdl_st_header(const mdl_st_out *t, size_t n, const char *const *meta, const char *what, uint8_t **hdr,
+                  size_t *hdr_len, uint64_t *data_bytes, char *err, size_t errlen)
+{
+    *hdr = NULL;
+    *hdr_len = 0;
+    *data_bytes = 0;
+    uint64_t *nbytes = malloc((n ? n : 1) * sizeof *nbytes);
+    sbuf h = {0};
+    if (!nbytes) {
+        seterr(err, errlen, "%s: out of memory", what);
+        return -1;
+    }
+    if (build_header(t, n, meta, what, 0, &h, nbytes, err, errlen) != 0) {
+        free(nbytes);
+        return -1;
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += nbytes[i];
+    free(nbytes);
+    uint8_t *out = malloc(8 + h.len);
+    if (!out) {
+        free(h.p);
+        seterr(err, errlen, "%s: out of memory", what);
+        return -1;
+    }
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint8_t)((uint64_t)h.len >> (8 * i));
+    memcpy(out + 8, h.p, h.len);
+    free(h.p);
+    *hdr = out;
+    *hdr_len = 8 + h.len;
+    *data_bytes = total;
+    return 0;
+}
+
+int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *const *meta,
+                 char *err, size_t errlen)
+{
+    if (!path) {
+        seterr(err, errlen, "safetensors write: no path");
+        return -1;
+    }
+    int rc = -1, fd = -1;
+    char *tmp = NULL;
+    uint64_t *nbytes = NULL;
+    sbuf h = {0};
+
+    /* Validate first so that nothing is written for input that would produce an invalid file. */
+    nbytes = malloc((n ? n : 1) * sizeof *nbytes);
+    if (!nbytes) {
+        seterr(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    if (build_header(t, n, meta, path, 1, &h, nbytes, err, errlen) != 0)
+        goto done;
 
     /* Write a sibling temp file and rename it over path, so readers never see a partial file and a
      * failed write leaves any previous file intact. No fsync: a file torn by a crash fails the
@@ -890,8 +951,6 @@ done:
     }
     free(h.p);
     free(nbytes);
-    free(names);
-    free(mkeys);
     return rc;
 }
 

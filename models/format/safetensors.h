@@ -77,6 +77,13 @@ typedef struct {
  * to a multiple of 8). meta: optional NULL-terminated key/value array {"format","pt",NULL}. */
 int mdl_st_write(const char *path, const mdl_st_out *t, size_t n, const char *const *meta,
                  char *err, size_t errlen);
+/* The start of the file mdl_st_write would write for t[0..n) and meta (the same checks; t[i].data is
+ * not read): the 8-byte little-endian header length and the padded header JSON, malloc'd into *hdr
+ * (*hdr_len bytes, a multiple of 8), and the size of the data section that must follow (tensor i at
+ * the sum of the earlier tensors' sizes, in order). For files built in memory (an HTTP answer). 0,
+ * or -1 with err naming `what`. */
+int mdl_st_header(const mdl_st_out *t, size_t n, const char *const *meta, const char *what, uint8_t **hdr,
+                  size_t *hdr_len, uint64_t *data_bytes, char *err, size_t errlen);
 
 /* ---- dtype conversion -------------------------------------------------------------------------
  * Converts n elements between BF16, F16 and F32. Narrowing rounds to nearest even (f16

@@ -439,6 +439,15 @@ int srv_job_prepare(srv_job *j, const char *id_prefix, srv_err *e)
 int srv_job_submit(srv_job *j, srv_err *e)
 {
     srv_state *s = j->s;
+    /* serve --weights-from: until the start-up pull succeeded the weights are the cold-start
+     * checkpoint, which a replica joining a trainer's fleet must not serve (weights/pull.c) */
+    if (atomic_load(&s->pull_pending)) {
+        pthread_mutex_lock(&s->wmu);
+        srv_errf(e, 503, NULL, "not ready: %s", s->pull_reason);
+        pthread_mutex_unlock(&s->wmu);
+        e->type = "service_unavailable";
+        return -1;
+    }
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);

@@ -148,6 +148,13 @@ struct srv_state {
     int memory_saver;           /* --enable-memory-saver (SGLang's flag): reported as server_info's
                                    enable_memory_saver, which slime checks against its
                                    --offload-rollout; the release routes work either way */
+    /* replicas that join with the live weights (weights/pull.c): POST /v1/weights/pull and
+     * serve --weights-from */
+    atomic_int pull_busy;       /* a pull is under way (one at a time: another one answers 409) */
+    atomic_int pull_pending;    /* --weights-from: 1 until its start-up pull succeeded; meanwhile
+                                   generation answers 503, /health?ready=1 503 and the export 503 */
+    char pull_reason[512];      /* under wmu: what those answers say while pull_pending */
+    struct srv_pull_boot *pull_boot; /* the start-up pull's thread (pull.c); NULL: none */
 };
 
 /* ---- engine closures (closures.c) ------------------------------------------------------------------
@@ -297,7 +304,8 @@ void srv_job_free(srv_job *j);
  * per (prompt, sample) with its output buffers; j->id is id_prefix-<unique>. 0, or -1 with e. */
 int srv_job_prepare(srv_job *j, const char *id_prefix, srv_err *e);
 /* Registers the job (for aborts) and hands it to the engine thread. 0, or -1 with e (503 while
- * shutting down; the job was not submitted and the caller frees it). */
+ * shutting down, or while serve --weights-from has not pulled its weights yet; the job was not
+ * submitted and the caller frees it). */
 int srv_job_submit(srv_job *j, srv_err *e);
 /* Waits until the job settled. 0: its choices are final. -1 with e: rejected by the engine (its
  * error), or the deadline passed (504; generation cancelled, the job settled). */

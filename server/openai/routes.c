@@ -13,12 +13,17 @@
  * with the reason when the weights are inconsistent (a failed update) or undefined (the plan guard
  * fired), since nothing can be generated until an update repairs them.
  * GET /health?ready=1: readiness: 503 also while updating or paused, so a readiness probe takes the
- * server out of rotation until generation runs again. */
+ * server out of rotation until generation runs again; and while serve --weights-from has not pulled
+ * the live weights yet (status "pulling", the reason naming the pull; plain /health stays 200:
+ * the process is alive, a liveness probe must not restart it). */
 int srv_route_health(srv_state *s, struct mg_connection *c)
 {
     pthread_mutex_lock(&s->wmu);
     eng_weights_info w = s->wpub;
     int paused = s->is_paused_pub;
+    const int pulling = atomic_load(&s->pull_pending);
+    char pull_reason[sizeof s->pull_reason];
+    memcpy(pull_reason, s->pull_reason, sizeof pull_reason);
     pthread_mutex_unlock(&s->wmu);
     char ready_q[8] = "";
     const struct mg_request_info *ri = mg_get_request_info(c);
@@ -27,14 +32,19 @@ int srv_route_health(srv_state *s, struct mg_connection *c)
     cJSON *o = cJSON_CreateObject();
     const int bad = w.state == ENG_W_INCONSISTENT || w.state == ENG_W_UNDEFINED;
     const int updating = w.session_open || w.state == ENG_W_UPDATING;
-    const int ready = !bad && !updating && !paused;
-    cJSON_AddStringToObject(o, "status", bad ? "unavailable" : updating ? "updating" : paused ? "paused" : "ok");
+    const int ready = !bad && !updating && !paused && !pulling;
+    cJSON_AddStringToObject(o, "status", bad        ? "unavailable"
+                                         : pulling  ? "pulling"
+                                         : updating ? "updating"
+                                         : paused   ? "paused"
+                                                    : "ok");
     cJSON_AddStringToObject(o, "weights", eng_wstate_name(w.state));
     cJSON_AddStringToObject(o, "weight_version", w.version);
     cJSON_AddBoolToObject(o, "ready", ready);
     cJSON_AddBoolToObject(o, "session_open", w.session_open);
     cJSON_AddBoolToObject(o, "paused", paused);
     if (bad) cJSON_AddStringToObject(o, "reason", w.reason);
+    else if (pulling) cJSON_AddStringToObject(o, "reason", pull_reason);
     int st = srv_send_json(c, bad || (want_ready && !ready) ? 503 : 200, o);
     cJSON_Delete(o);
     return st;

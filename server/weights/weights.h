@@ -29,4 +29,19 @@ void srv_memory_routes(srv_state *s);
 
 /* The CUDA-IPC routes (weights_gpu.c; native). */
 void srv_weights_gpu_routes(srv_state *s);
+
+/* ---- replicas that join with the live weights (pull.c): GET /v1/weights/export, POST
+ * /v1/weights/pull, serve --weights-from -------------------------------------------------------------- */
+void srv_weights_pull_routes(srv_state *s);
+/* serve --weights-from URL: marks the replica not ready (s->pull_pending) and starts the thread
+ * that pulls the weights of URL (bearer key: NULL / "" none), retrying while the source is
+ * unreachable or busy for timeout_s seconds. Before the listener starts. 0, or -1 with err (a bad
+ * URL or key). */
+int srv_pull_boot_start(srv_state *s, const char *url, const char *key, double timeout_s, char *err, size_t errlen);
+/* 1 once the start-up pull gave up (the server must exit non-zero). */
+int srv_pull_boot_failed(srv_state *s);
+/* Shutdown: cancel tells the start-up pull to stop (before the engine thread stops); stop waits for
+ * its thread and frees it (after the engine thread stopped: every command it waits for is answered). */
+void srv_pull_boot_cancel(srv_state *s);
+void srv_pull_boot_stop(srv_state *s);
 #endif

@@ -55,8 +55,9 @@
  *                        -> eng_weights_finish; a failed load is aborted (INCONSISTENT once something
  *                        was written, I8); s->paused = 0 after the finish unless keep_paused
  *   HOST_UPDATE          one whole session: eng_weights_begin -> eng_weights_bucket of the caller's
- *                        host tensors (SGLang /update_weights_from_tensor) -> eng_weights_finish; a
- *                        refused bucket is aborted (it wrote nothing); s->paused as LOAD
+ *                        host tensors (SGLang /update_weights_from_tensor; a pull, pull.c) ->
+ *                        eng_weights_finish; a refused bucket is aborted (it wrote nothing);
+ *                        s->paused as LOAD
  *   CHECKSUMS            eng_weights_checksums or eng_weights_checksums_ckpt
  *   RESET_PREFIX         eng_reset_prefix_cache
  *   PAUSE / RESUME       s->paused = 1 / 0 (PAUSE "abort": eng_abort_running first); no engine state:
@@ -65,6 +66,7 @@
  *   NCCL_*, IPC_*        srv_gpu_cmd_run (weights_gpu.c): receive into a session, or manage the group
  *   TRL_*, PRIMERL_...   c->run, the dialect's engine side (server/dialects/), set by its route
  *   WRESET               c->run: eng_weights_reset (weights_checker reset_tensors, checker.c)
+ *   EXPORT               c->run: eng_weights_ckpt_visit into one safetensors buffer (pull.c)
  * The session timeout is not a command: srv_weights_expire (after the commands, each iteration)
  * aborts an open session with no command and no bucket upload for --weight-session-timeout.
  */
@@ -183,6 +185,7 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     case SRV_CMD_TRL_CLOSE:
     case SRV_CMD_PRIMERL_UPDATE:
     case SRV_CMD_WRESET:
+    case SRV_CMD_EXPORT: /* the export's copy of the weights (pull.c) */
         /* a dialect's own engine-side steps (dialects/trl_weights.c, primerl_weights.c): set by the
          * route that made the command */
         assert(c->run);

@@ -11,6 +11,8 @@
  *   weights_areal.c   AReaL's vLLM server routes (/areal_update_weights, /areal_pause_generation, ...)
  *   weights_gpu.c     the GPU transports: NCCL / CUDA-IPC body parsing, their engine-side commands,
  *                     the IPC routes
+ *   pull.c            replicas that join with the live weights: /v1/weights/export, /v1/weights/pull,
+ *                     serve --weights-from
  *
  * A route handler (a civetweb thread) parses and validates its input into a srv_cmd, submits it
  * (srv_cmd_submit: queued for the engine thread, which runs it between steps) and answers from the
@@ -53,6 +55,7 @@ typedef enum {
     SRV_CMD_TRL_CLOSE,    /* /close_communicator/: finish, communicator and store gone */
     SRV_CMD_WRESET,       /* /weights_checker reset_tensors (checker.c: eng_weights_reset) */
     SRV_CMD_PRIMERL_UPDATE, /* prime-rl's /update_weights in broadcaster mode: its whole framed stream */
+    SRV_CMD_EXPORT,       /* GET /v1/weights/export: the checkpoint tensors copied out (pull.c, c->run) */
 } srv_cmd_kind;
 
 /* Tensor metadata of a GPU-transport bucket: names / dtypes / shapes and each tensor's byte offset
