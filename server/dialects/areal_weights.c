@@ -178,7 +178,6 @@ static int route_update_xccl(srv_state *s, struct mg_connection *conn)
         return send_areal(conn, e.status, e.msg);
     }
     c->pause = ENG_PAUSE_ABORT;
-    c->keep_paused = 1;
     /* (one broadcast per tensor: srv_gpu_meta_parse's framing) */
     return srv_nccl_group_update(s, conn, c);
 }

@@ -324,7 +324,6 @@ int srv_primerl_update_nccl(srv_state *s, struct mg_connection *conn, const cJSO
     c->run = primerl_cmd_run; /* the runner calls it on the engine thread */
     c->which = ENG_WMODEL_TARGET;
     c->pause = ENG_PAUSE_KEEP;
-    c->keep_paused = 1;
     snprintf(c->what, sizeof c->what, "prime-rl NCCL update");
     srv_cmd_submit(s, c);
     cJSON *o = NULL;

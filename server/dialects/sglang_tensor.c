@@ -160,7 +160,6 @@ static int route_update_from_tensor(srv_state *s, struct mg_connection *conn)
     c->full = 0;
     c->which = ENG_WMODEL_TARGET;
     c->pause = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests")) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
-    c->keep_paused = 1; /* as SGLang's other updates: slime pauses and resumes itself */
     if (version) snprintf(c->version, sizeof c->version, "%s", version);
     snprintf(c->what, sizeof c->what, "update_weights_from_tensor");
     c->tensors = ts;

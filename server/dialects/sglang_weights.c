@@ -191,7 +191,6 @@ static int route_nccl_update(srv_state *s, struct mg_connection *conn)
         else rc = srv_gpu_meta_chunks(&c->meta, UINT64_MAX, &e);
     }
     c->pause = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests")) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
-    c->keep_paused = 1; /* a /pause_generation lasts until /continue_generation (slime sends buckets between) */
     cJSON_Delete(b);
     if (rc != 0) {
         srv_gpu_meta_free(&c->meta);

@@ -708,7 +708,6 @@ static pull_outcome write_session(pull_job *p, srv_err *e)
     c->full = 1;
     c->which = p->which;
     c->pause = ENG_PAUSE_WAIT;
-    c->keep_paused = 1; /* a /pause in force stays in force */
     snprintf(c->version, sizeof c->version, "%s", p->version);
     snprintf(c->what, sizeof c->what, "the pulled weights");
     c->tensors = ts;

@@ -46,22 +46,24 @@
  *   Stopping: every queued command goes to DONE with 503, unrun (a drain's admission restored).
  *
  *   kind                 engine calls (engine/weights.h unless named)
- *   BEGIN                eng_weights_begin (pause "abort" ends running requests there); s->paused = 0
+ *   BEGIN                eng_weights_begin (pause "abort" ends running requests there)
  *   BUCKET               eng_weights_bucket (the handler parsed the safetensors header already)
  *   FINISH               eng_weights_finish; the CUDA-IPC mapping released once the session closed
  *   ABORT                eng_weights_abort; the CUDA-IPC mapping released
  *   LOAD                 confine_ckpt again, then one whole session: eng_weights_begin ->
  *                        eng_weights_load_dir (the target, then the drafter: "draft." for model "all")
  *                        -> eng_weights_finish; a failed load is aborted (INCONSISTENT once something
- *                        was written, I8); s->paused = 0 after the finish unless keep_paused
+ *                        was written, I8)
  *   HOST_UPDATE          one whole session: eng_weights_begin -> eng_weights_bucket of the caller's
  *                        host tensors (SGLang /update_weights_from_tensor; a pull, pull.c) ->
  *                        eng_weights_finish; a refused bucket is aborted (it wrote nothing);
- *                        s->paused as LOAD
  *   CHECKSUMS            eng_weights_checksums or eng_weights_checksums_ckpt
  *   RESET_PREFIX         eng_reset_prefix_cache
  *   PAUSE / RESUME       s->paused = 1 / 0 (PAUSE "abort": eng_abort_running first); no engine state:
- *                        engine_main does not step while paused (srv_engine_frozen)
+ *                        engine_main does not step while paused (srv_engine_frozen). No update ends
+ *                        a pause: a /pause (vLLM), /pause_generation (SGLang) or AReaL's pause lasts
+ *                        until its resume route, as each framework pauses, updates (slime: many
+ *                        buckets; a fleet: every replica), then resumes itself
  *   SET_VERSION          eng_weights_set_version
  *   NCCL_*, IPC_*        srv_gpu_cmd_run (weights_gpu.c): receive into a session, or manage the group
  *   TRL_*, PRIMERL_...   c->run, the dialect's engine side (server/dialects/), set by its route
@@ -154,7 +156,6 @@ static int run_cmd(srv_state *s, srv_cmd *c)
     case SRV_CMD_BEGIN:
         if (eng_weights_begin(e, c->full, c->which, c->pause, c->version, &c->session, err, el, &st) == 0) {
             st = 200;
-            s->paused = 0;
         }
         break;
     case SRV_CMD_BUCKET:
@@ -200,7 +201,6 @@ static int run_cmd(srv_state *s, srv_cmd *c)
             break;
         }
         if (eng_weights_finish(e, c->version, err, el, &st) == 0) st = 200;
-        if (!c->keep_paused) s->paused = 0;
         break;
     case SRV_CMD_LOAD: {
         /* the files again, right before they are opened (see confine_ckpt) */
@@ -229,7 +229,6 @@ static int run_cmd(srv_state *s, srv_cmd *c)
             break;
         }
         if (eng_weights_finish(e, c->version, err, el, &st) == 0) st = 200;
-        if (!c->keep_paused) s->paused = 0;
         break;
     }
     case SRV_CMD_CHECKSUMS: {
@@ -797,20 +796,13 @@ int srv_weights_load(srv_state *s, struct mg_connection *conn, const cJSON *b, c
         const cJSON *ab = cJSON_GetObjectItemCaseSensitive(b, "abort_all_requests");
         c->pause = cJSON_IsTrue(ab) ? ENG_PAUSE_ABORT : ENG_PAUSE_WAIT;
     }
-    /* SGLang and prime-rl (vLLM) keep a /pause_generation or /pause until its /continue_generation or
-     * /resume: slime and prime-rl pause, update (several buckets for slime), then resume themselves,
-     * so an update must not let queued requests run on half-updated weights */
-    if (style == SRV_LOAD_SGLANG || style == SRV_LOAD_PRIMERL) c->keep_paused = 1;
     /* prime-rl pauses with mode=keep before it updates: the requests it froze stay frozen through the
      * load and go on with the new weights (a "wait" load would first run them to the end) */
     if (style == SRV_LOAD_PRIMERL && !cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_KEEP;
     /* AReaL's server pauses without waiting for running requests (they end with finish_reason
      * "abort"; its client resubmits them) and its /v1/completions stay gated until
-     * /areal_continue_generation: a load while paused leaves generation paused */
-    if (style == SRV_LOAD_AREAL) {
-        if (!cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_ABORT;
-        c->keep_paused = 1;
-    }
+     * /areal_continue_generation (no update ends a pause, see PAUSE / RESUME above) */
+    if (style == SRV_LOAD_AREAL && !cJSON_GetObjectItemCaseSensitive(b, "pause")) c->pause = ENG_PAUSE_ABORT;
     if (!cJSON_IsString(p)) {
         srv_errf(&e, 400, path_key, "%s must be a checkpoint folder path", path_key);
         goto err;

@@ -101,8 +101,6 @@ struct srv_cmd {
     int warmup;         /* run the warm-up all_reduce after the communicator init (vLLM) */
     int root;           /* NCCL_INIT: the rank the group's weights come from (0; TRL: world - 1) */
     int rendezvous;     /* no nccl_unique_id_b64: the id comes from the trainer's TCPStore */
-    int keep_paused;    /* LOAD / NCCL_UPDATE: generation paused before stays paused after (AReaL
-                         * gates generation until /areal_continue_generation) */
     char master_addr[256];
     int master_port;
     size_t ipc_offset, ipc_bytes;

@@ -310,7 +310,6 @@ static int nccl_update(srv_state *s, srv_cmd *c, int *st)
         nccl_drain(s, x, c);
         return -1;
     }
-    if (!c->keep_paused) s->paused = 0;
     if (nccl_bucket(s, c, st) != 0) {
         int st2;
         char e2[64];
