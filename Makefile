@@ -14,7 +14,7 @@ DRAFT       ?= artifacts/default/dflash-b8
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 APT_PACKAGES = build-essential cmake pkg-config libcivetweb-dev libcjson-dev libcmocka-dev \
-               libpcre2-dev python3 python3-numpy python3-jinja2
+               libpcre2-dev python3 python3-numpy python3-jinja2 python3-yaml
 FUZZ_PACKAGES = clang libclang-rt-14-dev
 
 .PHONY: all deps build serve check check-fast check-asan check-release check-fuzz soak model bench train-default clean
