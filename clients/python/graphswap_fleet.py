@@ -41,6 +41,12 @@ Router removal (router_url given; the router must know each replica by the URL g
           8dac1b72 sgl-router/src/server.rs (remove_worker: 200 "Successfully removed worker: ...").
   vllm:   DELETE /workers/{url}, and POST /remove_worker?url={url} when that answers 404 / 405 / 400:
           vllm-project/router e17f94e3 src/server.rs (delete_worker and remove_worker; both 200).
+NCCL (GPU replicas; torch on the trainer): group = fleet.nccl_init() makes one communicator of the
+trainer (rank 0) and every replica (rank 1 + i, world 1 + N); fleet.update_weights_nccl(group,
+named, version) broadcasts each of vLLM's packed chunks once to all replicas, then checks as above.
+A replica that fails mid-broadcast breaks the group for all: every session is aborted, the failed
+replica removed, and the group must be made again.
+
 router_key is sent as "Authorization: Bearer ..." (both routers' admin auth). A failed removal is
 added to the replica's reason in `failed` (the replica is still dropped from `urls`); it never raises.
 
@@ -64,9 +70,10 @@ import sys
 import threading
 import urllib.parse
 
-from graphswap_client import GraphswapClient, GraphswapError, _nbytes, state_dict_checksums, to_safetensors
+from graphswap_client import (GraphswapClient, GraphswapError, _Call, _nbytes, _torch_meta, state_dict_checksums,
+                              to_safetensors, vllm_chunk_bytes, vllm_chunks)
 
-__all__ = ["GraphswapFleet", "FleetResult", "FleetError"]
+__all__ = ["GraphswapFleet", "FleetResult", "FleetError", "FleetNcclGroup"]
 
 ROUTER_TIMEOUT = 30.0  # seconds for one router call
 ABORT_TIMEOUT = 30.0   # seconds for the best-effort abort of a failed replica's session
@@ -99,6 +106,26 @@ class FleetError(GraphswapError):
         self.status = None
         self.body = message
         self.result = result
+
+
+class FleetNcclGroup:
+    """The trainer's side of one fleet NCCL group: rank 0 of world 1 + N; ranks {url: rank};
+    staging_bytes the smallest of the replicas' (every chunk must fit each); broken after a failed update."""
+
+    def __init__(self, comm, device, world_size, staging_bytes, ranks):
+        self.comm = comm
+        self.device = device
+        self.world_size = world_size
+        self.staging_bytes = staging_bytes
+        self.ranks = dict(ranks)
+        self.broken = False
+
+
+def _init_on(nccl, dev, world, uid):
+    import torch
+
+    with torch.cuda.device(dev):
+        return nccl.init_rank(world, uid, 0)
 
 
 def _norm(url):
@@ -371,6 +398,124 @@ class GraphswapFleet:
         live = [u for u in targets if u not in failed]
         self._check(live, version, model, None, failed)
         return self._finish(version, targets, failed, "load_from_disk %s" % version)
+
+    # ---- NCCL: one group of the trainer and every replica (GPU) ----------------------------------------
+    def nccl_init(self, staging_bytes=None, device=None, timeout_s=None, grace_s=2.0, nccl=None):
+        """One NCCL communicator of world 1 + N: this process rank 0, replica i (in urls order) rank
+        1 + i, one ncclUniqueId for all (vLLM's /init_weight_transfer_engine with
+        nccl_unique_id_b64, each replica's call on a thread: it blocks until every rank joined).
+        Every replica must take part, or NCCL would wait for the missing rank for ever: the calls
+        start first, and a replica that refuses within grace_s (a CPU build: 501; unreachable; a bad
+        body) makes this raise FleetError before this side joins (the others' calls end at their
+        timeout_s). Nothing is removed: no weights changed. Returns a FleetNcclGroup.
+        nccl: torch.cuda.nccl's unique_id / init_rank (the default; a test gives its own)."""
+        import base64
+        import time
+
+        dev = device
+        if nccl is None:  # lazily: only NCCL fleets need torch
+            import torch
+            import torch.cuda.nccl as nccl  # noqa: PLW0621
+            if dev is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+        targets = list(self.urls)
+        world = 1 + len(targets)
+        uid = nccl.unique_id()
+        calls = {}
+        for i, u in enumerate(targets):
+            info = {"master_address": "", "master_port": 0, "rank_offset": 1 + i, "world_size": world,
+                    "nccl_unique_id_b64": base64.b64encode(bytes(uid)).decode()}
+            if staging_bytes:
+                info["staging_bytes"] = int(staging_bytes)
+            if timeout_s:
+                info["timeout_s"] = int(timeout_s)
+            calls[u] = _Call(self.client(u)._call, "POST", "/init_weight_transfer_engine", {"init_info": info})
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not any(c.error is not None for c in calls.values()):
+            time.sleep(0.02)
+        early = {u: "nccl init: %s" % _why(c.error) for u, c in calls.items() if c.error is not None}
+        if early:
+            res = FleetResult(None, [], early, [])
+            self.last_result = res
+            raise FleetError("nccl_init: %d of %d replicas refused, the group was not made: %s" % (
+                len(early), len(targets), "; ".join("%s: %s" % kv for kv in sorted(early.items()))), res)
+        comm = nccl.init_rank(world, uid, 0) if dev is None else _init_on(nccl, dev, world, uid)
+        failed, staging = {}, {}
+        for u, c in calls.items():
+            try:
+                staging[u] = int(c.join()["staging_bytes"])
+            except Exception as e:  # noqa: BLE001 - after the join a failure breaks the group
+                failed[u] = "nccl init: %s" % _why(e)
+        if failed:
+            res = FleetResult(None, [u for u in targets if u not in failed], failed, [])
+            self.last_result = res
+            raise FleetError("nccl_init: the group was made but %d replicas failed: make it again" % len(failed), res)
+        self.last_result = FleetResult(None, targets, {}, [])
+        return FleetNcclGroup(comm, dev, world, min(staging.values()), {u: 1 + i for i, u in enumerate(targets)})
+
+    def update_weights_nccl(self, group, named, version, bucket_bytes=None, mode="full", model="target",
+                            pause="wait", nccl=None):
+        """One broadcast of every tensor to every replica of group: /start_weight_update on each, one
+        /update_weights (vLLM's packed chunks) on each while this side broadcasts each chunk once as
+        rank 0, /finish_weight_update on each; then the versions and checksums are checked as in
+        update_weights. A replica that fails before the broadcast leaves the others waiting in NCCL:
+        every session is then aborted, the group marked broken (make it again, without the failed
+        replicas) and the failed ones removed."""
+        import torch
+
+        if nccl is None:
+            import torch.cuda.nccl as nccl  # noqa: PLW0621
+        if group.broken:
+            raise ValueError("this NCCL group is broken (a replica failed during an update): make a new one")
+        if version is None or str(version) == "":
+            raise ValueError("a fleet update needs a version (one string stamped on every replica)")
+        version = str(version)
+        named = [(n, t) for n, t in (named.items() if hasattr(named, "items") else named)]
+        targets = [u for u in group.ranks if u in self.urls]
+        if len(targets) != len(group.ranks):
+            raise ValueError("a replica of this NCCL group left the fleet: make a new group")
+        chunk = vllm_chunk_bytes(named, min(bucket_bytes or group.staging_bytes, group.staging_bytes),
+                                 group.staging_bytes)
+        names, dtypes, shapes, _ = _torch_meta([(n, t, 0) for n, t in named])
+        failed = {}
+
+        def broken(what, got):
+            for u in targets:
+                if got[u][1] is not None:
+                    failed[u] = "%s: %s" % (what, got[u][1])
+            group.broken = True
+            self._each(lambda u: GraphswapClient(u, admin_key=self.admin_key,
+                                                 timeout=min(self.timeout, ABORT_TIMEOUT)).abort(), targets)
+            return self._finish(version, targets, failed, "update_weights_nccl %s" % version)
+
+        body = {"mode": mode, "model": model, "pause": pause, "version": version}
+        got = self._each(lambda u: self.client(u)._call("POST", "/start_weight_update", body), targets)
+        if any(e is not None for _v, e in got.values()):
+            return broken("start_weight_update", got)
+        info = {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": True,
+                "packed_buffer_size_bytes": chunk}
+        calls = {u: _Call(self.client(u)._call, "POST", "/update_weights", {"update_info": info}) for u in targets}
+        with torch.cuda.device(group.device):
+            stream = torch.cuda.current_stream(group.device)
+            for part in vllm_chunks(named, chunk):
+                flat = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in part])
+                nccl.broadcast([flat], root=0, streams=[stream], comms=[group.comm])
+        got = {}
+        for u, c in calls.items():
+            try:
+                got[u] = (c.join(), None)
+            except Exception as e:  # noqa: BLE001
+                got[u] = (None, _why(e))
+        if any(e is not None for _v, e in got.values()):
+            return broken("update_weights", got)
+        got = self._each(lambda u: self.client(u)._call("POST", "/finish_weight_update", {"weight_version": version}),
+                         targets)
+        for u in targets:
+            if got[u][1] is not None:
+                failed[u] = "finish: %s" % got[u][1]
+        live = [u for u in targets if u not in failed]
+        self._check(live, version, model, named, failed)
+        return self._finish(version, targets, failed, "update_weights_nccl %s" % version)
 
     # ---- checks ----------------------------------------------------------------------------------------
     def _snapshot(self, urls, model):

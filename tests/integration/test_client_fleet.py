@@ -21,6 +21,8 @@ vllm-router (both routes, 200).
   to DELETE /workers/... and POST /remove_worker?url= is used; a dead router: reported, not raised;
   pause() of a dead replica removes it;
 - remove() through smg (UUID lookup) and vllm-router; the router key is sent as a Bearer token;
+- nccl_init: ranks, world, one id, the trainer joining only when every replica can (fake GPU replicas,
+  a fake torch.cuda.nccl); a CPU replica's 501 refused before the trainer joins;
 - the CLI: --help, versions, verify, load-from-disk.
 """
 import http.server
@@ -125,6 +127,96 @@ class FakeRouter:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class FakeNccl:
+    """torch.cuda.nccl's unique_id / init_rank, recorded (the CPU has no NCCL)."""
+
+    __name__ = "fake_nccl"
+
+    def __init__(self):
+        self.inits = []
+
+    def unique_id(self):
+        return bytes(range(128))
+
+    def init_rank(self, world, uid, rank):
+        self.inits.append((world, bytes(uid), rank))
+        return "comm"
+
+
+class FakeGpuReplica:
+    """A replica's /init_weight_transfer_engine as the CUDA build answers it once every rank joined
+    (server/weights/weights_gpu.c: {"status", "staging_bytes", "world_size", ...}); .bodies records
+    each init_info. Answers only after the trainer's init_rank (nccl.inits) has happened."""
+
+    def __init__(self, nccl, staging):
+        self.bodies = []
+        me = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}")
+                me.bodies.append((self.path, body))
+                for _ in range(500):  # the server's ncclCommInitRank returns once rank 0 joined
+                    if nccl.inits:
+                        break
+                    threading.Event().wait(0.01)
+                raw = json.dumps({"status": "ok", "staging_bytes": staging,
+                                  "world_size": body["init_info"]["world_size"]}).encode()
+                self.send_response(200 if nccl.inits else 504)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_nccl_group(C, cpu_url):
+    """nccl_init: ranks 1..N in urls order, world 1 + N, one id for all, the trainer joins as rank 0
+    only when no replica refused; a CPU replica's 501 raises FleetError before the trainer joins."""
+    import base64
+    nc = FakeNccl()
+    reps = [FakeGpuReplica(nc, st) for st in (64 << 20, 16 << 20, 32 << 20)]
+    try:
+        f = gf.GraphswapFleet([r.url for r in reps], timeout=30)
+        g = f.nccl_init(timeout_s=60, nccl=nc)
+        C.check(isinstance(g, gf.FleetNcclGroup) and g.world_size == 4 and g.staging_bytes == 16 << 20 and
+                g.ranks == {r.url: i + 1 for i, r in enumerate(reps)} and not g.broken, "group: %r" % vars(g))
+        C.check(nc.inits == [(4, bytes(range(128)), 0)], "the trainer's init_rank: %r" % nc.inits)
+        infos = [b[1]["init_info"] for r in reps for b in r.bodies]
+        C.check([r.bodies[0][0] for r in reps] == ["/init_weight_transfer_engine"] * 3 and
+                [i["rank_offset"] for i in infos] == [1, 2, 3] and all(i["world_size"] == 4 for i in infos) and
+                all(base64.b64decode(i["nccl_unique_id_b64"]) == bytes(range(128)) for i in infos) and
+                all(i["timeout_s"] == 60 for i in infos), "init bodies: %r" % infos)
+    finally:
+        for r in reps:
+            r.close()
+    # a CPU replica among them: 501 within the grace, the trainer never joins, nothing removed
+    nc = FakeNccl()
+    rep = FakeGpuReplica(nc, 1 << 20)
+    try:
+        f = gf.GraphswapFleet([rep.url, cpu_url], timeout=30)
+        try:
+            f.nccl_init(timeout_s=5, nccl=nc)
+            C.fail("nccl_init with a CPU replica did not raise")
+        except gf.FleetError as e:
+            C.check(list(e.result.failed) == [cpu_url] and "501" in e.result.failed[cpu_url] and
+                    e.result.removed == [] and f.urls == [rep.url, cpu_url], "CPU replica: %r" % e.result)
+        C.check(nc.inits == [], "the trainer joined a group that cannot form: %r" % nc.inits)
+    finally:
+        rep.close()
 
 
 def url_of(srv):
@@ -339,6 +431,8 @@ def main():
         finally:
             smg.close()
             vll.close()
+
+        test_nccl_group(C, a)
 
         # the CLI
         rc, out, err = run_cli(["--help"])
