@@ -17,6 +17,8 @@ const char *kern_op_name(kern_op_kind kind)
     case KOP_DRAFT_SELECT: return "draft_select";
     case KOP_CONFIDENCE: return "confidence";
     case KOP_SAMPLE: return "sample";
+    case KOP_MOE_ROUTE: return "moe_route";
+    case KOP_MOE_FFN: return "moe_ffn";
     case KOP_COUNT: break;
     }
     return "unknown";

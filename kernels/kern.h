@@ -154,6 +154,33 @@ typedef enum {
      * p: 0 V, 1 max_rows, 2 n_bans (capacity of buf 2, >= 0), 3 max_slots (rows of buf 5 / 6; 0
      *    without them), 4 max_bias (entries per slot of buf 6), 5 max_upd (pairs of buf 7)          */
     KOP_SAMPLE,
+    /* The router of a sparse MoE block (transformers' Qwen3MoeSparseMoeBlock / Qwen3MoeTopKRouter):
+     * per live row r, with l = logits[r, 0..E):
+     *   m = l[0], then m = l[e] where l[e] > m (e = 1 .. E-1);  x_e = kern_expf(l[e] - m);  s = x_0 + x_1 + ... (id order, f32);  q_e = x_e / s
+     *   the k best experts by q (larger first, equal q to the lower id: kern_sample_key order);
+     *   w_j = q of the j-th best;  with norm: t = w_0 + w_1 + ... (best-first order, f32), w_j = w_j / t
+     *   written in ascending expert id: ids[r*k + j] strictly increasing in j, wts[r*k + j] its weight.
+     * (transformers computes the softmax in f32 and sums the experts' outputs in expert order: the
+     * ascending order is that order.) A NaN logit is ordered by kern_sample_key like any value.
+     * buf: 0 logits f32[max_rows, E], 1 ids i32[max_rows * k], 2 wts f32[max_rows * k], 3 n_rows
+     * p: 0 E, 1 k (1 <= k <= E <= KERN_MAX_EXPERTS), 2 max_rows, 3 norm (0 / 1)                  */
+    KOP_MOE_ROUTE,
+    /* The experts of a sparse MoE block, added to the residual stream. Per live row r, for j < k
+     * (e = ids[r*k + j], 0 <= e < E: checked by the kernel):
+     *   g[i] = h[r,:] . W13[e*2I + i, :],  u[i] = h[r,:] . W13[e*2I + I + i, :]   (i < I)
+     *   a[i] = kern_silu_mul(g[i], u[i]);   y_j[n] = a . W2[e*H + n, :]          (n < H)
+     * each dot product exactly a KOP_MATMUL row of that weight (the same order, the same bits, the
+     * bf16-pairs scheme too); then acc = 0, for j = 0 .. k-1: acc = acc + wts[r*k + j] * y_j (two
+     * rounded f32 steps, no fma), and out[r,:] = out[r,:] + acc. A row's result depends only on its
+     * own inputs, whatever experts the other rows chose (batch invariance), and an expert no live
+     * row chose is never read (decode at batch 1 reads k experts' weights). W13 [E*2I, H] stacks
+     * each expert's gate rows then up rows (transformers 5's gate_up_proj [E, 2I, H]); W2 [E*H, I]
+     * (down_proj [E, H, I]). The scratch is the backend's (rows grouped by expert, their activations):
+     * at least kern_moe_scratch_bytes(E, k, H, I, max_rows) bytes, 64-byte aligned.
+     * buf: 0 h f32[max_rows, H], 1 W13 (wdt), 2 W2 (wdt), 3 ids i32[max_rows*k], 4 wts f32[max_rows*k],
+     *      5 out f32[max_rows, H] (disjoint from h), 6 n_rows, 7 scratch
+     * p: 0 H, 1 I, 2 E, 3 k, 4 max_rows, 5 wdt                                                      */
+    KOP_MOE_FFN,
     KOP_COUNT
 } kern_op_kind;
 
@@ -327,6 +354,20 @@ typedef struct {
 const char *kern_op_name(kern_op_kind kind);
 
 #define KERN_MAX_HEAD_DIM 1024
+#define KERN_MAX_EXPERTS 1024
+
+/* KOP_MOE_FFN's scratch: for n = max_rows * k routed rows, f32 [n, H] (the rows grouped by expert),
+ * [n, 2I] (their gate and up values), [n, I] (their activations), [n, H] (their outputs), then i32
+ * [n] (the grouped position of each routed row) and [E + 1] (each expert's first grouped row), each
+ * part rounded up to 64 bytes. A backend may use it in its own way within that size. */
+static inline size_t kern_moe_scratch_bytes(int64_t E, int64_t k, int64_t H, int64_t I, int64_t max_rows)
+{
+    const size_t n = (size_t)max_rows * (size_t)k;
+#define KERN_R64(b) (((b) + 63) & ~(size_t)63)
+    return KERN_R64(n * (size_t)H * 4) + KERN_R64(n * (size_t)I * 8) + KERN_R64(n * (size_t)I * 4) +
+           KERN_R64(n * (size_t)H * 4) + KERN_R64(n * 4) + KERN_R64(((size_t)E + 1) * 4);
+#undef KERN_R64
+}
 #define KERN_MAX_MARKOV_RANK 4096
 
 /* Checks op against the contract above (static shape only). Returns 0, or -1 with the failed check

@@ -255,6 +255,34 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         else if (v->op->buf[7].ptr || v->op->buf[7].bytes) buf_fail(v, 7, "is set but p[3] or p[5] is 0", __LINE__);
         break;
     }
+    case KOP_MOE_ROUTE: {
+        if (!REQ(p[0] > 0 && p[0] <= KERN_MAX_EXPERTS && p[1] >= 1 && p[1] <= p[0] && p[2] >= 0)) break;
+        REQ(p[3] == 0 || p[3] == 1);
+        size_t kb = bytes3(v, p[2], p[1], 4);
+        need_buf(v, 0, bytes3(v, p[2], p[0], 4), 4);
+        need_buf(v, 1, kb, 4);
+        need_buf(v, 2, kb, 4);
+        need_buf(v, 3, 4, 4);
+        unused_from(v, 4);
+        REQ(disjoint(&op->buf[1], kb, &op->buf[2], kb));
+        break;
+    }
+    case KOP_MOE_FFN: {
+        if (!REQ(p[0] > 0 && p[1] > 0 && p[2] > 0 && p[2] <= KERN_MAX_EXPERTS && p[3] >= 1 && p[3] <= p[2])) break;
+        if (!REQ(p[4] >= 0 && is_dtype(p[5]))) break;
+        size_t ds = kern_dtype_size((kern_dtype)p[5]);
+        size_t xb = bytes3(v, p[4], p[0], 4), kb = bytes3(v, p[4], p[3], 4);
+        need_buf(v, 0, xb, 4);
+        need_buf(v, 1, bytes3(v, (int64_t)p[2] * 2 * p[1], p[0], (int64_t)ds), ds);
+        need_buf(v, 2, bytes3(v, (int64_t)p[2] * p[0], p[1], (int64_t)ds), ds);
+        need_buf(v, 3, kb, 4);
+        need_buf(v, 4, kb, 4);
+        need_buf(v, 5, xb, 4);
+        need_buf(v, 6, 4, 4);
+        need_buf(v, 7, kern_moe_scratch_bytes(p[2], p[3], p[0], p[1], p[4]), 64);
+        REQ(disjoint(&op->buf[0], xb, &op->buf[5], xb));
+        break;
+    }
     default:
         fail(v, "unknown op kind", __LINE__);
     }

@@ -24,6 +24,8 @@ void kern_cpu_exec(kern_pool *pool, const kern_op *op)
     case KOP_DRAFT_SELECT: kern_cpu_draft_select(pool, op); break;
     case KOP_CONFIDENCE: kern_cpu_confidence(pool, op); break;
     case KOP_SAMPLE: kern_cpu_sample(pool, op); break;
+    case KOP_MOE_ROUTE: kern_cpu_moe_route(pool, op); break;
+    case KOP_MOE_FFN: kern_cpu_moe_ffn(pool, op); break;
     default: kern_cpu_fail(op, "unknown op kind", __FILE__, __LINE__);
     }
 }

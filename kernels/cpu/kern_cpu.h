@@ -7,6 +7,7 @@
  *   attention.c     KOP_KV_WRITE, KOP_ATTENTION
  *   elementwise.c   KOP_EMBED, KOP_SILU_MUL, KOP_ADD, KOP_GATHER_ROWS
  *   spec.c          KOP_COPY_COLS, KOP_DRAFT_SELECT, KOP_CONFIDENCE;  sample.c  KOP_SAMPLE
+ *   moe.c           KOP_MOE_ROUTE, KOP_MOE_FFN
  *   simd.c          picks the instruction set once; simd_{scalar,avx2,avx512}.c instantiate
  *                   simd_body.inc, the one source of every reduction (dot products, GEMV tiles).
  *
@@ -270,6 +271,8 @@ void kern_cpu_copy_cols(kern_pool *pool, const kern_op *op);
 void kern_cpu_draft_select(kern_pool *pool, const kern_op *op);
 void kern_cpu_confidence(kern_pool *pool, const kern_op *op);
 void kern_cpu_sample(kern_pool *pool, const kern_op *op);
+void kern_cpu_moe_route(kern_pool *pool, const kern_op *op);
+void kern_cpu_moe_ffn(kern_pool *pool, const kern_op *op);
 
 /* Reads the int32 row count in buf[i], checking 0 <= n <= max. */
 int32_t kern_cpu_count(const kern_op *op, int i, int32_t max);

@@ -1,0 +1,454 @@
+/* tests/unit/test_moe.c — KOP_MOE_ROUTE and KOP_MOE_FFN (kernels/cpu/moe.c) against the kern.h
+ * contract:
+ *   - route: a float64 softmax / top-k / renormalisation reference (ties to the lower id, ascending
+ *     ids, norm on and off), and the exact f32 expression of the contract bit for bit;
+ *   - ffn: bitwise equal to the same math composed from KOP_MATMUL / KOP_SILU_MUL ops one row and
+ *     one expert at a time (the contract says each dot product is a KOP_MATMUL row), f32 and bf16
+ *     weights, the bf16-activation mode too;
+ *   - batch invariance: a row's output alone equals its output among rows that chose other experts;
+ *   - every ISA and 1 / 2 / 3 threads give the same bits;
+ *   - an expert no live row chose is never read (its weights are NaN), rows past n_rows untouched;
+ *   - a malformed expert id aborts (a bug: the route op writes ids in range).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "kernels/cpu/kern_cpu.h"
+#include "kernels/kern.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+static uint64_t rnd_u64(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)((double)(rnd_u64() >> 11) / 9007199254740992.0); }
+static void fill(float *p, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++) p[i] = rnd_f(lo, hi);
+}
+static void *xalloc(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    assert_non_null(p);
+    return p;
+}
+static kern_buf B(void *p, size_t bytes) { return (kern_buf){p, bytes}; }
+
+static int isa_list(kern_isa *out)
+{
+    int n = 0;
+    out[n++] = KERN_ISA_SCALAR;
+#ifdef KERN_HAVE_X86
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out[n++] = KERN_ISA_AVX2;
+    if (__builtin_cpu_supports("avx512f")) out[n++] = KERN_ISA_AVX512;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) out[n++] = KERN_ISA_AVX512BF16;
+#endif
+    return n;
+}
+
+/* ---- route ------------------------------------------------------------------------------------------ */
+
+static kern_op route_op(float *logits, int32_t *ids, float *w, int32_t *n, int E, int k, int rows, int norm)
+{
+    kern_op op = {.kind = KOP_MOE_ROUTE};
+    op.buf[0] = B(logits, (size_t)rows * E * 4);
+    op.buf[1] = B(ids, (size_t)rows * k * 4);
+    op.buf[2] = B(w, (size_t)rows * k * 4);
+    op.buf[3] = B(n, 4);
+    op.p[0] = E, op.p[1] = k, op.p[2] = rows, op.p[3] = norm;
+    return op;
+}
+
+/* The float64 reference of one row: softmax, the k best (lower id on ties), renormalised. */
+static void route_ref(const float *l, int E, int k, int norm, int *ids, double *w)
+{
+    double m = l[0], s = 0, q[KERN_MAX_EXPERTS];
+    int taken[KERN_MAX_EXPERTS] = {0}, best[KERN_MAX_EXPERTS];
+    for (int e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
+    for (int e = 0; e < E; e++) s += q[e] = exp((double)l[e] - m);
+    for (int e = 0; e < E; e++) q[e] /= s;
+    for (int j = 0; j < k; j++) {
+        int b = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (b < 0 || q[e] > q[b])) b = e;
+        taken[b] = 1;
+        best[j] = b;
+    }
+    double t = 0;
+    for (int j = 0; j < k; j++) t += q[best[j]];
+    int j = 0;
+    for (int e = 0; e < E; e++)
+        if (taken[e]) ids[j] = e, w[j] = norm ? q[e] / t : q[e], j++;
+}
+
+static void test_route_reference(void **state)
+{
+    (void)state;
+    const int shapes[][2] = {{8, 2}, {8, 8}, {8, 1}, {32, 4}, {128, 8}, {5, 3}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int norm = 0; norm < 2; norm++) {
+            const int E = shapes[si][0], k = shapes[si][1], rows = 7;
+            float *l = xalloc((size_t)rows * E * 4), *w = xalloc((size_t)rows * k * 4);
+            int32_t *ids = xalloc((size_t)rows * k * 4), n = rows - 1;
+            fill(l, (size_t)rows * E, -4, 4);
+            for (int i = 0; i < k; i++) ids[(rows - 1) * k + i] = -7; /* past n: untouched */
+            kern_op op = route_op(l, ids, w, &n, E, k, rows, norm);
+            kern_cpu_exec(NULL, &op);
+            for (int r = 0; r < n; r++) {
+                int rid[KERN_MAX_EXPERTS];
+                double rw[KERN_MAX_EXPERTS];
+                route_ref(l + (size_t)r * E, E, k, norm, rid, rw);
+                for (int j = 0; j < k; j++) {
+                    assert_int_equal(ids[r * k + j], rid[j]);
+                    if (fabs(w[r * k + j] - rw[j]) > 2e-6 * (rw[j] + 1e-3))
+                        fail_msg("E %d k %d norm %d row %d slot %d: weight %.9g want %.9g", E, k, norm, r, j,
+                                 (double)w[r * k + j], rw[j]);
+                }
+            }
+            for (int i = 0; i < k; i++) assert_int_equal(ids[(rows - 1) * k + i], -7);
+            free(l), free(w), free(ids);
+        }
+}
+
+/* The contract's f32 expression, step by step, bit for bit (one row of E 6, k 3). */
+static void test_route_exact(void **state)
+{
+    (void)state;
+    float l[6] = {0.5f, -1.25f, 2.0f, 0.75f, 2.0f, -3.0f}, w[3];
+    int32_t ids[3], n = 1;
+    for (int norm = 0; norm < 2; norm++) {
+        kern_op op = route_op(l, ids, w, &n, 6, 3, 1, norm);
+        kern_cpu_exec(NULL, &op);
+        float m = 2.0f, x[6], s = 0.0f;
+        for (int e = 0; e < 6; e++) s = s + (x[e] = kern_expf(l[e] - m));
+        /* the best are 2 and 4 (equal: 2 first), then 3 */
+        assert_int_equal(ids[0], 2), assert_int_equal(ids[1], 3), assert_int_equal(ids[2], 4);
+        const float q2 = x[2] / s, q3 = x[3] / s, q4 = x[4] / s, t = q2 + q4 + q3; /* best-first */
+        const float want[3] = {norm ? q2 / t : q2, norm ? q3 / t : q3, norm ? q4 / t : q4};
+        for (int j = 0; j < 3; j++) assert_memory_equal(&w[j], &want[j], 4);
+    }
+}
+
+/* Equal logits everywhere: the k lowest ids, each weight 1/E (or 1/k normalised). */
+static void test_route_ties(void **state)
+{
+    (void)state;
+    float l[16], w[4];
+    int32_t ids[4], n = 1;
+    for (int e = 0; e < 16; e++) l[e] = 0.25f;
+    kern_op op = route_op(l, ids, w, &n, 16, 4, 1, 1);
+    kern_cpu_exec(NULL, &op);
+    for (int j = 0; j < 4; j++) {
+        assert_int_equal(ids[j], j);
+        assert_true(fabsf(w[j] - 0.25f) < 1e-7f);
+    }
+    l[9] = 0.5f; /* one better expert, then the lowest ids among the equal ones */
+    kern_cpu_exec(NULL, &op);
+    assert_int_equal(ids[0], 0), assert_int_equal(ids[1], 1), assert_int_equal(ids[2], 2), assert_int_equal(ids[3], 9);
+}
+
+/* ---- ffn -------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int H, I, E, k, rows;
+    kern_dtype dt;
+    void *w13, *w2;
+    float *h;
+    int32_t *ids;
+    float *wts;
+    void *scratch;
+} ffn_case;
+
+static void to_dt(void *dst, const float *src, size_t n, kern_dtype dt)
+{
+    if (dt == KERN_DT_F32) memcpy(dst, src, n * 4);
+    else
+        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = kern_f32_to_bf16(src[i]);
+}
+
+static void ffn_init(ffn_case *c, int H, int I, int E, int k, int rows, kern_dtype dt)
+{
+    memset(c, 0, sizeof *c);
+    c->H = H, c->I = I, c->E = E, c->k = k, c->rows = rows, c->dt = dt;
+    const size_t es = kern_dtype_size(dt), n13 = (size_t)E * 2 * I * H, n2 = (size_t)E * H * I;
+    float *f = xalloc((n13 > n2 ? n13 : n2) * 4);
+    c->w13 = xalloc(n13 * es);
+    c->w2 = xalloc(n2 * es);
+    fill(f, n13, -0.3f, 0.3f);
+    to_dt(c->w13, f, n13, dt);
+    fill(f, n2, -0.3f, 0.3f);
+    to_dt(c->w2, f, n2, dt);
+    free(f);
+    c->h = xalloc((size_t)rows * H * 4);
+    fill(c->h, (size_t)rows * H, -1, 1);
+    c->ids = xalloc((size_t)rows * k * 4);
+    c->wts = xalloc((size_t)rows * k * 4);
+    for (int r = 0; r < rows; r++) { /* k distinct ascending experts per row, random weights */
+        int taken[KERN_MAX_EXPERTS] = {0}, got = 0;
+        while (got < k) {
+            int e = (int)(rnd_u64() % (uint64_t)E);
+            if (!taken[e]) taken[e] = 1, got++;
+        }
+        int j = 0;
+        for (int e = 0; e < E; e++)
+            if (taken[e]) c->ids[r * k + j] = e, c->wts[r * k + j] = rnd_f(0.05f, 0.6f), j++;
+    }
+    c->scratch = xalloc(kern_moe_scratch_bytes(E, k, H, I, rows));
+}
+
+static void ffn_free(ffn_case *c)
+{
+    free(c->w13), free(c->w2), free(c->h), free(c->ids), free(c->wts), free(c->scratch);
+}
+
+/* KOP_MOE_FFN on rows [0, n) of c into out (out starts as a copy of base). */
+static void ffn_run(const ffn_case *c, kern_pool *pool, int n, const float *base, float *out)
+{
+    memcpy(out, base, (size_t)c->rows * c->H * 4);
+    int32_t nr = n;
+    const size_t es = kern_dtype_size(c->dt);
+    kern_op op = {.kind = KOP_MOE_FFN};
+    op.buf[0] = B(c->h, (size_t)c->rows * c->H * 4);
+    op.buf[1] = B(c->w13, (size_t)c->E * 2 * c->I * c->H * es);
+    op.buf[2] = B(c->w2, (size_t)c->E * c->H * c->I * es);
+    op.buf[3] = B(c->ids, (size_t)c->rows * c->k * 4);
+    op.buf[4] = B(c->wts, (size_t)c->rows * c->k * 4);
+    op.buf[5] = B(out, (size_t)c->rows * c->H * 4);
+    op.buf[6] = B(&nr, 4);
+    op.buf[7] = B(c->scratch, kern_moe_scratch_bytes(c->E, c->k, c->H, c->I, c->rows));
+    op.p[0] = c->H, op.p[1] = c->I, op.p[2] = c->E, op.p[3] = c->k, op.p[4] = c->rows, op.p[5] = c->dt;
+    kern_cpu_exec(pool, &op);
+}
+
+/* The same from KOP_MATMUL and KOP_SILU_MUL, one row and one expert at a time. */
+static void ffn_composed(const ffn_case *c, kern_pool *pool, int n, const float *base, float *out)
+{
+    const int H = c->H, I = c->I, k = c->k;
+    const size_t es = kern_dtype_size(c->dt);
+    memcpy(out, base, (size_t)c->rows * H * 4);
+    float *gu = xalloc((size_t)2 * I * 4), *a = xalloc((size_t)I * 4), *y = xalloc((size_t)k * H * 4);
+    int32_t one = 1;
+    for (int r = 0; r < n; r++) {
+        for (int j = 0; j < k; j++) {
+            const int e = c->ids[r * k + j];
+            kern_op op = {.kind = KOP_MATMUL};
+            op.buf[0] = B(c->h + (size_t)r * H, (size_t)H * 4);
+            op.buf[1] = B((uint8_t *)c->w13 + (size_t)e * 2 * I * H * es, (size_t)2 * I * H * es);
+            op.buf[3] = B(gu, (size_t)2 * I * 4);
+            op.buf[4] = B(&one, 4);
+            op.p[0] = H, op.p[1] = 2 * I, op.p[2] = 1, op.p[3] = c->dt, op.p[4] = 0;
+            kern_cpu_exec(pool, &op);
+            kern_op sm = {.kind = KOP_SILU_MUL};
+            sm.buf[0] = B(gu, (size_t)2 * I * 4);
+            sm.buf[1] = B(a, (size_t)I * 4);
+            sm.buf[2] = B(&one, 4);
+            sm.p[0] = I, sm.p[1] = 1;
+            kern_cpu_exec(pool, &sm);
+            kern_op dn = {.kind = KOP_MATMUL};
+            dn.buf[0] = B(a, (size_t)I * 4);
+            dn.buf[1] = B((uint8_t *)c->w2 + (size_t)e * H * I * es, (size_t)H * I * es);
+            dn.buf[3] = B(y + (size_t)j * H, (size_t)H * 4);
+            dn.buf[4] = B(&one, 4);
+            dn.p[0] = I, dn.p[1] = H, dn.p[2] = 1, dn.p[3] = c->dt, dn.p[4] = 0;
+            kern_cpu_exec(pool, &dn);
+        }
+        for (int i = 0; i < H; i++) {
+            float acc = 0.0f;
+            for (int j = 0; j < k; j++) acc = acc + c->wts[r * k + j] * y[(size_t)j * H + i];
+            out[(size_t)r * H + i] = out[(size_t)r * H + i] + acc;
+        }
+    }
+    free(gu), free(a), free(y);
+}
+
+static void assert_bits(const float *a, const float *b, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) != 0) fail_msg("%s: element %zu: %.9g vs %.9g", what, i, (double)a[i], (double)b[i]);
+}
+
+static const int g_shapes[][5] = {
+    /* H, I, E, k, rows */
+    {64, 32, 8, 2, 5},   {48, 100, 4, 4, 3}, {40, 24, 16, 1, 9},
+    {96, 64, 32, 4, 17}, {33, 17, 6, 3, 2},  {128, 256, 8, 2, 1},
+};
+
+static void test_ffn_composed(void **state)
+{
+    (void)state;
+    kern_pool *pool = kern_pool_create(2);
+    kern_cpu_set_min_parallel_work(0);
+    for (size_t si = 0; si < sizeof g_shapes / sizeof g_shapes[0]; si++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int bx = 0; bx < 1 + dt; bx++) {
+                const int *s = g_shapes[si];
+                ffn_case c;
+                ffn_init(&c, s[0], s[1], s[2], s[3], s[4], (kern_dtype)dt);
+                kern_pool_set_bf16_activations(pool, bx);
+                const size_t n = (size_t)c.rows * c.H;
+                float *base = xalloc(n * 4), *got = xalloc(n * 4), *want = xalloc(n * 4);
+                fill(base, n, -2, 2);
+                const int live = c.rows > 1 ? c.rows - 1 : 1;
+                ffn_run(&c, pool, live, base, got);
+                ffn_composed(&c, pool, live, base, want);
+                char what[96];
+                snprintf(what, sizeof what, "shape %zu dt %d bf16x %d", si, dt, bx);
+                assert_bits(got, want, n, what); /* rows past live: both = base */
+                free(base), free(got), free(want);
+                ffn_free(&c);
+            }
+    kern_pool_set_bf16_activations(pool, 0);
+    kern_pool_destroy(pool);
+}
+
+/* A row alone, then the same row among others that chose other experts: the same bits; and the same
+ * on every ISA and thread count. */
+static void test_ffn_invariance(void **state)
+{
+    (void)state;
+    kern_isa isas[4];
+    const int nisa = isa_list(isas);
+    const int threads[3] = {1, 2, 3};
+    for (int dt = 0; dt < 2; dt++) {
+        ffn_case c;
+        ffn_init(&c, 96, 80, 16, 3, 12, (kern_dtype)dt);
+        const size_t n = (size_t)c.rows * c.H;
+        float *base = xalloc(n * 4), *ref = xalloc(n * 4), *got = xalloc(n * 4);
+        fill(base, n, -1, 1);
+        assert_int_equal(kern_simd_force(KERN_ISA_SCALAR), 0);
+        ffn_run(&c, NULL, c.rows, base, ref);
+        for (int ii = 0; ii < nisa; ii++)
+            for (int ti = 0; ti < 3; ti++) {
+                assert_int_equal(kern_simd_force(isas[ii]), 0);
+                kern_pool *pool = kern_pool_create(threads[ti]);
+                ffn_run(&c, pool, c.rows, base, got);
+                assert_bits(got, ref, n, "isa / threads");
+                /* row 5 alone: moved to row 0 of a one-row batch */
+                ffn_case one = c;
+                one.rows = 1;
+                one.h = c.h + 5 * c.H;
+                one.ids = c.ids + 5 * c.k;
+                one.wts = c.wts + 5 * c.k;
+                ffn_run(&one, pool, 1, base + 5 * c.H, got);
+                assert_bits(got, ref + 5 * c.H, (size_t)c.H, "row 5 alone");
+                kern_pool_destroy(pool);
+            }
+        kern_isa l[4];
+        assert_int_equal(kern_simd_force(l[isa_list(l) - 1]), 0);
+        free(base), free(ref), free(got);
+        ffn_free(&c);
+    }
+}
+
+/* Experts that no live row chose hold NaN: the output has none (they were never read). */
+static void test_ffn_unread_experts(void **state)
+{
+    (void)state;
+    ffn_case c;
+    ffn_init(&c, 64, 48, 12, 2, 4, KERN_DT_BF16);
+    int used[KERN_MAX_EXPERTS] = {0};
+    for (int q = 0; q < 3 * c.k; q++) used[c.ids[q]] = 1; /* rows 0..2 live */
+    for (int e = 0; e < c.E; e++) {
+        if (used[e]) continue;
+        uint16_t *a = (uint16_t *)c.w13 + (size_t)e * 2 * c.I * c.H, *b = (uint16_t *)c.w2 + (size_t)e * c.H * c.I;
+        for (size_t i = 0; i < (size_t)2 * c.I * c.H; i++) a[i] = 0x7fc1;
+        for (size_t i = 0; i < (size_t)c.H * c.I; i++) b[i] = 0x7fc1;
+    }
+    const size_t n = (size_t)c.rows * c.H;
+    float *base = xalloc(n * 4), *got = xalloc(n * 4);
+    fill(base, n, -1, 1);
+    kern_pool *pool = kern_pool_create(2);
+    ffn_run(&c, pool, 3, base, got);
+    for (size_t i = 0; i < n; i++) assert_false(isnan(got[i]));
+    assert_memory_equal(got + 3 * c.H, base + 3 * c.H, (size_t)c.H * 4); /* row past n untouched */
+    kern_pool_destroy(pool);
+    free(base), free(got);
+    ffn_free(&c);
+}
+
+/* An expert id out of range is a bug of the op that wrote it: the CPU kernel aborts. */
+static void test_ffn_bad_id_aborts(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGABRT, SIG_DFL);
+        fclose(stderr);
+        ffn_case c;
+        ffn_init(&c, 32, 16, 4, 2, 2, KERN_DT_F32);
+        c.ids[1] = 4;
+        float *o = xalloc((size_t)c.rows * c.H * 4);
+        ffn_run(&c, NULL, 2, o, o + 0); /* aborts before touching out */
+        _exit(0);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+}
+
+static void test_validate(void **state)
+{
+    (void)state;
+    char why[160];
+    float l[8], w[2];
+    int32_t ids[2], n = 1;
+    kern_op op = route_op(l, ids, w, &n, 8, 2, 1, 1);
+    assert_int_equal(kern_validate(&op, why, sizeof why), 0);
+    op.p[1] = 9; /* k > E */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[1] = 2;
+    op.buf[2] = B(ids, 8); /* weights aliasing the ids */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    ffn_case c;
+    ffn_init(&c, 32, 16, 4, 2, 2, KERN_DT_F32);
+    kern_op f = {.kind = KOP_MOE_FFN};
+    float *out = xalloc((size_t)c.rows * c.H * 4);
+    int32_t nr = 2;
+    f.buf[0] = B(c.h, (size_t)c.rows * c.H * 4);
+    f.buf[1] = B(c.w13, (size_t)c.E * 2 * c.I * c.H * 4);
+    f.buf[2] = B(c.w2, (size_t)c.E * c.H * c.I * 4);
+    f.buf[3] = B(c.ids, (size_t)c.rows * c.k * 4);
+    f.buf[4] = B(c.wts, (size_t)c.rows * c.k * 4);
+    f.buf[5] = B(out, (size_t)c.rows * c.H * 4);
+    f.buf[6] = B(&nr, 4);
+    f.buf[7] = B(c.scratch, kern_moe_scratch_bytes(c.E, c.k, c.H, c.I, c.rows));
+    f.p[0] = c.H, f.p[1] = c.I, f.p[2] = c.E, f.p[3] = c.k, f.p[4] = c.rows, f.p[5] = KERN_DT_F32;
+    assert_int_equal(kern_validate(&f, why, sizeof why), 0);
+    f.buf[7].bytes -= 4; /* scratch too small */
+    assert_int_equal(kern_validate(&f, why, sizeof why), -1);
+    f.buf[7].bytes += 4;
+    f.buf[1].bytes -= 4; /* W13 too small */
+    assert_int_equal(kern_validate(&f, why, sizeof why), -1);
+    f.buf[1].bytes += 4;
+    f.buf[5] = f.buf[0]; /* out aliasing h */
+    assert_int_equal(kern_validate(&f, why, sizeof why), -1);
+    free(out);
+    ffn_free(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_route_reference), cmocka_unit_test(test_route_exact),
+        cmocka_unit_test(test_route_ties),      cmocka_unit_test(test_ffn_composed),
+        cmocka_unit_test(test_ffn_invariance),  cmocka_unit_test(test_ffn_unread_experts),
+        cmocka_unit_test(test_ffn_bad_id_aborts), cmocka_unit_test(test_validate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
