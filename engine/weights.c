@@ -552,7 +552,7 @@ int eng_weights_ckpt_visit(eng_engine *e, int draft, int with_data, int (*fn)(co
         const mdl_dest *d = &m->dests[k];
         /* tied embeddings: lm_head.weight is an alias of model.embed_tokens.weight (the same
          * storage), not a checkpoint tensor of its own (the same rule as coverage) */
-        if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
+        if (d->alias) continue; /* (the fused expert tensors likewise: reported per expert) */
         const mdl_param *p = &m->params[d->param];
         const size_t n = (size_t)d->rows * (size_t)p->cols, es = mdl_dtype_size(p->dt);
         eng_ckpt_tensor t = {.name = d->name, .dtype = hd, .ndim = d->ndim, .nbytes = n * mdl_dtype_size(hd)};

@@ -54,7 +54,7 @@ static int reset_model(eng_engine *e, const mdl_model *m, const char *prefix, co
     for (int k = 0; k < m->n_dests && rc == 0; k++) {
         const mdl_dest *d = &m->dests[k];
         /* tied embeddings: lm_head.weight is model.embed_tokens.weight (one storage, one name) */
-        if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
+        if (d->alias) continue; /* (and the fused expert tensors: their per-expert names are reset) */
         snprintf(name, sizeof name, "%s%s", prefix, d->name);
         if (eng_weights_name_skipped(name, skip, n_skip)) continue;
         const size_t n = (size_t)d->rows * (size_t)(d->ndim == 2 ? d->cols : 1);

@@ -1,6 +1,7 @@
 #include "models/config.h"
 #include "models/config_internal.h"
 #include "models/format/json_guard.h"
+#include "kernels/kern.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -9,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const arch_names[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                         "DFlashDraftModel", "Qwen3DSparkModel"};
+static const char *const arch_names[MDL_ARCH_COUNT] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                                       "DFlashDraftModel", "Qwen3DSparkModel", "Qwen3MoeForCausalLM"};
 
 const char *mdl_arch_name(mdl_arch a) { return arch_names[a]; }
 
@@ -274,6 +275,68 @@ static int parse_drafter(const cJSON *root, mdl_config *c, char *err, size_t err
            get_bool(root, "graphswap_test_accept_drafts", 0, &c->test_accept_drafts, err, errlen);
 }
 
+/* Qwen3MoeConfig (transformers models/qwen3_moe/configuration_qwen3_moe.py): num_experts (default
+ * 128), num_experts_per_tok (8), moe_intermediate_size (768), norm_topk_prob (false),
+ * decoder_sparse_step (1), mlp_only_layers ([]); a layer is sparse iff its index is not in
+ * mlp_only_layers, num_experts > 0 and (index + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer).
+ * router_aux_loss_coef and output_router_logits are training-only (not read). The defaults are
+ * transformers', so a config that omits a field means what it means there. */
+static int parse_moe(const cJSON *root, mdl_config *c, char *err, size_t errlen)
+{
+    int step;
+    /* transformers 5 saves the expert count as num_local_experts (Qwen3MoeConfig.attribute_map maps
+     * num_experts to it); Qwen's own checkpoints and transformers 4 write num_experts. Either is read;
+     * both present and different is refused. */
+    const char *ne_key = "num_experts";
+    const cJSON *ne = cJSON_GetObjectItemCaseSensitive(root, "num_experts");
+    const cJSON *nle = cJSON_GetObjectItemCaseSensitive(root, "num_local_experts");
+    if (ne && nle && !(cJSON_IsNumber(ne) && cJSON_IsNumber(nle) && ne->valuedouble == nle->valuedouble)) {
+        snprintf(err, errlen, "config.json: num_experts and num_local_experts disagree");
+        return -1;
+    }
+    if (!ne && nle) ne_key = "num_local_experts";
+    if (get_int(root, ne_key, 1, 128, 0, KERN_MAX_EXPERTS, &c->n_experts, err, errlen) ||
+        get_int(root, "num_experts_per_tok", 1, 8, 1, KERN_MAX_EXPERTS, &c->experts_per_tok, err, errlen) ||
+        get_int(root, "moe_intermediate_size", 1, 768, 1, 1 << 20, &c->moe_inter, err, errlen) ||
+        get_bool(root, "norm_topk_prob", 0, &c->norm_topk, err, errlen) ||
+        get_int(root, "decoder_sparse_step", 1, 1, 1, 1 << 20, &step, err, errlen))
+        return -1;
+    if (c->n_experts > 0 && c->experts_per_tok > c->n_experts) {
+        snprintf(err, errlen, "config.json: num_experts_per_tok %d is more than num_experts %d", c->experts_per_tok,
+                 c->n_experts);
+        return -1;
+    }
+    if (c->layers > MDL_MAX_LAYERS) {
+        snprintf(err, errlen, "config.json: num_hidden_layers %d: at most %d for Qwen3MoeForCausalLM", c->layers,
+                 MDL_MAX_LAYERS);
+        return -1;
+    }
+    unsigned char dense[MDL_MAX_LAYERS] = {0};
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
+    if (ml && !cJSON_IsNull(ml)) {
+        if (!cJSON_IsArray(ml)) {
+            snprintf(err, errlen, "config.json: mlp_only_layers must be a list of layer indices");
+            return -1;
+        }
+        const cJSON *x;
+        cJSON_ArrayForEach(x, ml)
+        {
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble)) {
+                snprintf(err, errlen, "config.json: mlp_only_layers entries must be integer layer indices");
+                return -1;
+            }
+            /* transformers tests `idx not in mlp_only_layers`: an index no layer has changes nothing */
+            if (x->valuedouble >= 0 && x->valuedouble < c->layers) dense[(int)x->valuedouble] = 1;
+        }
+    }
+    c->n_sparse = 0;
+    for (int l = 0; l < c->layers; l++) {
+        c->sparse[l] = !dense[l] && c->n_experts > 0 && (l + 1) % step == 0;
+        c->n_sparse += c->sparse[l];
+    }
+    return 0;
+}
+
 int mdl_config_check_drafter(const mdl_config *t, const mdl_config *d, char *err, size_t errlen)
 {
     if (!d->is_drafter) {
@@ -315,14 +378,14 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
     }
     const char *an = cJSON_GetArrayItem(archs, 0)->valuestring;
     int found = 0;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < MDL_ARCH_COUNT; i++)
         if (strcmp(an, arch_names[i]) == 0) {
             c->arch = (mdl_arch)i;
             found = 1;
         }
     if (!found) {
         snprintf(err, errlen,
-                 "config.json: unsupported architecture %s (supported: Qwen3ForCausalLM, "
+                 "config.json: unsupported architecture %s (supported: Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
                  "LlamaForCausalLM, Qwen2ForCausalLM, DFlashDraftModel, Qwen3DSparkModel)",
                  an);
         goto out;
@@ -387,6 +450,7 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
     c->qkv_bias = c->arch == MDL_ARCH_QWEN2 || attn_bias;
     c->o_bias = c->arch != MDL_ARCH_QWEN2 && attn_bias;
     if (c->is_drafter && parse_drafter(root, c, err, errlen) != 0) goto out;
+    if (c->arch == MDL_ARCH_QWEN3_MOE && parse_moe(root, c, err, errlen) != 0) goto out;
     rc = 0;
 out:
     cJSON_Delete(root);

@@ -1,5 +1,6 @@
 /* models/config.h — config.json of a Hugging Face causal LM, parsed and checked.
- * Supported: Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM with SiLU MLP, full attention,
+ * Supported: Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM with SiLU
+ * MLPs, full attention,
  * RoPE default / linear / dynamic / llama3 / yarn in both the transformers 4 layout (rope_theta +
  * rope_scaling) and the transformers 5 one (rope_parameters) — see models/config_rope.c and the
  * README's "Supported config fields". Anything else is a clear error naming the field. */
@@ -10,7 +11,17 @@
 
 #include "models/format/safetensors.h"
 
-typedef enum { MDL_ARCH_QWEN3 = 0, MDL_ARCH_LLAMA, MDL_ARCH_QWEN2, MDL_ARCH_DFLASH, MDL_ARCH_DSPARK } mdl_arch;
+typedef enum {
+    MDL_ARCH_QWEN3 = 0,
+    MDL_ARCH_LLAMA,
+    MDL_ARCH_QWEN2,
+    MDL_ARCH_DFLASH,
+    MDL_ARCH_DSPARK,
+    MDL_ARCH_QWEN3_MOE, /* Qwen3MoeForCausalLM: Qwen3 with sparse MoE MLPs (models/model.c, forward.c) */
+    MDL_ARCH_COUNT
+} mdl_arch;
+
+#define MDL_MAX_LAYERS 1024
 
 #define MDL_MAX_TARGET_IDS 64
 
@@ -61,6 +72,11 @@ typedef struct {
     int rope_truncate;                   /* yarn: floor/ceil the correction range */
     double rope_attn_factor;             /* yarn: multiplies cos and sin; 1 otherwise */
     mdl_gen_defaults gen;    /* generation_config.json sampling defaults */
+    /* Qwen3-MoE (0 / empty otherwise): layer l is sparse iff sparse[l] (not in mlp_only_layers,
+     * num_experts > 0 and (l + 1) % decoder_sparse_step == 0); a dense layer's MLP is intermediate */
+    int n_experts, experts_per_tok, moe_inter, norm_topk;
+    int n_sparse;                   /* layers with sparse[l] */
+    unsigned char sparse[MDL_MAX_LAYERS];
     /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
     int is_drafter;
     int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */

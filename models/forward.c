@@ -7,6 +7,8 @@
  *               cache[slot, pos] = k, v ; attn = softmax(q K^T * hd^-0.5) V over kv_len keys
  *               x += attn Wo^T (+b)
  *               h = rmsnorm(x) ; gu = h Wgu^T ; act = silu(gate) * up ; x += act Wdown^T
+ *               (a sparse Qwen3-MoE layer: logits = h Wrouter^T ; top-k experts and weights ;
+ *                x += sum_j w_j * expert_j(h), each expert the SwiGLU MLP above: KOP_MOE_*)
  *   xs = x[logit_idx] ; xs = rmsnorm(xs) ; logits = xs Wlm^T    [n_logits, V]
  *   tokens = sample(logits, samp)  (when io->samp: the engine's steps; tests may stop at logits)
  * Row counts come from io->n_rows / io->n_logits at run time; `rows` / `logit_rows` only size the
@@ -49,6 +51,18 @@ int mdl_workspace_alloc(const mdl_model *m, eng_backend *be, int max_rows, int m
         *want[i].p = be->ops->alloc(be, want[i].n * F4, want[i].tag);
         if (!*want[i].p) {
             snprintf(err, errlen, "out of device memory allocating workspace %s", want[i].tag);
+            return -1;
+        }
+    }
+    if (c->n_sparse > 0) {
+        const size_t E = (size_t)c->n_experts, K = (size_t)c->experts_per_tok;
+        ws->moe_logits = be->ops->alloc(be, R * E * F4, "ws.moe_logits");
+        ws->moe_w = be->ops->alloc(be, R * K * F4, "ws.moe_w");
+        ws->moe_ids = be->ops->alloc(be, R * K * sizeof(int32_t), "ws.moe_ids");
+        ws->moe_scratch = be->ops->alloc(be, kern_moe_scratch_bytes((int64_t)E, (int64_t)K, (int64_t)H,
+                                                                    c->moe_inter, (int64_t)R), "ws.moe_scratch");
+        if (!ws->moe_logits || !ws->moe_w || !ws->moe_ids || !ws->moe_scratch) {
+            snprintf(err, errlen, "out of device memory allocating the MoE workspace");
             return -1;
         }
     }
@@ -103,6 +117,9 @@ static void emit_rmsnorm(eng_tape *t, const mdl_model *m, const float *x, int p_
 /* Everything one decoder layer touches besides its weights. */
 typedef struct {
     float *x, *h, *qkv, *attn, *gu, *act;
+    float *moe_logits, *moe_w; /* a sparse MoE layer's step buffers (mdl_workspace) */
+    int32_t *moe_ids;
+    void *moe_scratch;
     int32_t *pos, *slot, *kv_len, *n_rows, *block_tables;
     float *kc, *vc;
     size_t kv_bytes, bt_bytes;
@@ -181,6 +198,39 @@ static void emit_layer(eng_tape *t, const mdl_model *m, int l, const layer_io *i
 
     emit_matmul(t, m, io->attn, nh * hd, L->o, L->o_bias, io->x, H, rows, io->n_rows, 1);
     emit_rmsnorm(t, m, io->x, L->post_norm, io->h, rows, io->n_rows);
+    if (L->w13 >= 0) { /* a sparse MoE layer: router -> top-k -> the chosen experts, added to x */
+        const int E = c->n_experts, K = c->experts_per_tok, MI = c->moe_inter;
+        emit_matmul(t, m, io->h, H, L->router, -1, io->moe_logits, E, rows, io->n_rows, 0);
+        memset(&op, 0, sizeof op);
+        op.kind = KOP_MOE_ROUTE;
+        op.buf[0] = B(io->moe_logits, R * (size_t)E * F4);
+        op.buf[1] = B(io->moe_ids, R * (size_t)K * i32);
+        op.buf[2] = B(io->moe_w, R * (size_t)K * F4);
+        op.buf[3] = B(io->n_rows, i32);
+        op.p[0] = E;
+        op.p[1] = K;
+        op.p[2] = rows;
+        op.p[3] = c->norm_topk;
+        eng_tape_push(t, &op);
+        memset(&op, 0, sizeof op);
+        op.kind = KOP_MOE_FFN;
+        op.buf[0] = B(io->h, R * (size_t)H * F4);
+        op.buf[1] = B(m->params[L->w13].ptr, m->params[L->w13].bytes);
+        op.buf[2] = B(m->params[L->w2].ptr, m->params[L->w2].bytes);
+        op.buf[3] = B(io->moe_ids, R * (size_t)K * i32);
+        op.buf[4] = B(io->moe_w, R * (size_t)K * F4);
+        op.buf[5] = B(io->x, R * (size_t)H * F4);
+        op.buf[6] = B(io->n_rows, i32);
+        op.buf[7] = B(io->moe_scratch, kern_moe_scratch_bytes(E, K, H, MI, rows));
+        op.p[0] = H;
+        op.p[1] = MI;
+        op.p[2] = E;
+        op.p[3] = K;
+        op.p[4] = rows;
+        op.p[5] = m->wdt;
+        eng_tape_push(t, &op);
+        return;
+    }
     emit_matmul(t, m, io->h, H, L->gate_up, -1, io->gu, 2 * I, rows, io->n_rows, 0);
 
     memset(&op, 0, sizeof op);
@@ -274,6 +324,7 @@ void mdl_emit_forward(const mdl_model *m, const mdl_workspace *ws, const eng_ste
     const int H = c->hidden;
     layer_io lio = {
         .x = ws->x, .h = ws->h, .qkv = ws->qkv, .attn = ws->attn, .gu = ws->gu, .act = ws->act,
+        .moe_logits = ws->moe_logits, .moe_w = ws->moe_w, .moe_ids = ws->moe_ids, .moe_scratch = ws->moe_scratch,
         .pos = io->pos, .slot = io->slot, .kv_len = io->kv_len, .n_rows = io->n_rows,
         .block_tables = io->block_tables,
         .kv_bytes = io->kv_layer_bytes,

@@ -18,6 +18,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kernels/kern.h"
 #include "models/format/json_guard.h"
 #include "models/format/safetensors.h"
 #include "models/tokenizer/tokenizer.h"
@@ -43,6 +44,11 @@ void mdl_mkmodel_defaults(mdl_mkmodel_opts *o)
     o->conf_head = 1;
     o->mask_token_id = -1;
     o->rope_truncate = -1;
+    o->experts = 8;
+    o->experts_per_tok = 2;
+    o->moe_inter = 32;
+    o->norm_topk = 1;
+    o->sparse_step = 1;
 }
 
 /* The rope_scaling (v4) / rope_parameters (v5) object of the options, or NULL for plain RoPE in v4. */
@@ -99,9 +105,9 @@ static double normal(rng_t *r)
 }
 
 typedef struct {
-    char name[128];
+    char name[192];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     void *data; /* in the output dtype */
     size_t bytes;
     int shard;
@@ -179,7 +185,39 @@ static int mkdir_p(const char *dir)
 
 static const char *model_type(mdl_arch a)
 {
-    return a == MDL_ARCH_LLAMA ? "llama" : a == MDL_ARCH_QWEN2 ? "qwen2" : "qwen3";
+    return a == MDL_ARCH_LLAMA ? "llama" : a == MDL_ARCH_QWEN2 ? "qwen2" : a == MDL_ARCH_QWEN3_MOE ? "qwen3_moe" : "qwen3";
+}
+
+/* Replaces the last 3 * E tensors (expert e: gate [I, H], up [I, H], down [H, I], e ascending) by
+ * transformers 5's fused pair: gate_up_proj [E, 2I, H] (each expert's gate rows, then its up rows)
+ * and down_proj [E, H, I]. The bytes are those of the per-expert tensors, in that order. */
+static void fuse_experts(gen_set *g, const char *prefix, int E)
+{
+    if (g->failed) return;
+    gen_tensor *t = g->t + g->n - 3 * E;
+    const size_t gb = t[0].bytes, db = t[2].bytes;
+    uint8_t *gu = malloc((size_t)E * 2 * gb), *dn = malloc((size_t)E * db);
+    if (!gu || !dn) {
+        free(gu);
+        free(dn);
+        g->failed = 1;
+        return;
+    }
+    const int64_t I = t[0].shape[0], H = t[0].shape[1];
+    for (int e = 0; e < E; e++) {
+        memcpy(gu + (size_t)e * 2 * gb, t[3 * e].data, gb);
+        memcpy(gu + (size_t)e * 2 * gb + gb, t[3 * e + 1].data, gb);
+        memcpy(dn + (size_t)e * db, t[3 * e + 2].data, db);
+    }
+    for (int i = 0; i < 3 * E; i++) free(t[i].data);
+    g->n -= 3 * E;
+    gen_tensor *a = &g->t[g->n++], *b = &g->t[g->n++];
+    memset(a, 0, sizeof *a);
+    memset(b, 0, sizeof *b);
+    snprintf(a->name, sizeof a->name, "%sgate_up_proj", prefix);
+    a->ndim = 3, a->shape[0] = E, a->shape[1] = 2 * I, a->shape[2] = H, a->data = gu, a->bytes = (size_t)E * 2 * gb;
+    snprintf(b->name, sizeof b->name, "%sdown_proj", prefix);
+    b->ndim = 3, b->shape[0] = E, b->shape[1] = H, b->shape[2] = I, b->data = dn, b->bytes = (size_t)E * db;
 }
 
 static const char *torch_dtype(mdl_dtype d)
@@ -289,6 +327,24 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         mdl_tok_free(tk);
     }
 
+    /* Qwen3-MoE's sparse layers, by the rule of transformers' Qwen3MoeDecoderLayer */
+    unsigned char sparse[MDL_MAX_LAYERS] = {0};
+    if (o->arch == MDL_ARCH_QWEN3_MOE) {
+        if (o->experts < 1 || o->experts > KERN_MAX_EXPERTS || o->experts_per_tok < 1 ||
+            o->experts_per_tok > o->experts || o->moe_inter < 1 || o->sparse_step < 1 || o->layers > MDL_MAX_LAYERS) {
+            snprintf(err, errlen, "invalid MoE shape (need 1 <= experts-per-tok <= experts <= %d, sizes >= 1)",
+                     KERN_MAX_EXPERTS);
+            return -1;
+        }
+        for (int l = 0; l < o->layers; l++) sparse[l] = (l + 1) % o->sparse_step == 0;
+        for (int i = 0; i < o->n_mlp_only; i++) {
+            if (o->mlp_only[i] < 0 || o->mlp_only[i] >= o->layers) {
+                snprintf(err, errlen, "mlp-only layer %d is not a layer of this model", o->mlp_only[i]);
+                return -1;
+            }
+            sparse[o->mlp_only[i]] = 0;
+        }
+    }
     gen_set g = {.rng = {.s = o->seed * 0x2545F4914F6CDD1Dull + 1}, .dt = o->dtype};
     const int64_t H = o->hidden, I = o->intermediate, hd = o->head_dim;
     char nm[160];
@@ -323,6 +379,24 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             G("self_attn.k_norm.weight", hd, 0, 1);
         }
         G("post_attention_layernorm.weight", H, 0, 1);
+        if (sparse[l]) { /* Qwen3-MoE: the router, then each expert (HF's order) */
+            G("mlp.gate.weight", o->experts, H, 0);
+            for (int e = 0; e < o->experts; e++) {
+                char ex[96];
+                snprintf(ex, sizeof ex, "mlp.experts.%d.", e);
+                snprintf(nm, sizeof nm, "%slayers.%d.%sgate_proj.weight", pre, l, ex);
+                gen(&g, nm, o->moe_inter, H, 0);
+                snprintf(nm, sizeof nm, "%slayers.%d.%sup_proj.weight", pre, l, ex);
+                gen(&g, nm, o->moe_inter, H, 0);
+                snprintf(nm, sizeof nm, "%slayers.%d.%sdown_proj.weight", pre, l, ex);
+                gen(&g, nm, H, o->moe_inter, 0);
+            }
+            if (o->moe_fused) {
+                snprintf(nm, sizeof nm, "%slayers.%d.mlp.experts.", pre, l);
+                fuse_experts(&g, nm, o->experts);
+            }
+            continue;
+        }
         G("mlp.gate_proj.weight", I, H, 0);
         G("mlp.up_proj.weight", I, H, 0);
         G("mlp.down_proj.weight", H, I, 0);
@@ -378,6 +452,7 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             q->ndim = g.t[i].ndim;
             q->shape[0] = g.t[i].shape[0];
             q->shape[1] = g.t[i].shape[1];
+            q->shape[2] = g.t[i].shape[2];
             q->data = g.t[i].data;
             cJSON_AddStringToObject(wm, g.t[i].name, file);
         }
@@ -435,6 +510,16 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
     cJSON_AddBoolToObject(cfg, "use_cache", 1);
     if (o->arch != MDL_ARCH_QWEN2) cJSON_AddBoolToObject(cfg, "attention_bias", 0);
     if (o->arch == MDL_ARCH_LLAMA) cJSON_AddBoolToObject(cfg, "mlp_bias", 0);
+    if (o->arch == MDL_ARCH_QWEN3_MOE) { /* Qwen3MoeConfig's fields, as Qwen3-30B-A3B's config.json has them */
+        cJSON_AddNumberToObject(cfg, "num_experts", o->experts);
+        cJSON_AddNumberToObject(cfg, "num_experts_per_tok", o->experts_per_tok);
+        cJSON_AddNumberToObject(cfg, "moe_intermediate_size", o->moe_inter);
+        cJSON_AddBoolToObject(cfg, "norm_topk_prob", o->norm_topk);
+        cJSON_AddNumberToObject(cfg, "decoder_sparse_step", o->sparse_step);
+        cJSON_AddItemToObject(cfg, "mlp_only_layers", cJSON_CreateIntArray(o->mlp_only, o->n_mlp_only));
+        cJSON_AddNumberToObject(cfg, "router_aux_loss_coef", 0.001);
+        cJSON_AddBoolToObject(cfg, "output_router_logits", 0);
+    }
     if (o->arch != MDL_ARCH_LLAMA && o->arch != MDL_ARCH_DFLASH) { /* DSpark: a copy of the target's */
         cJSON_AddBoolToObject(cfg, "use_sliding_window", 0);
         cJSON_AddNullToObject(cfg, "sliding_window");

@@ -32,6 +32,13 @@ typedef struct {
     double rope_mscale, rope_mscale_all_dim, rope_attention_factor;
     int rope_orig_max_pos;
     int rope_truncate;       /* -1: not written, else false / true */
+    /* Qwen3-MoE (arch QWEN3_MOE): experts, top-k, moe_intermediate_size, norm_topk_prob,
+     * decoder_sparse_step, mlp_only_layers; moe_fused writes transformers 5's fused expert tensors
+     * (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) instead of one tensor per
+     * expert part: the same numbers for the same seed, so both layouts name one model */
+    int experts, experts_per_tok, moe_inter, norm_topk, sparse_step, moe_fused;
+    int n_mlp_only;
+    int mlp_only[MDL_MAX_LAYERS];
 } mdl_mkmodel_opts;
 
 void mdl_mkmodel_defaults(mdl_mkmodel_opts *o);

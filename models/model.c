@@ -97,6 +97,9 @@ static int add_dest(builder *b, const char *name, int param, int64_t row0, int64
     d->rows = rows;
     d->ndim = ndim;
     d->cols = m->params[param].cols;
+    d->d0 = 0;
+    d->n_cover = 1;
+    d->alias = cover >= 0;
     /* I3: one coverage slot per destination part (a qkv row range is its own part); an alias shares
      * its partner's slot, so writing either name covers the shared matrix */
     d->cover = cover >= 0 ? cover : m->n_cover++;
@@ -111,6 +114,17 @@ static int add_whole(builder *b, const char *ckpt, const char *rt, mdl_dtype dt,
     int p = add_param(b, rt, dt, rows, cols);
     add_dest(b, ckpt, p, 0, rows, cols == 1 ? 1 : 2, -1);
     return p;
+}
+
+/* An alias of a whole stacked parameter in 3-D, [d0, rows / d0, cols] (transformers 5's fused
+ * expert tensors), covering the n contiguous slots from cover0 that its per-expert names own. */
+static void add_fused(builder *b, const char *name, int param, int64_t d0, int cover0, int n)
+{
+    const mdl_param *p = &b->m->params[param];
+    if (add_dest(b, name, param, 0, p->rows, 3, cover0) < 0) return;
+    mdl_dest *d = &b->m->dests[b->m->n_dests - 1];
+    d->d0 = d0;
+    d->n_cover = n;
 }
 
 static int dest_cmp(const void *a, const void *b)
@@ -179,6 +193,36 @@ static void build_table(builder *b)
         }
         NAMES("post_attention_layernorm.weight", "post_norm");
         L->post_norm = add_whole(b, ck, rt, F, H, 1);
+        L->router = L->w13 = L->w2 = -1;
+        if (c->sparse[l]) { /* Qwen3-MoE: the router and every expert, stacked (see model.h) */
+            const int64_t E = c->n_experts, MI = c->moe_inter;
+            NAMES("mlp.gate.weight", "router");
+            L->router = add_whole(b, ck, rt, W, E, H);
+            snprintf(rt, sizeof rt, "layers.%d.w13", l);
+            L->w13 = add_param(b, rt, W, E * 2 * MI, H);
+            snprintf(rt, sizeof rt, "layers.%d.w2", l);
+            L->w2 = add_param(b, rt, W, E * H, MI);
+            L->gate_up = L->down = -1;
+            /* slots: every expert's gate, then every up, then every down (so each fused tensor
+             * covers one contiguous run of them) */
+            int base = -1;
+            const char *part[2] = {"gate_proj", "up_proj"};
+            for (int k = 0; k < 2; k++)
+                for (int64_t e = 0; e < E; e++) {
+                    snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.%lld.%s.weight", pre, l, (long long)e, part[k]);
+                    int cv = add_dest(b, ck, L->w13, e * 2 * MI + k * MI, MI, 2, -1);
+                    if (base < 0) base = cv;
+                }
+            for (int64_t e = 0; e < E; e++) {
+                snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.%lld.down_proj.weight", pre, l, (long long)e);
+                add_dest(b, ck, L->w2, e * H, H, 2, -1);
+            }
+            snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.gate_up_proj", pre, l);
+            add_fused(b, ck, L->w13, E, base, (int)(2 * E));
+            snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.down_proj", pre, l);
+            add_fused(b, ck, L->w2, E, base + (int)(2 * E), (int)E);
+            continue;
+        }
         snprintf(rt, sizeof rt, "layers.%d.gate_up", l);
         L->gate_up = add_param(b, rt, W, 2 * I, H);
         snprintf(ck, sizeof ck, "%slayers.%d.mlp.gate_proj.weight", pre, l);
@@ -350,11 +394,16 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
                      t[i].name, mdl_dtype_name(t[i].dtype));
             return -1;
         }
-        int ok = t[i].ndim == d->ndim && t[i].shape[0] == d->rows && (d->ndim == 1 || t[i].shape[1] == d->cols);
+        int ok = t[i].ndim == d->ndim &&
+                 (d->ndim == 3 ? t[i].shape[0] == d->d0 && t[i].shape[1] == d->rows / d->d0 && t[i].shape[2] == d->cols
+                               : t[i].shape[0] == d->rows && (d->ndim == 1 || t[i].shape[1] == d->cols));
         if (!ok) {
             char got[128];
             shape_str(&t[i], got, sizeof got);
-            if (d->ndim == 1)
+            if (d->ndim == 3)
+                snprintf(err, errlen, "%s: tensor %s has shape %s; expected [%lld,%lld,%lld]", what, t[i].name,
+                         got, (long long)d->d0, (long long)(d->rows / d->d0), (long long)d->cols);
+            else if (d->ndim == 1)
                 snprintf(err, errlen, "%s: tensor %s has shape %s; expected [%lld]", what, t[i].name,
                          got, (long long)d->rows);
             else
@@ -384,7 +433,7 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
             abort();
         }
         /* I3: this part arrived in this session (covered is per session: begin zeroes it) */
-        s->covered[d->cover] = 1;
+        for (int c = 0; c < d->n_cover; c++) s->covered[d->cover + c] = 1;
         s->tensors++;
         s->bytes += t[i].nbytes;
         s->wrote = 1;
@@ -451,8 +500,9 @@ int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen)
         const mdl_dest *d = &m->dests[i];
         /* I3 / I4: a full finish requires every slot, so no hook runs on a half-written model */
         if (s->covered[d->cover]) continue;
-        /* an alias (tied lm_head) is satisfied by its partner; report the primary name */
-        if (m->cfg.tie && strcmp(d->name, "lm_head.weight") == 0) continue;
+        /* an alias (the tied lm_head, a fused expert tensor) is satisfied by the names it stands
+         * for; report those */
+        if (d->alias) continue;
         if (missing++ == 0) n += (size_t)snprintf(err, errlen, "missing tensor %s", d->name);
         else if (missing <= 8 && n < errlen) n += (size_t)snprintf(err + n, errlen - n, ", %s", d->name);
     }

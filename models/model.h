@@ -6,6 +6,15 @@
  *                                                   of layers.N.qkv [(nh+2nkv)*hd, H]
  *   model.layers.N.self_attn.{q,k,v}_proj.bias   -> the same rows of layers.N.qkv_bias (qwen2)
  *   model.layers.N.mlp.{gate,up}_proj.weight     -> rows [0,I) / [I,2I) of layers.N.gate_up [2I, H]
+ *   Qwen3-MoE, a sparse layer N (E experts of moe_intermediate_size I):
+ *   model.layers.N.mlp.gate.weight [E, H]        -> layers.N.router
+ *   model.layers.N.mlp.experts.e.gate_proj.weight -> rows [e*2I, e*2I+I)    of layers.N.w13 [E*2I, H]
+ *   model.layers.N.mlp.experts.e.up_proj.weight   -> rows [e*2I+I, (e+1)*2I) of layers.N.w13
+ *   model.layers.N.mlp.experts.e.down_proj.weight -> rows [e*H, (e+1)*H)     of layers.N.w2 [E*H, I]
+ *   model.layers.N.mlp.experts.gate_up_proj [E, 2I, H] (transformers 5) -> all of layers.N.w13
+ *   model.layers.N.mlp.experts.down_proj [E, H, I]     (transformers 5) -> all of layers.N.w2
+ *   (the fused names are aliases covering every expert's parts: coverage stays per expert part, so
+ *   either layout, or a mix across buckets, fills the same bytes)
  *   everything else                              -> one parameter of the same shape
  * Writing a tensor is a dtype-converting copy into its destination, in any order, in any bucket.
  * Matrices are stored in bf16 when the checkpoint's torch_dtype is bfloat16, else f32 (so f16 and
@@ -43,13 +52,18 @@ typedef struct {
     char *name;          /* checkpoint tensor name */
     int param;           /* destination parameter */
     int64_t row0, rows;  /* destination row range */
-    int ndim;            /* expected checkpoint shape: [rows] or [rows, cols] */
+    int ndim;            /* expected checkpoint shape: [rows], [rows, cols] or [d0, rows / d0, cols] */
     int64_t cols;
-    int cover;           /* coverage slot */
+    int64_t d0;          /* ndim 3: the leading dimension (experts) */
+    int cover, n_cover;  /* coverage slots [cover, cover + n_cover) */
+    int alias;           /* another name of parts that have names of their own (the tied lm_head,
+                            the fused expert tensors): not reported missing, not a checkpoint tensor
+                            of its own in checksums and exports */
 } mdl_dest;
 
 typedef struct {
     int input_norm, qkv, qkv_bias, q_norm, k_norm, o, o_bias, post_norm, gate_up, down;
+    int router, w13, w2; /* a sparse MoE layer (gate_up = down = -1 there; -1 in a dense layer) */
 } mdl_layer_params;
 
 typedef struct mdl_model {
@@ -145,6 +159,12 @@ typedef struct {
     const int *feat_ids;
     int n_feat;
     int feat_h; /* hidden size H of the feature columns */
+    /* Qwen3-MoE (NULL without sparse layers): router logits [max_rows, E], the chosen experts and
+     * their weights [max_rows, k] (step buffers: one plan replays for any routing), and the
+     * experts' scratch (kern_moe_scratch_bytes) */
+    float *moe_logits, *moe_w;
+    int32_t *moe_ids;
+    void *moe_scratch;
 } mdl_workspace;
 
 int mdl_workspace_alloc(const mdl_model *m, eng_backend *be, int max_rows, int max_logits,

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kernels/kern.h"
 #include "models/config.h"
 #include "models/mkmodel.h"
 #include "models/model.h"
@@ -57,7 +58,7 @@ static const char help[] =
     "layout and naming of a Hugging Face checkpoint, with seeded random weights, then prints what it\n"
     "wrote: the folder, the architecture, the parameter count and each file with its size.\n"
     "\n"
-    "  --arch qwen3|llama|qwen2|dflash|dspark   (default qwen3)\n"
+    "  --arch qwen3|qwen3_moe|llama|qwen2|dflash|dspark   (default qwen3)\n"
     "  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --intermediate N  --vocab N\n"
     "                             (defaults 64, 2, 4, 2, 16, 128, 1024)\n"
     "  --max-pos N                max_position_embeddings (default 4096)\n"
@@ -66,6 +67,14 @@ static const char help[] =
     "  --shards N                 number of safetensors files (default 1)\n"
     "  --seed S                   (default 0)\n"
     "  --no-tokenizer             skip the tokenizer files\n"
+    "\n"
+    "Qwen3-MoE (--arch qwen3_moe: Qwen3MoeForCausalLM; --intermediate sizes the dense layers):\n"
+    "  --experts N  --experts-per-tok K  --moe-intermediate N   (default 8, 2, 32)\n"
+    "  --no-norm-topk             norm_topk_prob false (default true, as Qwen3-30B-A3B)\n"
+    "  --sparse-step N            decoder_sparse_step (default 1)\n"
+    "  --mlp-only LIST            mlp_only_layers, comma-separated layer indices (dense layers)\n"
+    "  --moe-fused                transformers 5's fused experts.gate_up_proj / experts.down_proj\n"
+    "                             (default: one tensor per expert part; the same weights either way)\n"
     "\n"
     "Drafters (--arch dflash: z-lab DFlashDraftModel; --arch dspark: DeepSpec Qwen3DSparkModel) take\n"
     "their geometry from the target; --layers sets the drafter depth:\n"
@@ -104,7 +113,8 @@ int srv_cmd_mkmodel(int argc, char **argv)
     mdl_mkmodel_opts o;
     mdl_mkmodel_defaults(&o);
     const char *out = NULL, *arch = NULL, *dtype = NULL, *ids = NULL, *layout = NULL, *trunc = NULL;
-    int tie = 0, no_tie = 0, no_tok = 0, no_conf = 0, layers_set = 0;
+    const char *mlp_only = NULL;
+    int tie = 0, no_tie = 0, no_tok = 0, no_conf = 0, layers_set = 0, no_norm_topk = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
@@ -143,7 +153,14 @@ int srv_cmd_mkmodel(int argc, char **argv)
             arg_double(argc, argv, &i, "--rope-mscale", &o.rope_mscale) ||
             arg_double(argc, argv, &i, "--rope-mscale-all-dim", &o.rope_mscale_all_dim) ||
             arg_double(argc, argv, &i, "--rope-attention-factor", &o.rope_attention_factor) ||
-            srv_arg_str(argc, argv, &i, "--rope-truncate", &trunc))
+            srv_arg_str(argc, argv, &i, "--rope-truncate", &trunc) ||
+            srv_arg_int(argc, argv, &i, "--experts", 1, KERN_MAX_EXPERTS, &o.experts) ||
+            srv_arg_int(argc, argv, &i, "--experts-per-tok", 1, KERN_MAX_EXPERTS, &o.experts_per_tok) ||
+            srv_arg_int(argc, argv, &i, "--moe-intermediate", 1, M, &o.moe_inter) ||
+            srv_arg_flag(argc, argv, &i, "--no-norm-topk", &no_norm_topk) ||
+            srv_arg_int(argc, argv, &i, "--sparse-step", 1, 1024, &o.sparse_step) ||
+            srv_arg_str(argc, argv, &i, "--mlp-only", &mlp_only) ||
+            srv_arg_flag(argc, argv, &i, "--moe-fused", &o.moe_fused))
             continue;
         srv_die_usage("mkmodel", argv[i]);
     }
@@ -153,11 +170,12 @@ int srv_cmd_mkmodel(int argc, char **argv)
     o.tokenizer = !no_tok;
     if (arch) {
         if (strcmp(arch, "qwen3") == 0) o.arch = MDL_ARCH_QWEN3;
+        else if (strcmp(arch, "qwen3_moe") == 0) o.arch = MDL_ARCH_QWEN3_MOE;
         else if (strcmp(arch, "llama") == 0) o.arch = MDL_ARCH_LLAMA;
         else if (strcmp(arch, "qwen2") == 0) o.arch = MDL_ARCH_QWEN2;
         else if (strcmp(arch, "dflash") == 0) o.arch = MDL_ARCH_DFLASH;
         else if (strcmp(arch, "dspark") == 0) o.arch = MDL_ARCH_DSPARK;
-        else srv_die("--arch must be qwen3, llama, qwen2, dflash or dspark");
+        else srv_die("--arch must be qwen3, qwen3_moe, llama, qwen2, dflash or dspark");
     }
     if (dtype) {
         if (strcmp(dtype, "bf16") == 0) o.dtype = MDL_DT_BF16;
@@ -178,6 +196,15 @@ int srv_cmd_mkmodel(int argc, char **argv)
     if (o.arch == MDL_ARCH_DFLASH || o.arch == MDL_ARCH_DSPARK) {
         if (!layers_set) o.layers = 1;
         o.conf_head = !no_conf;
+    }
+    o.norm_topk = !no_norm_topk;
+    for (const char *p = mlp_only; p && *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= MDL_MAX_LAYERS || o.n_mlp_only == MDL_MAX_LAYERS || (*end && *end != ','))
+            srv_die("--mlp-only: bad list");
+        o.mlp_only[o.n_mlp_only++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
     }
     if (ids) {
         const char *p = ids;

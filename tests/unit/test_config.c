@@ -546,6 +546,73 @@ static void test_fields(void **state)
     assert_int_equal(c.n_eos, 3);
 }
 
+/* Qwen3-30B-A3B's published config.json (Qwen/Qwen3-30B-A3B, transformers 4.51 writes num_experts). */
+static const char qwen3_30b_a3b[] =
+    "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+    "\"bos_token_id\":151643,\"decoder_sparse_step\":1,\"eos_token_id\":151645,\"head_dim\":128,"
+    "\"hidden_act\":\"silu\",\"hidden_size\":2048,\"initializer_range\":0.02,\"intermediate_size\":6144,"
+    "\"max_position_embeddings\":40960,\"max_window_layers\":48,\"mlp_only_layers\":[],"
+    "\"model_type\":\"qwen3_moe\",\"moe_intermediate_size\":768,\"norm_topk_prob\":true,"
+    "\"num_attention_heads\":32,\"num_experts\":128,\"num_experts_per_tok\":8,\"num_hidden_layers\":48,"
+    "\"num_key_value_heads\":4,\"output_router_logits\":false,\"rms_norm_eps\":1e-06,\"rope_scaling\":null,"
+    "\"rope_theta\":1000000.0,\"router_aux_loss_coef\":0.001,\"sliding_window\":null,"
+    "\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\","
+    "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}";
+
+#define QM "Qwen3MoeForCausalLM"
+
+static void test_qwen3_moe(void **state)
+{
+    (void)state;
+    mdl_config c;
+    char err[256];
+    if (mdl_config_parse(qwen3_30b_a3b, strlen(qwen3_30b_a3b), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(c.arch, MDL_ARCH_QWEN3_MOE);
+    assert_int_equal(c.n_experts, 128);
+    assert_int_equal(c.experts_per_tok, 8);
+    assert_int_equal(c.moe_inter, 768);
+    assert_true(c.norm_topk);
+    assert_int_equal(c.n_sparse, 48);
+    assert_true(c.qk_norm);
+    assert_false(c.tie);
+    /* transformers' defaults (Qwen3MoeConfig): 128 experts, top-8, 768, norm_topk_prob false, step 1 */
+    expect_ok(QM, 64, "", &c);
+    assert_int_equal(c.n_experts, 128);
+    assert_int_equal(c.experts_per_tok, 8);
+    assert_int_equal(c.moe_inter, 768);
+    assert_false(c.norm_topk);
+    assert_int_equal(c.n_sparse, 2);
+    /* transformers 5 saves num_local_experts (its attribute_map) */
+    expect_ok(QM, 64, ",\"num_local_experts\":16,\"num_experts_per_tok\":4", &c);
+    assert_int_equal(c.n_experts, 16);
+    expect_ok(QM, 64, ",\"num_local_experts\":16,\"num_experts\":16,\"num_experts_per_tok\":2", &c);
+    assert_int_equal(c.n_experts, 16);
+    expect_refused(QM, 64, ",\"num_local_experts\":16,\"num_experts\":8", "disagree");
+    /* sparse iff not in mlp_only_layers, num_experts > 0 and (l + 1) % step == 0 */
+    expect_ok(QM, 64, ",\"decoder_sparse_step\":2", &c);
+    assert_int_equal(c.n_sparse, 1);
+    assert_false(c.sparse[0]);
+    assert_true(c.sparse[1]);
+    expect_ok(QM, 64, ",\"mlp_only_layers\":[0]", &c);
+    assert_false(c.sparse[0]);
+    assert_true(c.sparse[1]);
+    expect_ok(QM, 64, ",\"mlp_only_layers\":[7,-1]", &c); /* no such layer: changes nothing */
+    assert_int_equal(c.n_sparse, 2);
+    expect_ok(QM, 64, ",\"num_experts\":0", &c);
+    assert_int_equal(c.n_sparse, 0);
+    /* the config of a dense Qwen3 never has experts, whatever it carries */
+    expect_ok(Q3 "", 64, ",\"num_experts\":8", &c);
+    assert_int_equal(c.n_sparse, 0);
+    expect_refused(QM, 64, ",\"num_experts\":4,\"num_experts_per_tok\":5", "num_experts_per_tok 5 is more");
+    expect_refused(QM, 64, ",\"num_experts_per_tok\":0", "num_experts_per_tok");
+    expect_refused(QM, 64, ",\"moe_intermediate_size\":0", "moe_intermediate_size");
+    expect_refused(QM, 64, ",\"decoder_sparse_step\":0", "decoder_sparse_step");
+    expect_refused(QM, 64, ",\"mlp_only_layers\":[0.5]", "mlp_only_layers");
+    expect_refused(QM, 64, ",\"mlp_only_layers\":3", "mlp_only_layers");
+    expect_refused(QM, 64, ",\"norm_topk_prob\":1", "norm_topk_prob");
+    expect_refused(QM, 64, ",\"num_experts\":100000", "num_experts");
+}
+
 static void test_generation_config(void **state)
 {
     (void)state;
@@ -610,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_rope_refusals),
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_generation_config),
+        cmocka_unit_test(test_qwen3_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
