@@ -1,4 +1,4 @@
-"""Independent float64 numpy reference for Qwen3 / Llama / Qwen2 causal LMs (Hugging Face layout).
+"""Independent float64 numpy reference for Qwen3 / Qwen3-MoE / Llama / Qwen2 causal LMs (Hugging Face layout).
 
 Written from the published model semantics (see shared/reference/MODELS.md); standard library +
 numpy only. Provides:
@@ -19,8 +19,17 @@ inv_freq[i] = theta^(-2i/hd), i in [0, hd/2), rescaled per rope type (rope_frequ
 linear, dynamic, llama3, yarn, from the formulas of transformers' modeling_rope_utils.py), with cos
 and sin multiplied by the type's attention factor (yarn).  Attention: causal, GQA (query head h uses kv head
 h // (nh/nkv)), scale hd^-0.5.  Final RMSNorm, lm_head (or embed_tokens when tied).
-Biases: Qwen2 q/k/v; Llama q/k/v/o when attention_bias, gate/up/down when mlp_bias; Qwen3 q/k/v/o
-when attention_bias.
+Biases: Qwen2 q/k/v; Llama q/k/v/o when attention_bias, gate/up/down when mlp_bias; Qwen3 (and
+Qwen3-MoE) q/k/v/o when attention_bias.
+
+Qwen3-MoE (Qwen3MoeForCausalLM) is Qwen3 except for the MLP of its sparse layers (see MOE_NOTES
+below for the sources): layer l is sparse iff l not in mlp_only_layers, num_experts > 0 and
+(l + 1) % decoder_sparse_step == 0; a dense layer is the Qwen3 MLP of intermediate_size.  A sparse
+block on the post-attention-normed state x [T, H]:
+    p = softmax(x @ gate.weight^T)                      over all E experts (float64 here)
+    S = the k = num_experts_per_tok experts of largest p, ties to the lower expert id
+    w = p[S] (/ sum(p[S]) when norm_topk_prob)
+    out = sum_{e in S} w_e * down_e(silu(gate_e(x)) * up_e(x))     (SwiGLU of moe_intermediate_size)
 """
 
 import json
@@ -31,6 +40,7 @@ import numpy as np
 
 ARCHS = {
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
 }
@@ -324,6 +334,123 @@ def rope_frequencies(theta, p, head_dim, max_pos):
     raise FormatError("rope_type %r not supported by the reference" % (kind,))
 
 
+# ---------------------------------------------------------------------------------------------
+# Qwen3-MoE
+# ---------------------------------------------------------------------------------------------
+#
+# MOE_NOTES -- what the Qwen3-MoE part below is written from (huggingface/transformers):
+#  * src/transformers/models/qwen3_moe/modeling_qwen3_moe.py @ 00d4b3d2142cb4ced2f51b90614b5d26bc045015
+#    (transformers 4.x): Qwen3MoeDecoderLayer picks Qwen3MoeSparseMoeBlock iff
+#    `layer_idx not in config.mlp_only_layers and config.num_experts > 0 and
+#    (layer_idx + 1) % config.decoder_sparse_step == 0`, else Qwen3MoeMLP(intermediate_size).
+#    Qwen3MoeSparseMoeBlock: gate = nn.Linear(H, E, bias=False) (-> mlp.gate.weight [E, H]),
+#    experts = nn.ModuleList of Qwen3MoeMLP(moe_intermediate_size) (-> mlp.experts.<e>.gate_proj /
+#    up_proj / down_proj .weight, [I, H] / [I, H] / [H, I]); forward: routing_weights =
+#    softmax(router_logits, dim=1, dtype=float32); topk(routing_weights, top_k); when
+#    norm_topk_prob: divided by their sum; cast to the hidden dtype; out = sum of
+#    expert(x) * weight, added to the residual by the decoder layer.
+#  * the transformers 5 form of the same file (read in the transformers 5.25.0 wheel from PyPI,
+#    models/qwen3_moe/modeling_qwen3_moe.py, Qwen3MoeExperts / Qwen3MoeTopKRouter, @use_experts_implementation):
+#    gate_up_proj = nn.Parameter([E, 2 * moe_intermediate_size, H]), down_proj = nn.Parameter([E, H, I])
+#    (parameters, so no ".weight" suffix: mlp.experts.gate_up_proj / mlp.experts.down_proj);
+#    `gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)`: the first I rows are the gate, the
+#    next I the up; Qwen3MoeTopKRouter holds `weight` [E, H] under mlp.gate (-> mlp.gate.weight),
+#    softmax in float32, topk, optional renormalisation -- the same numbers as 4.x.
+#  * src/transformers/conversion_mapping.py @ 000c33fdfde12e1ffafbfcdb3c926df5727a00b6 (transformers 5):
+#    mapping["qwen3_moe"] = mapping["qwen2_moe"]: "mlp.experts.*.gate_proj.weight" +
+#    "mlp.experts.*.up_proj.weight" -> "mlp.experts.gate_up_proj" by MergeModulelist(dim=0) then
+#    Concatenate(dim=1) (so gate_up_proj[e] = cat(gate_e, up_e) along the rows), and
+#    "mlp.experts.*.down_proj.weight" -> "mlp.experts.down_proj" by MergeModulelist(dim=0).  So
+#    transformers 5 loads the per-expert (4.x / Qwen's published) layout too.
+#  * src/transformers/models/qwen3_moe/configuration_qwen3_moe.py @ 008e574391258935f3ecc3035c882e73bbcac419:
+#    defaults num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768,
+#    norm_topk_prob False, decoder_sparse_step 1, mlp_only_layers None -> [] (Qwen3-30B-A3B's
+#    config.json sets norm_topk_prob true); router_aux_loss_coef / output_router_logits are
+#    training-only.  That (recent) version also has attribute_map {"num_experts": "num_local_experts"},
+#    so a config.json saved by it may name the count num_local_experts: read as an alias here
+#    (checked with 5.25.0: save_pretrained writes "num_local_experts" and no "num_experts", and the
+#    per-expert tensor names; 5.25.0's conversion_mapping.py maps "qwen3_moe" to "qwen2_moe"'s rules).
+#  torch.topk does not document its order among equal values; the reference breaks ties to the
+#  lower expert id (a stable sort of -p).
+
+MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                "norm_topk_prob": False, "decoder_sparse_step": 1}
+
+
+def _cfg_int(d, key, default, lo):
+    v = d.get(key)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise FormatError("config.json: %s = %r: expected an integer >= %d" % (key, v, lo))
+    return v
+
+
+def read_moe(cfg, d):
+    """The Qwen3MoeConfig fields onto cfg: n_experts, experts_per_tok, moe_inter, norm_topk,
+    sparse_step, mlp_only (list), sparse (per-layer bool)."""
+    ne, nle = d.get("num_experts"), d.get("num_local_experts")
+    if ne is not None and nle is not None and ne != nle:
+        raise FormatError("config.json: num_experts %r and num_local_experts %r differ" % (ne, nle))
+    src = dict(d)
+    if ne is None and nle is not None:
+        src["num_experts"] = nle
+    cfg.n_experts = _cfg_int(src, "num_experts", MOE_DEFAULTS["num_experts"], 0)
+    cfg.experts_per_tok = _cfg_int(d, "num_experts_per_tok", MOE_DEFAULTS["num_experts_per_tok"], 1)
+    cfg.moe_inter = _cfg_int(d, "moe_intermediate_size", MOE_DEFAULTS["moe_intermediate_size"], 1)
+    cfg.sparse_step = _cfg_int(d, "decoder_sparse_step", MOE_DEFAULTS["decoder_sparse_step"], 1)
+    nt = d.get("norm_topk_prob", MOE_DEFAULTS["norm_topk_prob"])
+    if not isinstance(nt, bool):
+        raise FormatError("config.json: norm_topk_prob = %r: expected a boolean" % (nt,))
+    cfg.norm_topk = nt
+    mo = d.get("mlp_only_layers")
+    mo = [] if mo is None else mo
+    if not isinstance(mo, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in mo):
+        raise FormatError("config.json: mlp_only_layers = %r: expected a list of layer indices" % (mo,))
+    cfg.mlp_only = list(mo)
+    if cfg.n_experts > 0 and cfg.experts_per_tok > cfg.n_experts:
+        # torch.topk would raise (k out of range)
+        raise FormatError("config.json: num_experts_per_tok %d > num_experts %d" % (cfg.experts_per_tok, cfg.n_experts))
+    cfg.sparse = [(l not in cfg.mlp_only) and cfg.n_experts > 0 and (l + 1) % cfg.sparse_step == 0
+                  for l in range(cfg.layers)]
+
+
+def route(x, gate_w, k, norm):
+    """Router of a sparse block. x [T, H], gate_w [E, H] -> (probabilities [T, E], chosen ids [T, k]
+    in order of decreasing probability (ties: lower id first), weights [T, k])."""
+    logits = x @ gate_w.T
+    z = logits - logits.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p = p / p.sum(axis=-1, keepdims=True)
+    order = np.argsort(-p, axis=-1, kind="stable")          # stable: equal p keep id order
+    sel = order[:, :k]
+    w = np.take_along_axis(p, sel, axis=-1)
+    if norm:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return p, sel, w
+
+
+def moe_block(x, gate_w, wg, wu, wd, k, norm):
+    """x [T, H]; wg / wu [E, I, H]; wd [E, H, I]. Returns sum_e w_e * down_e(silu(gate_e x) * up_e x)."""
+    _, sel, w = route(x, gate_w, k, norm)
+    out = np.zeros_like(x)
+    for e in np.unique(sel):
+        rows, slot = np.nonzero(sel == e)
+        xe = x[rows]
+        h = silu(xe @ wg[e].T) * (xe @ wu[e].T)
+        out[rows] += w[rows, slot][:, None] * (h @ wd[e].T)
+    return out
+
+
+def router_margins(p, k):
+    """Per token: p_(k) - p_(k+1), the gap between the last chosen and the first unchosen expert
+    probability (inf when k == E). A tiny gap means a routing decision that rounding can flip."""
+    if k >= p.shape[-1]:
+        return np.full(p.shape[0], np.inf)
+    s = -np.sort(-p, axis=-1)
+    return s[:, k - 1] - s[:, k]
+
+
 class Config:
     def __init__(self, d):
         archs = d.get("architectures") or []
@@ -347,12 +474,23 @@ class Config:
             raise FormatError("odd head_dim %d" % self.head_dim)
         attn_bias = bool(d.get("attention_bias", False))
         self.qkv_bias = self.arch == "qwen2" or attn_bias
-        self.o_bias = self.arch in ("llama", "qwen3") and attn_bias
+        self.o_bias = self.arch in ("llama", "qwen3", "qwen3_moe") and attn_bias
         self.mlp_bias = self.arch == "llama" and bool(d.get("mlp_bias", False))
-        self.qk_norm = self.arch == "qwen3"
+        self.qk_norm = self.arch in ("qwen3", "qwen3_moe")
+        self.sparse = [False] * self.layers
+        if self.arch == "qwen3_moe":
+            read_moe(self, d)
 
-    def expected_tensors(self):
-        """{name: shape} of exactly the tensors a checkpoint of this config must contain."""
+    def is_moe(self):
+        return any(self.sparse)
+
+    def expected_tensors(self, moe_layout="per_expert"):
+        """{name: shape} of exactly the tensors a checkpoint of this config must contain.
+        moe_layout (sparse layers only): "per_expert" (transformers 4 / Qwen's checkpoints:
+        mlp.experts.<e>.{gate,up,down}_proj.weight) or "fused" (transformers 5 parameters:
+        mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I])."""
+        if moe_layout not in ("per_expert", "fused"):
+            raise ValueError("moe_layout %r" % (moe_layout,))
         H, I, V, hd = self.hidden, self.inter, self.vocab, self.head_dim
         nq, nkv = self.heads * hd, self.kv_heads * hd
         e = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
@@ -375,6 +513,19 @@ class Config:
             if self.qk_norm:
                 e[p + "self_attn.q_norm.weight"] = (hd,)
                 e[p + "self_attn.k_norm.weight"] = (hd,)
+            if self.sparse[l]:
+                E, MI = self.n_experts, self.moe_inter
+                e[p + "mlp.gate.weight"] = (E, H)
+                if moe_layout == "fused":
+                    e[p + "mlp.experts.gate_up_proj"] = (E, 2 * MI, H)
+                    e[p + "mlp.experts.down_proj"] = (E, H, MI)
+                else:
+                    for x in range(E):
+                        q = p + "mlp.experts.%d." % x
+                        e[q + "gate_proj.weight"] = (MI, H)
+                        e[q + "up_proj.weight"] = (MI, H)
+                        e[q + "down_proj.weight"] = (H, MI)
+                continue
             e[p + "mlp.gate_proj.weight"] = (I, H)
             e[p + "mlp.up_proj.weight"] = (I, H)
             e[p + "mlp.down_proj.weight"] = (H, I)
@@ -408,6 +559,63 @@ def log_softmax(logits):
     return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
 
 
+def moe_layout_of(raw):
+    """"fused" when the checkpoint holds transformers 5's fused expert parameters, else "per_expert"
+    (the strict tensor-set check then rejects a checkpoint that mixes the two)."""
+    fused = any(n.endswith(".mlp.experts.gate_up_proj") or n.endswith(".mlp.experts.down_proj") for n in raw)
+    return "fused" if fused else "per_expert"
+
+
+def expert_arrays(w, cfg, l, layout):
+    """(gate_w [E, H], wg [E, I, H], wu [E, I, H], wd [E, H, I]) of sparse layer l from the loaded
+    float64 tensors w, in either layout."""
+    p = "model.layers.%d.mlp." % l
+    E, I = cfg.n_experts, cfg.moe_inter
+    if layout == "fused":
+        gu = w[p + "experts.gate_up_proj"]
+        return w[p + "gate.weight"], gu[:, :I, :], gu[:, I:, :], w[p + "experts.down_proj"]
+    wg = np.stack([w[p + "experts.%d.gate_proj.weight" % e] for e in range(E)])
+    wu = np.stack([w[p + "experts.%d.up_proj.weight" % e] for e in range(E)])
+    wd = np.stack([w[p + "experts.%d.down_proj.weight" % e] for e in range(E)])
+    return w[p + "gate.weight"], wg, wu, wd
+
+
+def convert_moe_layout(tensors, cfg, to):
+    """RawTensors of a Qwen3-MoE checkpoint (a list, or dict name -> RawTensor) converted to layout
+    `to` ("fused" / "per_expert") byte for byte (same dtype, no rounding); a list in the order of
+    cfg.expected_tensors(to). Fusing follows conversion_mapping.py: gate_up_proj[e] = gate_e rows
+    then up_e rows; down_proj[e] = down_e."""
+    by = tensors if isinstance(tensors, dict) else {t.name: t for t in tensors}
+    out = []
+    for name, shape in cfg.expected_tensors(to).items():
+        if name in by:
+            out.append(by[name])
+            continue
+        l = int(name.split(".")[2])
+        p = "model.layers.%d.mlp.experts." % l
+        E, I = cfg.n_experts, cfg.moe_inter
+        if to == "fused":
+            dt = by[p + "0.gate_proj.weight"].dtype
+            if name.endswith("gate_up_proj"):
+                data = b"".join(by[p + "%d.gate_proj.weight" % e].data + by[p + "%d.up_proj.weight" % e].data
+                                for e in range(E))
+            else:
+                data = b"".join(by[p + "%d.down_proj.weight" % e].data for e in range(E))
+            out.append(RawTensor(name, dt, shape, data))
+        else:
+            e, part = int(name.split(".")[5]), name.split(".")[6]
+            if part in ("gate_proj", "up_proj"):
+                t = by[p + "gate_up_proj"]
+                rb = len(t.data) // (E * 2 * I)          # bytes per row of H values
+                base = e * 2 * I * rb + (0 if part == "gate_proj" else I * rb)
+                out.append(RawTensor(name, t.dtype, shape, t.data[base:base + I * rb]))
+            else:
+                t = by[p + "down_proj"]
+                nb = len(t.data) // E
+                out.append(RawTensor(name, t.dtype, shape, t.data[e * nb:(e + 1) * nb]))
+    return out
+
+
 class KVCache:
     def __init__(self, cfg):
         self.k = [np.zeros((cfg.kv_heads, 0, cfg.head_dim)) for _ in range(cfg.layers)]
@@ -423,7 +631,8 @@ class RefModel:
         self.cfg = load_config(model_dir)
         raw = read_checkpoint_tensors(model_dir)
         cfg = self.cfg
-        expected = cfg.expected_tensors()
+        self.moe_layout = moe_layout_of(raw) if cfg.is_moe() else None
+        expected = cfg.expected_tensors(self.moe_layout or "per_expert")
         if strict:
             want_dt = TORCH_DTYPE_TO_ST.get(cfg.torch_dtype)
             missing = sorted(set(expected) - set(raw))
@@ -444,6 +653,11 @@ class RefModel:
                 raise FormatError("missing tensor %s" % name)
             self.w[name] = raw[name].to_f64()
         self.lm_head = self.w["lm_head.weight"] if not cfg.tie else self.w["model.embed_tokens.weight"]
+        # sparse layer l -> (gate_w [E, H], wg [E, I, H], wu [E, I, H], wd [E, H, I]) whatever the layout
+        self.experts = {}
+        for l in range(cfg.layers):
+            if cfg.sparse[l]:
+                self.experts[l] = expert_arrays(self.w, cfg, l, self.moe_layout)
         hd = cfg.head_dim
         self.inv_freq, self.attn_factor = rope_frequencies(cfg.theta, cfg.rope, hd, cfg.max_pos)
 
@@ -464,9 +678,10 @@ class RefModel:
         rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rot * sin
 
-    def forward(self, ids, cache=None, return_hidden=False):
+    def forward(self, ids, cache=None, return_hidden=False, router=None):
         """Runs tokens `ids` at positions cache.length().. (0.. without cache).
-        Returns logits [T, V] (float64); appends K/V to the cache when given."""
+        Returns logits [T, V] (float64); appends K/V to the cache when given. router: a dict that
+        receives, per sparse layer l, route()'s (probabilities, chosen ids, weights) of these tokens."""
         cfg = self.cfg
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 1 or len(ids) == 0:
@@ -508,8 +723,13 @@ class RefModel:
             att = np.einsum("hts,hsd->htd", pr, vv).transpose(1, 0, 2).reshape(T, nh * hd)
             x = x + self._lin(att, p + "self_attn.o_proj")
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.eps)
-            m = silu(self._lin(h, p + "mlp.gate_proj")) * self._lin(h, p + "mlp.up_proj")
-            x = x + self._lin(m, p + "mlp.down_proj")
+            if cfg.sparse[l]:
+                x = x + moe_block(h, *self.experts[l], cfg.experts_per_tok, cfg.norm_topk)
+            else:
+                m = silu(self._lin(h, p + "mlp.gate_proj")) * self._lin(h, p + "mlp.up_proj")
+                x = x + self._lin(m, p + "mlp.down_proj")
+            if router is not None and cfg.sparse[l]:
+                router[l] = route(h, self.experts[l][0], cfg.experts_per_tok, cfg.norm_topk)
             hiddens.append(x)
         x = rms_norm(x, self.w["model.norm.weight"], cfg.eps)
         logits = x @ self.lm_head.T
@@ -570,7 +790,9 @@ def top2_gap(logits_row):
 # ---------------------------------------------------------------------------------------------
 
 def make_config_dict(arch, hidden, layers, heads, kv_heads, head_dim, inter, vocab, tie, dtype="bfloat16",
-                     theta=1000000.0, eps=1e-6, attention_bias=False):
+                     theta=1000000.0, eps=1e-6, attention_bias=False, experts=8, experts_per_tok=2,
+                     moe_inter=16, norm_topk=True, sparse_step=1, mlp_only=()):
+    """A config.json dict; the MoE arguments are used for arch "qwen3_moe" only."""
     name = {v: k for k, v in ARCHS.items()}[arch]
     d = {
         "architectures": [name],
@@ -594,11 +816,18 @@ def make_config_dict(arch, hidden, layers, heads, kv_heads, head_dim, inter, voc
     }
     if arch == "llama":
         d["attention_bias"] = attention_bias
+    if arch == "qwen3_moe":
+        d.update({"attention_bias": attention_bias, "num_experts": experts, "num_experts_per_tok": experts_per_tok,
+                  "moe_intermediate_size": moe_inter, "norm_topk_prob": norm_topk,
+                  "decoder_sparse_step": sparse_step, "mlp_only_layers": list(mlp_only),
+                  "router_aux_loss_coef": 0.001, "output_router_logits": False})
     return d
 
 
-def write_random_checkpoint(out_dir, cfg_dict, seed=0, shards=1, std=0.3):
-    """Writes config.json and random weights (norm weights around 1, non-zero biases). Returns cfg."""
+def write_random_checkpoint(out_dir, cfg_dict, seed=0, shards=1, std=0.3, moe_layout="per_expert"):
+    """Writes config.json and random weights (norm weights around 1, non-zero biases). Returns cfg.
+    Qwen3-MoE: the weights are drawn in the per-expert layout, then converted when moe_layout is
+    "fused", so both layouts of one seed hold the same numbers."""
     os.makedirs(out_dir, exist_ok=True)
     cfg = Config(cfg_dict)
     st_dt = TORCH_DTYPE_TO_ST[cfg_dict["torch_dtype"]]
@@ -614,6 +843,8 @@ def write_random_checkpoint(out_dir, cfg_dict, seed=0, shards=1, std=0.3):
         else:
             a = std * rng.standard_normal(shape) / np.sqrt(shape[-1]) * 3.0
         tensors.append(RawTensor(name, st_dt, shape, encode_array(st_dt, a)))
+    if cfg.is_moe() and moe_layout != "per_expert":
+        tensors = convert_moe_layout(tensors, cfg, moe_layout)
     write_sharded(out_dir, tensors, shards)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg_dict, f, indent=2)

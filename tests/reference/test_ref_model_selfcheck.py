@@ -7,7 +7,14 @@ Builds tiny checkpoints with the reference's own safetensors writer and checks:
   * teacher-forced one-pass log-probs == brute-force per-token recomputation (no KV cache),
   * KV-cache greedy == brute-force greedy; chunked prefill through the cache == one pass,
   * a second, deliberately naive per-token / per-head loop implementation agrees,
-  * RoPE properties (norm preserving, relative-position only).
+  * RoPE properties (norm preserving, relative-position only),
+  * Qwen3-MoE: the sparse-layer rule, transformers' config defaults and the num_local_experts alias;
+    router ties go to the lower expert id (first place and k-th place), norm_topk_prob on / off
+    (k = 1: weight 1 vs p_max; k = E: no difference), a MoE whose experts all copy one dense MLP equals
+    that dense Qwen3 (norm on, or k = E), per-expert <-> fused conversion is byte-exact and both
+    layouts give bitwise-equal logits, the strict loader rejects mixed / incomplete / mis-named /
+    mis-shaped expert sets, and the cache / brute-force / chunked / naive-loop checks above on MoE
+    variants (both layouts, k = 1 / 2 / 3, norm on / off, decoder_sparse_step 2 + mlp_only_layers).
 """
 
 import os
@@ -90,13 +97,51 @@ def naive_forward(model, ids):
             att = np.concatenate(heads_out)
             x = xs[t] + lin(att, p + "self_attn.o_proj")
             h = rms(x, W[p + "post_attention_layernorm.weight"])
-            g = lin(h, p + "mlp.gate_proj")
-            u = lin(h, p + "mlp.up_proj")
-            x = x + lin(g / (1 + np.exp(-g)) * u, p + "mlp.down_proj")
+            if cfg.sparse[l]:
+                x = x + naive_moe(model, l, h)
+            else:
+                g = lin(h, p + "mlp.gate_proj")
+                u = lin(h, p + "mlp.up_proj")
+                x = x + lin(g / (1 + np.exp(-g)) * u, p + "mlp.down_proj")
             new.append(x)
         xs = new
     head = W["model.embed_tokens.weight"] if cfg.tie else W["lm_head.weight"]
     return np.array([head.dot(rms(x, W["model.norm.weight"])) for x in xs])
+
+
+def naive_expert(W, cfg, layout, l, e, h):
+    """Expert e of sparse layer l on one token, read straight from the checkpoint's own tensors."""
+    p = "model.layers.%d.mlp.experts." % l
+    I = cfg.moe_inter
+    if layout == "fused":
+        gu = W[p + "gate_up_proj"][e]
+        g, u, d = gu[:I].dot(h), gu[I:].dot(h), W[p + "down_proj"][e]
+    else:
+        g = W[p + "%d.gate_proj.weight" % e].dot(h)
+        u = W[p + "%d.up_proj.weight" % e].dot(h)
+        d = W[p + "%d.down_proj.weight" % e]
+    return d.dot(g / (1 + np.exp(-g)) * u)
+
+
+def naive_moe(model, l, h):
+    """One token through a sparse block with plain Python loops: softmax over every expert, the k
+    best by a sort on (-p, id), optional renormalisation, weighted sum of the chosen SwiGLUs."""
+    cfg, W = model.cfg, model.w
+    gw = W["model.layers.%d.mlp.gate.weight" % l]
+    logits = [float(gw[e].dot(h)) for e in range(cfg.n_experts)]
+    m = max(logits)
+    ex = [np.exp(z - m) for z in logits]
+    tot = sum(ex)
+    p = [v / tot for v in ex]
+    chosen = sorted(range(cfg.n_experts), key=lambda e: (-p[e], e))[:cfg.experts_per_tok]
+    ws = [p[e] for e in chosen]
+    if cfg.norm_topk:
+        s = sum(ws)
+        ws = [v / s for v in ws]
+    out = np.zeros_like(h)
+    for e, w in zip(chosen, ws):
+        out = out + w * naive_expert(W, cfg, model.moe_layout, l, e, h)
+    return out
 
 
 def test_safetensors_io(tmp):
@@ -139,15 +184,16 @@ def test_safetensors_io(tmp):
         check(True, "")
 
 
-def build(tmp, name, arch, shards=1, **kw):
+def build(tmp, name, arch, shards=1, moe_layout="per_expert", **kw):
     d = os.path.join(tmp, name)
     cfgd = rm.make_config_dict(arch, **kw)
-    rm.write_random_checkpoint(d, cfgd, seed=hash(name) % 1000, shards=shards)
+    # a fixed seed per name (str hash() is randomised per process)
+    rm.write_random_checkpoint(d, cfgd, seed=sum(map(ord, name)) % 1000, shards=shards, moe_layout=moe_layout)
     return d
 
 
-def test_model(tmp, name, arch, shards=1, **kw):
-    d = build(tmp, name, arch, shards=shards, **kw)
+def test_model(tmp, name, arch, shards=1, moe_layout="per_expert", **kw):
+    d = build(tmp, name, arch, shards=shards, moe_layout=moe_layout, **kw)
     m = rm.RefModel(d)
     cfg = m.cfg
     rng = np.random.default_rng(7)
@@ -280,6 +326,238 @@ def test_strict_loader(tmp, src):
             check(True, str(e))
 
 
+# ---------------------------------------------------------------------------------------------
+# Qwen3-MoE
+# ---------------------------------------------------------------------------------------------
+
+MOE_G = dict(hidden=32, heads=4, kv_heads=2, head_dim=8, vocab=96, tie=False)
+
+
+def expect_format_error(what, fn):
+    try:
+        fn()
+        check(False, what + ": accepted")
+    except rm.FormatError as e:
+        check(True, str(e))
+
+
+def test_moe_config():
+    """The sparse-layer rule, transformers' defaults, the alias and the errors of config parsing."""
+    base = rm.make_config_dict("qwen3_moe", layers=6, inter=48, experts=4, experts_per_tok=2, moe_inter=16,
+                               sparse_step=2, mlp_only=[0, 3], **MOE_G)
+    c = rm.Config(base)
+    check(c.arch == "qwen3_moe" and c.qk_norm, "qwen3_moe: qk_norm")
+    check(c.sparse == [False, True, False, False, False, True], "sparse rule (step 2, mlp_only [0, 3]): %s" % c.sparse)
+    e = c.expected_tensors()
+    check("model.layers.1.mlp.gate.weight" in e and "model.layers.1.mlp.experts.3.down_proj.weight" in e and
+          "model.layers.1.mlp.experts.4.gate_proj.weight" not in e and "model.layers.1.mlp.gate_proj.weight" not in e,
+          "per-expert names of a sparse layer")
+    check(e["model.layers.1.mlp.experts.2.down_proj.weight"] == (32, 16) and
+          e["model.layers.1.mlp.experts.2.up_proj.weight"] == (16, 32) and
+          e["model.layers.5.mlp.gate.weight"] == (4, 32),
+          "per-expert shapes")
+    check(e["model.layers.3.mlp.gate_proj.weight"] == (48, 32) and "model.layers.3.mlp.gate.weight" not in e,
+          "a mlp_only layer is a dense MLP of intermediate_size")
+    f = c.expected_tensors("fused")
+    check(f["model.layers.5.mlp.experts.gate_up_proj"] == (4, 32, 32) and
+          f["model.layers.5.mlp.experts.down_proj"] == (4, 32, 16) and
+          not any(".experts.0." in n for n in f) and not any(n.endswith("gate_up_proj.weight") for n in f),
+          "fused names (no .weight) and shapes")
+    check(set(e) - set(f) == {n for n in e if ".mlp.experts." in n}, "the layouts differ only in the expert tensors")
+    # transformers' defaults for absent fields (configuration_qwen3_moe.py)
+    d = dict(base)
+    for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+              "mlp_only_layers"):
+        d.pop(k)
+    c = rm.Config(d)
+    check((c.n_experts, c.experts_per_tok, c.moe_inter, c.norm_topk, c.sparse_step, c.mlp_only) ==
+          (128, 8, 768, False, 1, []) and all(c.sparse), "defaults: %r" %
+          ((c.n_experts, c.experts_per_tok, c.moe_inter, c.norm_topk, c.sparse_step, c.mlp_only),))
+    # transformers 5.x saves num_experts as num_local_experts (attribute_map)
+    d = dict(base)
+    d["num_local_experts"] = d.pop("num_experts")
+    check(rm.Config(d).n_experts == 4, "num_local_experts alias")
+    # num_experts 0: every layer dense, the tensor set of a plain Qwen3
+    d = dict(base, num_experts=0, decoder_sparse_step=1, mlp_only_layers=[])
+    c = rm.Config(d)
+    q = rm.Config(rm.make_config_dict("qwen3", layers=6, inter=48, **MOE_G))
+    check(not any(c.sparse) and c.expected_tensors() == q.expected_tensors(), "num_experts 0 is all dense")
+    check(rm.Config(dict(base, mlp_only_layers=None)).sparse == [False, True, False, True, False, True],
+          "mlp_only_layers null is []")
+    expect_format_error("num_experts_per_tok > num_experts", lambda: rm.Config(dict(base, num_experts_per_tok=5)))
+    expect_format_error("decoder_sparse_step 0", lambda: rm.Config(dict(base, decoder_sparse_step=0)))
+    expect_format_error("mlp_only_layers not a list", lambda: rm.Config(dict(base, mlp_only_layers=3)))
+    expect_format_error("norm_topk_prob not a bool", lambda: rm.Config(dict(base, norm_topk_prob="yes")))
+    expect_format_error("num_experts and num_local_experts differ", lambda: rm.Config(dict(base, num_local_experts=5)))
+
+
+def test_moe_block():
+    """route() / moe_block() on hand-made numbers: ties go to the lower id, norm_topk_prob."""
+    rng = np.random.default_rng(11)
+    H, I, E = 6, 5, 6
+    x = rng.standard_normal((4, H))
+    wg, wu, wd = rng.standard_normal((E, I, H)), rng.standard_normal((E, I, H)), rng.standard_normal((E, H, I))
+
+    def expert(e, v):
+        g = v @ wg[e].T
+        return (g / (1 + np.exp(-g)) * (v @ wu[e].T)) @ wd[e].T
+
+    # experts 1 and 3 have the same router row, far above the others: an exact tie for first
+    gate = rng.standard_normal((E, H)) * 0.1
+    gate[3] = gate[1] = 1.0
+    xs = np.abs(x)                                    # x . gate[1] = sum|x| > the others
+    p, sel, w = rm.route(xs, gate, 1, True)
+    check(bool(np.all(p[:, 1] == p[:, 3])), "tie set-up: p[1] == p[3] exactly")
+    check(sel[:, 0].tolist() == [1] * 4, "tie for first, k = 1: chose %s, want the lower id 1" % sel[:, 0].tolist())
+    out = rm.moe_block(xs, gate, wg, wu, wd, 1, True)
+    check(np.array_equal(out, expert(1, xs)), "tie, k = 1: output is expert 1's")
+    _, sel, _ = rm.route(xs, gate, 2, True)
+    check(sel.tolist() == [[1, 3]] * 4, "tie, k = 2: %s" % sel.tolist())
+    # a tie at the k-th place: experts 4 and 2 share the second-best row
+    gate2 = -np.abs(rng.standard_normal((E, H)))
+    gate2[5] = 2.0
+    gate2[4] = gate2[2] = 1.0
+    _, sel, _ = rm.route(xs, gate2, 2, False)
+    check(sel.tolist() == [[5, 2]] * 4, "tie at the k-th place goes to the lower id: %s" % sel.tolist())
+    # norm_topk_prob: k = 1 gives weight 1 with it, p_max without
+    gate3 = rng.standard_normal((E, H))
+    p, sel, w1 = rm.route(x, gate3, 1, True)
+    _, _, w0 = rm.route(x, gate3, 1, False)
+    check(np.allclose(w1, 1.0, rtol=0, atol=1e-15) and np.allclose(w0[:, 0], p.max(-1), rtol=0, atol=0),
+          "norm_topk_prob weights")
+    o1 = rm.moe_block(x, gate3, wg, wu, wd, 1, True)
+    o0 = rm.moe_block(x, gate3, wg, wu, wd, 1, False)
+    want = np.array([expert(int(sel[t, 0]), x[t:t + 1])[0] for t in range(4)])
+    check(np.allclose(o1, want, rtol=1e-13, atol=1e-13), "k = 1 with norm: the chosen expert's output")
+    check(np.allclose(o0, want * p.max(-1)[:, None], rtol=1e-13, atol=1e-13), "k = 1 without norm: p_max * expert")
+    # k = E without norm: weights are the full softmax (sum 1), so the same as with norm
+    check(np.allclose(rm.moe_block(x, gate3, wg, wu, wd, E, False), rm.moe_block(x, gate3, wg, wu, wd, E, True),
+                      rtol=1e-13, atol=1e-13), "k = E: norm_topk_prob makes no difference")
+    ref = sum(p[:, e:e + 1] * expert(e, x) for e in range(E))
+    check(np.allclose(rm.moe_block(x, gate3, wg, wu, wd, E, False), ref, rtol=1e-12, atol=1e-12),
+          "k = E: softmax-weighted sum of every expert")
+    m = rm.router_margins(p, 2)
+    s = -np.sort(-p, axis=-1)
+    check(np.allclose(m, s[:, 1] - s[:, 2]) and np.all(np.isinf(rm.router_margins(p, E))), "router_margins")
+
+
+def moe_from_dense(dense_dir, out, E, k, norm, seed, sparse_step=1, mlp_only=()):
+    """A Qwen3-MoE checkpoint whose attention / norms / embeddings are dense_dir's and whose every
+    expert of a sparse layer is a byte copy of that layer's dense MLP; random router."""
+    os.makedirs(out, exist_ok=True)
+    import json
+    with open(os.path.join(dense_dir, "config.json")) as f:
+        d = json.load(f)
+    md = rm.make_config_dict("qwen3_moe", hidden=d["hidden_size"], layers=d["num_hidden_layers"],
+                             heads=d["num_attention_heads"], kv_heads=d["num_key_value_heads"],
+                             head_dim=d["head_dim"], inter=d["intermediate_size"], vocab=d["vocab_size"],
+                             tie=d["tie_word_embeddings"], dtype=d["torch_dtype"], theta=d["rope_theta"],
+                             eps=d["rms_norm_eps"], experts=E, experts_per_tok=k, moe_inter=d["intermediate_size"],
+                             norm_topk=norm, sparse_step=sparse_step, mlp_only=mlp_only)
+    cfg = rm.Config(md)
+    raw = rm.read_checkpoint_tensors(dense_dir)
+    rng = np.random.default_rng(seed)
+    st = rm.TORCH_DTYPE_TO_ST[d["torch_dtype"]]
+    ts = []
+    for name, shape in cfg.expected_tensors().items():
+        parts = name.split(".")
+        if name.endswith("mlp.gate.weight"):
+            ts.append(rm.RawTensor(name, st, shape, rm.encode_array(st, rng.standard_normal(shape))))
+        elif ".mlp.experts." in name:
+            src = raw["model.layers.%s.mlp.%s.weight" % (parts[2], parts[6])]
+            ts.append(rm.RawTensor(name, src.dtype, src.shape, src.data))
+        else:
+            ts.append(raw[name])
+    rm.write_sharded(out, ts, 1)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(md, f)
+    return out
+
+
+def test_moe_dense_equivalence(tmp):
+    """Identical experts: with norm_topk_prob (any k), or with k = E (weights sum to 1), the MoE is the
+    dense model whose MLP the experts copy, whatever the router says."""
+    dense = build(tmp, "moe_dense_base", "qwen3", hidden=32, layers=3, heads=4, kv_heads=2, head_dim=8, inter=24,
+                  vocab=80, tie=False, dtype="float32")
+    dm = rm.RefModel(dense)
+    ids = [3, 17, 5, 60, 2, 9, 41, 0, 77]
+    want = dm.forward(ids)
+    for E, k, norm, step, mo in ((3, 3, True, 1, ()), (3, 3, False, 1, ()), (4, 2, True, 1, ()),
+                                 (5, 1, True, 1, ()), (4, 2, True, 1, (1,)), (3, 2, True, 2, ()),
+                                 (4, 4, False, 1, (2,))):
+        name = "moe_same_E%d_k%d_%s_s%d_%s" % (E, k, "norm" if norm else "nonorm", step, "-".join(map(str, mo)))
+        d = moe_from_dense(dense, os.path.join(tmp, name), E, k, norm, seed=E * 10 + k, sparse_step=step, mlp_only=mo)
+        m = rm.RefModel(d)
+        check(any(m.cfg.sparse), "%s: no sparse layer" % name)
+        err = float(np.max(np.abs(m.forward(ids) - want)))
+        check(err < 1e-11, "%s: identical experts differ from the dense model by %g" % (name, err))
+    # without norm and k < E the block is scaled by sum(p[S]) < 1: it must differ
+    d = moe_from_dense(dense, os.path.join(tmp, "moe_same_nonorm_k1"), 4, 1, False, seed=5)
+    err = float(np.max(np.abs(rm.RefModel(d).forward(ids) - want)))
+    check(err > 1e-3, "identical experts, k = 1, no norm: only %g from the dense model" % err)
+
+
+def test_moe_layouts(tmp):
+    """Per-expert and fused checkpoints of the same numbers: byte-exact conversion both ways, equal
+    logits; the strict loader rejects mixed / incomplete / mis-shaped expert sets."""
+    kw = dict(hidden=32, layers=3, heads=4, kv_heads=2, head_dim=8, inter=40, vocab=90, tie=True, dtype="bfloat16",
+              experts=5, experts_per_tok=2, moe_inter=12, sparse_step=1, mlp_only=(1,))
+    a = build(tmp, "moe_layout_a", "qwen3_moe", moe_layout="per_expert", **kw)
+    b = build(tmp, "moe_layout_a_fused", "qwen3_moe", moe_layout="fused", **kw)   # different name: own seed
+    cfg = rm.load_config(a)
+    ra = rm.read_checkpoint_tensors(a)
+    fused = rm.convert_moe_layout(ra, cfg, "fused")
+    check([t.name for t in fused] == list(cfg.expected_tensors("fused")), "convert to fused: names / order")
+    back = {t.name: t for t in rm.convert_moe_layout(fused, cfg, "per_expert")}
+    check(set(back) == set(ra) and all(back[n].data == ra[n].data and back[n].shape == ra[n].shape for n in ra),
+          "per-expert -> fused -> per-expert is byte-exact")
+    # fused gate_up_proj[e] is gate_e's rows then up_e's; down_proj[e] is down_e
+    fd = {t.name: t for t in fused}
+    gu = fd["model.layers.2.mlp.experts.gate_up_proj"].to_f64()
+    check(np.array_equal(gu[3, :12], ra["model.layers.2.mlp.experts.3.gate_proj.weight"].to_f64()) and
+          np.array_equal(gu[3, 12:], ra["model.layers.2.mlp.experts.3.up_proj.weight"].to_f64()) and
+          np.array_equal(fd["model.layers.2.mlp.experts.down_proj"].to_f64()[4],
+                         ra["model.layers.2.mlp.experts.4.down_proj.weight"].to_f64()), "fused row order")
+    fdir = os.path.join(tmp, "moe_layout_a_conv")
+    shutil.copytree(a, fdir)
+    rm.write_sharded(fdir, fused, 2)
+    ma, mf = rm.RefModel(a), rm.RefModel(fdir)
+    check(ma.moe_layout == "per_expert" and mf.moe_layout == "fused", "layout detection")
+    ids = [1, 50, 22, 7, 89, 3, 3, 64]
+    check(np.array_equal(ma.forward(ids), mf.forward(ids)), "fused and per-expert layouts give different logits")
+    check(rm.RefModel(b).moe_layout == "fused", "write_random_checkpoint(moe_layout=fused)")
+    # strict tensor set
+    names = list(ra)
+
+    def variant(vname, ts):
+        d = os.path.join(tmp, "moe_strict_" + vname)
+        shutil.copytree(a, d)
+        rm.write_sharded(d, ts, 1)
+        return d
+
+    per = [ra[n] for n in names]
+    mixed = [t for t in per if not t.name.startswith("model.layers.0.mlp.experts.")] + \
+        [t for t in fused if t.name.startswith("model.layers.0.mlp.experts.")]
+    cases = {
+        "mixed_layouts": mixed,
+        "missing_expert": [t for t in per if t.name != "model.layers.2.mlp.experts.4.up_proj.weight"],
+        "extra_expert": per + [rm.RawTensor("model.layers.0.mlp.experts.5.up_proj.weight", "BF16", (12, 32),
+                                            ra["model.layers.0.mlp.experts.0.up_proj.weight"].data)],
+        "dense_mlp_on_sparse_layer": per + [rm.RawTensor("model.layers.0.mlp.gate_proj.weight", "BF16", (40, 32),
+                                                         b"\0" * (40 * 32 * 2))],
+        "no_router": [t for t in per if t.name != "model.layers.2.mlp.gate.weight"],
+        "fused_with_weight_suffix": [rm.RawTensor(t.name + ".weight", t.dtype, t.shape, t.data)
+                                     if t.name.endswith(("gate_up_proj", "experts.down_proj")) else t for t in fused],
+        "fused_wrong_shape": [rm.RawTensor(t.name, t.dtype, (5, 32, 24), t.data)
+                              if t.name == "model.layers.0.mlp.experts.gate_up_proj" else t for t in fused],
+        "fused_f32_among_bf16": [rm.RawTensor(t.name, "F32", t.shape, rm.encode_array("F32", t.to_f64()))
+                                 if t.name == "model.layers.2.mlp.experts.down_proj" else t for t in fused],
+    }
+    for cname, ts in cases.items():
+        d = variant(cname, ts)
+        expect_format_error("strict loader, MoE variant " + cname, lambda: rm.RefModel(d))
+
+
 def main():
     tmp = os.environ.get("GS_TEST_TMP")
     if tmp:
@@ -306,6 +584,21 @@ def main():
     test_model(tmp, "qwen2", "qwen2", hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, inter=48, vocab=80,
                tie=False)
     test_strict_loader(tmp, q)
+    # Qwen3-MoE
+    test_moe_config()
+    test_moe_block()
+    test_moe_dense_equivalence(tmp)
+    test_moe_layouts(tmp)
+    test_model(tmp, "moe_k2_norm", "qwen3_moe", hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, inter=48,
+               vocab=97, tie=False, experts=4, experts_per_tok=2, moe_inter=16)
+    test_model(tmp, "moe_k2_norm_fused", "qwen3_moe", moe_layout="fused", hidden=32, layers=2, heads=4, kv_heads=2,
+               head_dim=8, inter=48, vocab=97, tie=False, experts=4, experts_per_tok=2, moe_inter=16)
+    test_model(tmp, "moe_k1_nonorm_f32_tied", "qwen3_moe", hidden=24, layers=2, heads=3, kv_heads=1, head_dim=8,
+               inter=32, vocab=70, tie=True, dtype="float32", experts=6, experts_per_tok=1, moe_inter=8,
+               norm_topk=False)
+    test_model(tmp, "moe_k3_step2_mlponly_shard2", "qwen3_moe", shards=2, moe_layout="fused", hidden=32, layers=4,
+               heads=4, kv_heads=2, head_dim=8, inter=40, vocab=64, tie=False, experts=5, experts_per_tok=3,
+               moe_inter=12, sparse_step=2, mlp_only=(1,))
     print("%d passed, %d failed" % (PASSED, FAILED))
     return 1 if FAILED else 0
 
