@@ -187,10 +187,40 @@ def tensor_sha256(t, dtype):
     return hashlib.sha256(out.tobytes()).hexdigest()
 
 
+def _expert_slice(t, e, r0, r1):
+    """Rows [r0, r1) of expert e of a stacked [E, R, C] tensor (torch, numpy or Tensor)."""
+    if isinstance(t, Tensor):
+        row = t.shape[2] * _WIDTH[t.dtype]
+        base = e * t.shape[1] * row
+        return Tensor(t.dtype, [r1 - r0, t.shape[2]], t.data[base + r0 * row:base + r1 * row])
+    return t[e, r0:r1]
+
+
+def split_fused_experts(name, t):
+    """transformers 5's fused Qwen3-MoE expert tensors as the per-expert checkpoint names the server
+    reports checksums by: `...mlp.experts.gate_up_proj` [E, 2I, H] -> each expert's `gate_proj.weight`
+    (rows 0..I) and `up_proj.weight` (rows I..2I); `...mlp.experts.down_proj` [E, H, I] -> each
+    expert's `down_proj.weight`. Any other tensor: [(name, t)]."""
+    for fused in ("gate_up_proj", "down_proj"):
+        if name.endswith(".mlp.experts." + fused) and len(getattr(t, "shape", ())) == 3:
+            pre = name[: -len(fused)]
+            E, R = int(t.shape[0]), int(t.shape[1])
+            if fused == "down_proj":
+                return [("%s%d.down_proj.weight" % (pre, e), _expert_slice(t, e, 0, R)) for e in range(E)]
+            out = []
+            for e in range(E):
+                out.append(("%s%d.gate_proj.weight" % (pre, e), _expert_slice(t, e, 0, R // 2)))
+                out.append(("%s%d.up_proj.weight" % (pre, e), _expert_slice(t, e, R // 2, R)))
+            return out
+    return [(name, t)]
+
+
 def state_dict_checksums(named, dtype):
-    """{name: tensor_sha256(t, dtype)} of a state_dict (a dict, or (name, tensor) pairs)."""
+    """{name: tensor_sha256(t, dtype)} of a state_dict (a dict, or (name, tensor) pairs); fused
+    Qwen3-MoE expert tensors are hashed per expert part, under the names the server reports
+    (split_fused_experts)."""
     items = named.items() if hasattr(named, "items") else named
-    return {n: tensor_sha256(t, dtype) for n, t in items}
+    return {n: tensor_sha256(x, dtype) for name, t in items for n, x in split_fused_experts(name, t)}
 
 
 def to_safetensors(named):

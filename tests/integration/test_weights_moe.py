@@ -29,12 +29,15 @@ of prompts that repeat, so a stale prefix-cache hit would show):
     the wrong expert count or 2I, the router's shape): 400 naming the tensor, nothing written;
   - sleep level 1 + wake: identical; level 2 + wake + a full fused update: identical;
   - every generation route (completions, chat, SGLang /generate, streaming) answers on the MoE model;
+  - a replica started on the fused T1f joins with --weights-from the server (at T0): equals T0;
+  - the Python client's verify_state_dict takes either layout (fused tensors hashed per expert);
   - a DFlash drafter on the MoE target: greedy tokens equal the plain target's (I9), drafts accepted.
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import os
 import random
 import sys
+import time
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,6 +45,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "clients", "python")))
+import graphswap_client as gc  # noqa: E402
 import ref_model as R  # noqa: E402
 import test_http_basic as H  # noqa: E402
 import test_weights_update as W  # noqa: E402
@@ -299,11 +304,45 @@ def test_routes(C, srv):
                                                                       "ignore_eos": True}})
     C.check(r.status == 200 and (r.json.get("output_ids") or r.json.get("meta_info", {}).get("output_ids") or
                                  toks) == toks, "SGLang /generate on MoE: %r" % r)
+    plain = H.post(srv, "/v1/completions", body)
     st, evs, _ = H.stream_all(srv, "/v1/completions", dict(body, stream=True))
-    C.check(st == 200 and len([e for e in evs if isinstance(e, dict) and e.get("choices")]) >= 4,
-            "streaming on MoE: %r %r" % (st, evs[:3]))
+    text = "".join(c.get("text", "") for e in evs if isinstance(e, dict) for c in e.get("choices", []))
+    C.check(st == 200 and plain.status == 200 and text == plain.json["choices"][0]["text"],
+            "streaming on MoE: %r %r, plain %r" % (st, evs[:3], plain))
     r = H.post(srv, "/v1/completions", dict(body, temperature=0.8, seed=3, n=2))
     C.check(r.status == 200 and len(r.json["choices"]) == 2, "sampling n=2 on MoE: %r" % r)
+
+
+def test_client_verify(C, srv, ck):
+    """The Python client hashes transformers 5's fused expert tensors per expert part, as the server
+    reports them: both layouts of the served checkpoint verify, a change in one expert is named."""
+    cl = gc.GraphswapClient("http://127.0.0.1:%d" % srv.port)
+    for lay in ("T0", "T0f"):
+        sd = {n: gc.Tensor(t.dtype, t.shape, t.data) for n, t in W.ckpt(ck[lay]).items()}
+        C.check(cl.verify_state_dict(sd) == [], "client verify_state_dict of %s: %r" % (lay, cl.verify_state_dict(sd)))
+    sd = {n: gc.Tensor(t.dtype, t.shape, t.data) for n, t in W.ckpt(ck["T0f"]).items()}
+    gu = sd["model.layers.1.mlp.experts.gate_up_proj"]
+    row = gu.shape[2] * gc._WIDTH[gu.dtype]
+    b = bytearray(gu.data)
+    at = (5 * gu.shape[1] + gu.shape[1] // 2) * row  # expert 5's first up row
+    b[at:at + 2] = bytes([b[at] ^ 0x40, b[at + 1] ^ 0x01])
+    sd["model.layers.1.mlp.experts.gate_up_proj"] = gc.Tensor(gu.dtype, gu.shape, bytes(b))
+    C.check(cl.verify_state_dict(sd) == [expert_part(1, 5, "up")],
+            "client verify_state_dict after changing expert 5's up rows: %r" % cl.verify_state_dict(sd))
+
+
+def test_pull(C, binary, srv, ck, want):
+    """A replica started on T1f (fused names) joins with the live weights of srv (at T0): the export
+    carries the per-expert names, and the replica equals a cold start on T0."""
+    b = H.Server(C, binary, ck["T1f"], args=["--draft", ck["D0"], "--weights-from", "http://127.0.0.1:%d" % srv.port,
+                                             "--weights-from-timeout", "120"] + ARGS)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 60 and (H.get(b, "/health?ready=1").status != 200):
+            time.sleep(0.1)
+        W.same(C, "a replica joining with --weights-from the MoE server", snap(b), want)
+    finally:
+        H.stop_clean(C, b)
 
 
 def test_dflash(C, binary, ck, tmp):
@@ -336,6 +375,7 @@ def main():
         refs = {1: cold(C, binary, ck["T1"], ck["D0"])}
         C.check(cold(C, binary, ck["T1f"], ck["D0"]) == refs[1],
                 "a cold start on the fused T1f differs from the per-expert T1")
+        rng = random.Random(25)
         srv = H.Server(C, binary, ck["T0"], args=["--draft", ck["D0"], "--weights-root", root,
                                                   "--update-bucket-bytes", "65536"] + ARGS)
         refs[0] = snap(srv)
@@ -346,12 +386,15 @@ def main():
         C.check(any(g[1] is not None and g[1][2] > 0 for g in refs[0]["gen"]), "no draft accepted on the MoE target")
         try:
             test_routes(C, srv)
-            test_updates(C, binary, srv, ck, refs, random.Random(25))
+            test_client_verify(C, srv, ck)
+            test_updates(C, binary, srv, ck, refs, rng)
             test_partial(C, binary, srv, ck, tmp)
             test_disk(C, srv, ck, refs)
             test_missing(C, srv, ck, refs)
             test_bad_buckets(C, srv, ck)
             test_sleep(C, srv, ck, refs)
+            full(C, srv, "back to T0", W.ckpt(ck["T0"]), W.make_buckets(list(W.ckpt(ck["T0"])), "all", rng), "t0")
+            test_pull(C, binary, srv, ck, refs[0])
             H.healthy(C, srv, "weights_moe")
         finally:
             H.stop_clean(C, srv)
