@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""graphswap vs llama.cpp: CPU decode and prefill speed on the same Qwen3 checkpoint.
+"""graphswap vs llama.cpp: CPU decode and prefill speed on the same Qwen3 / Qwen3-MoE checkpoint.
 
     bench/llamacpp/setup.sh                       # once: the venv with llama-cpp-python, gguf, numpy
     /tmp/llvenv/bin/python bench/llamacpp/compare.py --graphswap build/graphswap --out results/
+    /tmp/llvenv/bin/python bench/llamacpp/compare.py --arch qwen3_moe ...   # Qwen3MoeForCausalLM
 
-Makes (or reuses) an F32 and a BF16 random-init Qwen3 checkpoint with `graphswap mkmodel`,
-converts each to GGUF with hf_to_gguf.py, checks that both engines generate the same greedy
-tokens at F32 (and that their logprobs agree), then measures each figure several times,
-alternating the engines, and prints min / median / max per engine and the ratio of medians
-graphswap / llama.cpp. See README.md in this folder.
+Makes (or reuses) an F32 and a BF16 random-init Qwen3 (or, --arch qwen3_moe, Qwen3-MoE)
+checkpoint with `graphswap mkmodel`, converts each to GGUF with hf_to_gguf.py, checks that both
+engines generate the same greedy tokens and that their logprobs agree (one check per --dtypes
+entry), then measures each figure several times, alternating the engines, and prints min /
+median / max per engine, the ratio of medians graphswap / llama.cpp, and decode batch 1 as a
+share of the read bandwidth over the bytes a token reads (active parameters). See README.md.
 
 llama.cpp runs through llama-cpp-python's low-level ctypes API in a child process of this script
 (one per measurement, like graphswap's CLI), so the two engines never share a process or run
@@ -23,6 +25,7 @@ import platform
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -36,6 +39,30 @@ P_DECODE = 16  # prompt tokens per sequence before decode (as graphswap bench de
 MKMODEL_GEOMETRY = ["--arch", "qwen3", "--hidden", "768", "--layers", "12", "--heads", "12",
                     "--kv-heads", "4", "--head-dim", "64", "--intermediate", "2048",
                     "--vocab", "32000", "--no-tie", "--seed", "1"]
+# --arch qwen3_moe: the same attention / embeddings, every layer a MoE FFN (mkmodel's
+# --intermediate then only fills config.json's intermediate_size, which no layer uses)
+MOE_DEFAULTS = {"experts": 32, "experts_per_tok": 4, "moe_intermediate": 256}
+
+
+def mkmodel_geometry(a) -> list[str]:
+    """graphswap mkmodel arguments (without --out / --dtype) for --arch and the MoE options."""
+    if a.arch == "qwen3":
+        return list(MKMODEL_GEOMETRY)
+    g = list(MKMODEL_GEOMETRY)
+    g[g.index("--arch") + 1] = "qwen3_moe"
+    g += ["--experts", str(a.experts), "--experts-per-tok", str(a.experts_per_tok),
+          "--moe-intermediate", str(a.moe_intermediate)]
+    if a.moe_fused:
+        g.append("--moe-fused")
+    return g
+
+
+def checkpoint_stem(a) -> str:
+    """Workdir name of the random checkpoints: dense ones keep their old names (qwen3-f32, ...)."""
+    if a.arch == "qwen3":
+        return "qwen3"
+    return (f"qwen3moe-e{a.experts}k{a.experts_per_tok}i{a.moe_intermediate}"
+            + ("-fused" if a.moe_fused else ""))
 RESULT_TAG = "@@RESULT "
 
 
@@ -311,6 +338,8 @@ def run_cmd(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 DECODE_ROW = re.compile(r"^\s*(\d+)\s+(plan|eager)\s+([0-9]+(?:\.[0-9]+)?)\s+([0-9]+(?:\.[0-9]+)?)\b",
                         re.MULTILINE)
+READ_BW = re.compile(r"read bandwidth:\s*([0-9]+(?:\.[0-9]+)?)\s*GB/s")
+MEMCPY_BW = re.compile(r"memcpy bandwidth:\s*([0-9]+(?:\.[0-9]+)?)\s*GB/s")
 PREFILL_HEADER = re.compile(r"^\s*len\b", re.MULTILINE)
 PREFILL_ROW = re.compile(r"^\s*(\d+)\s+([0-9]+(?:\.[0-9]+)?)(?:\s|$)")
 
@@ -319,7 +348,13 @@ def parse_gs_decode(text: str, batch: int, mode: str = "plan") -> dict | None:
     """tok/s (and step ms) of the row `batch mode tok/s step-ms ...`; None when absent."""
     for m in DECODE_ROW.finditer(text):
         if int(m.group(1)) == batch and m.group(2) == mode:
-            return {"tok_s": float(m.group(3)), "step_ms": float(m.group(4))}
+            r = {"tok_s": float(m.group(3)), "step_ms": float(m.group(4))}
+            # the read / memcpy bandwidth bench decode measures in the same process, same threads
+            for key, rx in (("read_bw_gbs", READ_BW), ("memcpy_bw_gbs", MEMCPY_BW)):
+                bw = rx.search(text)
+                if bw:
+                    r[key] = float(bw.group(1))
+            return r
     return None
 
 
@@ -371,10 +406,10 @@ class Graphswap:
             gs_fail(f"prefill length {length} (row `{length} tok/s ...` under a `len` header)", cmd, p)
         return r
 
-    def generate(self, model: str, prompt: list[int], n: int, logprobs: int) -> dict:
+    def generate(self, model: str, prompt: list[int], n: int, logprobs: int, extra: tuple = ()) -> dict:
         cmd = [self.bin, "generate", "--model", model, "--threads", str(self.threads),
                "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", str(n),
-               "--ignore-eos", "--logprobs", str(logprobs)]
+               "--ignore-eos", "--logprobs", str(logprobs)] + list(extra)
         p = run_cmd(cmd, self.timeout)
         for line in reversed((p.stdout or "").splitlines()):
             if line.startswith("{"):
@@ -391,6 +426,10 @@ class Graphswap:
 # "bf16x": the BF16 checkpoint and GGUF, graphswap run with --bf16-activations (activations rounded
 # to bf16 in each matmul, vdpbf16ps where the CPU has AVX512_BF16: what llama.cpp does for BF16)
 GS_FLAGS = {"f32": (), "bf16": (), "bf16x": ("--bf16-activations",)}
+# bf16x check tolerances in nats (see CHECKS below and README.md: the engines' bf16 rounding differs)
+BF16X_MAX_TOL = 0.5
+BF16X_MEDIAN_TOL = 0.05
+BF16X_TIE_TOL = 0.05
 FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16"}
 
 
@@ -405,9 +444,10 @@ def ensure_checkpoints(a) -> dict[str, dict]:
             if not (ck / "config.json").is_file():
                 die(f"--checkpoint-{dt} {ck}: no config.json")
         else:
-            ck = work / f"qwen3-{dt}"
-            args = MKMODEL_GEOMETRY + ["--dtype", dt]
-            stamp = work / f"qwen3-{dt}.mkmodel.json"
+            stem = checkpoint_stem(a)
+            ck = work / f"{stem}-{dt}"
+            args = mkmodel_geometry(a) + ["--dtype", dt]
+            stamp = work / f"{stem}-{dt}.mkmodel.json"
             ok = (ck / "config.json").is_file() and stamp.is_file() and \
                 json.loads(stamp.read_text()) == args and \
                 any(ck.glob("*.safetensors"))
@@ -420,70 +460,184 @@ def ensure_checkpoints(a) -> dict[str, dict]:
                 if p.returncode != 0:
                     die(f"`{' '.join(cmd)}` failed:\n{p.stdout}\n{p.stderr}")
                 stamp.write_text(json.dumps(args))
-        gguf = work / f"{ck.name}-{dt}.gguf" if given else work / f"qwen3-{dt}.gguf"
-        newest_src = max(f.stat().st_mtime for f in list(ck.glob("*.safetensors")) +
-                         [ck / "config.json", CONVERTER])
-        if not gguf.is_file() or gguf.stat().st_mtime < newest_src:
-            log(f"compare.py: converting {ck} -> {gguf} ({dt})")
-            cmd = [sys.executable, str(CONVERTER), str(ck), str(gguf), "--outtype", dt, "-q"]
-            p = run_cmd(cmd, a.timeout)
-            if p.returncode != 0:
-                die(f"conversion failed:\n{p.stdout}\n{p.stderr}")
+        gguf = work / f"{ck.name}-{dt}.gguf" if given else work / f"{ck.name}.gguf"
+        convert_gguf(a, ck, gguf, dt)
         out[dt] = {"checkpoint": str(ck), "gguf": str(gguf)}
+        if dt == "bf16" and "bf16" in a.dtypes and (a.check or not a.no_check):
+            # the bf16 check (below): the same bf16 weights widened exactly to an F32 GGUF
+            g32 = gguf.with_name(gguf.stem + "-asf32.gguf")
+            convert_gguf(a, ck, g32, "f32")
+            out[dt]["gguf_as_f32"] = str(g32)
     for d in a.dtypes:
         out[d] = out[FILE_DTYPE[d]]
     return out
 
 
+def convert_gguf(a, ck: Path, gguf: Path, outtype: str):
+    """hf_to_gguf.py CK GGUF --outtype OUTTYPE unless GGUF is newer than the checkpoint and the converter."""
+    newest_src = max(f.stat().st_mtime for f in list(ck.glob("*.safetensors")) +
+                     [ck / "config.json", CONVERTER])
+    if not gguf.is_file() or gguf.stat().st_mtime < newest_src:
+        log(f"compare.py: converting {ck} -> {gguf} ({outtype})")
+        cmd = [sys.executable, str(CONVERTER), str(ck), str(gguf), "--outtype", outtype, "-q"]
+        p = run_cmd(cmd, a.timeout)
+        if p.returncode != 0:
+            die(f"conversion failed:\n{p.stdout}\n{p.stderr}")
+
+
+# ---- what a checkpoint is, and the bytes one batch-1 decode step reads
+
+
+CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings",
+               "torch_dtype", "dtype", "rope_theta", "rms_norm_eps", "num_experts", "num_experts_per_tok",
+               "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
+EXPERT_TENSOR = re.compile(r"\.mlp\.experts\.")  # per-expert (experts.E.*) and fused (experts.*_proj)
+
+
+def st_tensors(ck: Path) -> dict[str, dict]:
+    """name -> {dtype, shape, bytes} from the safetensors headers of a checkpoint folder."""
+    out = {}
+    for f in sorted(Path(ck).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            h = json.loads(fh.read(n))
+        h.pop("__metadata__", None)
+        for name, t in h.items():
+            b, e = t["data_offsets"]
+            out[name] = {"dtype": t["dtype"], "shape": t["shape"], "bytes": e - b}
+    return out
+
+
+def active_bytes(tensors: dict[str, tuple[list, int]], embed: str, lm_head: str | None,
+                 is_expert, k: int, n_expert: int) -> dict:
+    """Weight bytes one batch-1 decode token reads: every tensor in full (attention, router, norms,
+    dense MLPs, lm_head) except the embedding table (one row; in full when it is the tied lm_head)
+    and the experts (k of n_expert: the top-k the router picks). tensors: name -> (shape, bytes)."""
+    total = active = 0
+    p_total = p_active = 0.0
+    for name, (shape, nbytes) in tensors.items():
+        elems = 1
+        for d in shape:
+            elems *= int(d)
+        total += nbytes
+        p_total += elems
+        if name == embed and lm_head is not None:
+            rows = int(shape[0]) if name != "token_embd.weight" else int(shape[-1])
+            frac = 1.0 / rows
+        elif is_expert(name) and n_expert:
+            frac = k / n_expert
+        else:
+            frac = 1.0
+        active += nbytes * frac
+        p_active += elems * frac
+    return {"bytes_total": total, "bytes_active_per_token": active, "params_total": p_total,
+            "params_active_per_token": p_active}
+
+
+def model_summary(ck: str, gguf_path: str | None) -> dict:
+    """config.json's architecture keys, and the active-parameter bytes per batch-1 decode token of
+    the checkpoint (what graphswap reads) and of the GGUF (what llama.cpp reads: the router is F32
+    there, norms F32)."""
+    cfg = json.loads((Path(ck) / "config.json").read_text())
+    out = {"config": {k: cfg[k] for k in CONFIG_KEYS if k in cfg}}
+    k = int(cfg.get("num_experts_per_tok") or 0)
+    E = int(cfg.get("num_experts") or 0)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    st = st_tensors(Path(ck))
+    out["graphswap"] = active_bytes({n: (t["shape"], t["bytes"]) for n, t in st.items()
+                                     if not n.endswith("rotary_emb.inv_freq")},
+                                    "model.embed_tokens.weight", None if tied else "lm_head.weight",
+                                    lambda n: bool(EXPERT_TENSOR.search(n)), k, E)
+    if gguf_path:
+        import gguf as G
+        r = G.GGUFReader(gguf_path)
+        # GGUFReader shapes are ggml ne (reversed); token_embd ne = [H, V]
+        tens = {t.name: ([int(x) for x in t.shape], int(t.n_bytes)) for t in r.tensors}
+        out["llama.cpp"] = active_bytes(tens, "token_embd.weight",
+                                        None if "output.weight" not in tens else "output.weight",
+                                        lambda n: n.endswith("_exps.weight"), k, E)
+    return out
+
+
 # ---- correctness check
 
+# what each --dtypes entry checks: (description, which GGUF of the checkpoint, tolerance options:
+# the max / the median over positions of |d logprob|, ties). f32 and bf16 compute in f32 in both
+# engines (the bf16 weights widened exactly to an F32 GGUF for llama.cpp): the tight tolerance on
+# the max. bf16x is the BF16 GGUF that is timed, where both engines round activations to bf16 in
+# each matmul but not identically (llama.cpp also keeps the router F32): ~0.01 nats on the dense
+# model; on MoE the rounding flips a near-tie expert choice now and then (router margins down to
+# 1e-5 in probability), which moves a position by up to ~0.3 nats, so bf16x bounds the median
+# (typical agreement) tightly and the max loosely. A wrong converter (gate / up swapped) is off by
+# ~1.5 nats at every position.
+CHECKS = {
+    "f32": ("F32 checkpoint / F32 GGUF, f32 activations", "gguf", "logprob_tol", None, "tie_tol"),
+    "bf16": ("BF16 checkpoint, graphswap f32 activations / the same weights as an F32 GGUF",
+             "gguf_as_f32", "logprob_tol", None, "tie_tol"),
+    "bf16x": ("BF16 checkpoint, graphswap --bf16-activations / the BF16 GGUF (llama.cpp's bf16 matmuls)",
+              "gguf", "bf16x_max_tol", "bf16x_median_tol", "bf16x_tie_tol"),
+}
 
-def correctness_check(a, gs: Graphswap, models: dict) -> dict:
-    if "f32" not in models:
-        die("the correctness check needs the f32 checkpoint (--dtypes must include f32, or --no-check)")
-    m = models["f32"]
+
+def correctness_checks(a, gs: "Graphswap", models: dict) -> dict:
+    """One check per --dtypes entry (each at most once); ok when all pass."""
+    res = {}
+    for dt in a.dtypes:
+        res[dt] = correctness_check(a, gs, models, dt)
+    return {"ok": all(r["ok"] for r in res.values()), "by_dtype": res}
+
+
+def correctness_check(a, gs: "Graphswap", models: dict, dt: str) -> dict:
+    what, gguf_key, tol_attr, med_attr, tie_attr = CHECKS[dt]
+    m = models[dt]
+    tol, tie_tol = getattr(a, tol_attr), getattr(a, tie_attr)
+    med_tol = getattr(a, med_attr) if med_attr else None
     n = 16
     prompt = [(i * 7919 + 11) % 1000 + 1 for i in range(24)]  # fixed ids, well inside any vocab
-    g = gs.generate(m["checkpoint"], prompt, n, logprobs=20)
+    g = gs.generate(m["checkpoint"], prompt, n, logprobs=20, extra=GS_FLAGS[dt])
     gs_tokens = g.get("token_ids") or []
     if len(gs_tokens) != n:
         die(f"graphswap generate returned {len(gs_tokens)} tokens, expected {n}: {json.dumps(g)[:300]}")
-    res = run_llama({"kind": "check", "gguf": m["gguf"], "threads": a.threads, "prompt": prompt,
+    res = run_llama({"kind": "check", "gguf": m[gguf_key], "threads": a.threads, "prompt": prompt,
                      "gs_tokens": gs_tokens, "gs_top": g.get("top_logprobs") or [],
                      "kv_type": "f32", "flash_attn": "off", "verbose": a.verbose},
                     a.timeout)
     steps = res["steps"]
-    first_mismatch, tie = None, False
-    for i, s in enumerate(steps):
-        if s["llama_argmax"] != s["graphswap"]:
-            first_mismatch = i
-            tie = s["llama_lp_top1"] - s["llama_lp_of_graphswap_token"] <= a.tie_tol
-            break
-    compared = steps if first_mismatch is None else steps[:first_mismatch + 1]
-    dl = [s["max_abs_dlogprob_topk"] for s in compared if s["max_abs_dlogprob_topk"] is not None]
+    # llama.cpp is teacher-forced on graphswap's tokens, so every position compares the same prefix
+    mismatches = [i for i, s in enumerate(steps) if s["llama_argmax"] != s["graphswap"]]
+    first_mismatch = mismatches[0] if mismatches else None
+    tie = all(steps[i]["llama_lp_top1"] - steps[i]["llama_lp_of_graphswap_token"] <= tie_tol
+              for i in mismatches)
+    dl = [s["max_abs_dlogprob_topk"] for s in steps if s["max_abs_dlogprob_topk"] is not None]
     max_dlp = max(dl) if dl else None
+    med_dlp = statistics.median(dl) if dl else None
     llama_tokens = [s["llama_argmax"] for s in steps]
-    ok_tokens = first_mismatch is None or tie
-    ok_lp = max_dlp is not None and max_dlp <= a.logprob_tol
-    out = {"prompt_ids": prompt, "graphswap_tokens": gs_tokens,
+    ok_tokens = not mismatches or tie
+    ok_lp = max_dlp is not None and max_dlp <= tol and (med_tol is None or med_dlp <= med_tol)
+    out = {"dtype": dt, "what": what, "checkpoint": m["checkpoint"], "gguf": m[gguf_key],
+           "graphswap_flags": list(GS_FLAGS[dt]), "prompt_ids": prompt, "graphswap_tokens": gs_tokens,
            "llama_tokens_teacher_forced": llama_tokens, "first_mismatch": first_mismatch,
-           "mismatch_is_near_tie": tie if first_mismatch is not None else None,
-           "max_abs_dlogprob_top20": max_dlp, "logprob_tol": a.logprob_tol,
+           "mismatches": mismatches, "mismatch_is_near_tie": tie if mismatches else None,
+           "max_abs_dlogprob_top20": max_dlp, "median_abs_dlogprob_top20": med_dlp,
+           "logprob_tol": tol, "median_tol": med_tol, "tie_tol": tie_tol,
            "min_top1_top2_gap": min(s["llama_gap_top1_top2"] for s in steps),
            "tokens_match": first_mismatch is None, "ok": ok_tokens and ok_lp,
            "llama_config": "KV cache f32, flash attention off", "steps": steps}
-    print(f"correctness check (F32, greedy, {n} tokens after a {len(prompt)}-token prompt; "
+    print(f"correctness check {dt} ({what}; greedy, {n} tokens after a {len(prompt)}-token prompt; "
           "llama.cpp with an f32 KV cache and flash attention off):")
     print(f"  graphswap  : {gs_tokens}")
     print(f"  llama.cpp  : {llama_tokens}")
-    if first_mismatch is None:
+    if not mismatches:
         print(f"  tokens     : all {n} match")
     else:
-        print(f"  tokens     : first mismatch at position {first_mismatch}"
-              + (" (a near-tie in llama.cpp's logits, within --tie-tol)" if tie else ""))
-    print(f"  logprobs   : max |graphswap - llama.cpp| over graphswap's top-20 at each position = "
-          f"{max_dlp:.3g} nats (tolerance {a.logprob_tol:g}); smallest top-1/top-2 gap "
-          f"{out['min_top1_top2_gap']:.3g}" if max_dlp is not None else
+        print(f"  tokens     : argmax differs at position(s) {mismatches}"
+              + (f" (near-ties in llama.cpp's logits, within {tie_tol:g})" if tie else
+                 f" (not all near-ties within {tie_tol:g})"))
+    print(f"  logprobs   : |graphswap - llama.cpp| over graphswap's top-20 at each position: max "
+          f"{max_dlp:.3g} nats (tolerance {tol:g}), median {med_dlp:.3g}"
+          + (f" (tolerance {med_tol:g})" if med_tol is not None else "")
+          + f"; smallest top-1/top-2 gap {out['min_top1_top2_gap']:.3g}" if max_dlp is not None else
           "  logprobs   : graphswap reported no top_logprobs")
     print(f"  result     : {'MATCH' if out['ok'] else 'MISMATCH'}")
     sys.stdout.flush()
@@ -491,6 +645,18 @@ def correctness_check(a, gs: Graphswap, models: dict) -> dict:
 
 
 # ---- machine info
+
+
+def l3_bytes() -> int | None:
+    """The last-level cache cpu0 sees (sysfs index3, e.g. 307200K), or None."""
+    try:
+        v = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        return None
+    m = re.fullmatch(r"(\d+)([KMG]?)", v)
+    if not m:
+        return None
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
 
 
 def machine_info(a) -> dict:
@@ -511,6 +677,7 @@ def machine_info(a) -> dict:
     except OSError:
         info["cpu_flags"] = None
     info["nproc"] = os.cpu_count()
+    info["l3_bytes"] = l3_bytes()
     try:
         info["mem_total_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
@@ -523,6 +690,85 @@ def machine_info(a) -> dict:
     info["graphswap_binary"] = str(Path(a.graphswap).resolve())
     info["llama"] = run_llama({"kind": "info"}, a.timeout)
     return info
+
+
+# ---- decode batch 1 against the read bandwidth, over the active parameters
+
+
+def active_bandwidth(figs, raw, detail, summaries, l3: int | None = None) -> dict:
+    """Per dtype with a decode batch-1 figure: bytes a token reads (model_summary) x median tok/s,
+    as a share of the read bandwidth graphswap's bench decode measured in its own runs (median over
+    every graphswap decode measurement of this compare.py run: same machine, same threads)."""
+    bws = [d["read_bw_gbs"] for f in figs if f["kind"] == "decode"
+           for d in detail[f["id"]]["graphswap"] if d.get("read_bw_gbs")]
+    if not bws:
+        return {}
+    bw = statistics.median(bws)
+    out = {}
+    for f in figs:
+        if f["kind"] != "decode" or f["batch"] != 1:
+            continue
+        sm = summaries[FILE_DTYPE[f["dtype"]]]
+        row = {"read_bw_gbs": {"median": bw, "min": min(bws), "max": max(bws), "n": len(bws)},
+               "l3_bytes": l3}
+        for eng, key in (("graphswap", "graphswap"), ("llama.cpp", "llama.cpp")):
+            vals = raw[f["id"]][eng]
+            if not vals or key not in sm:
+                continue
+            tok_s = statistics.median(vals)
+            b = sm[key]["bytes_active_per_token"]
+            row[eng] = {"tok_s": tok_s, "bytes_per_token": b, "gb_s": tok_s * b / 1e9,
+                        "fraction_of_read_bw": tok_s * b / 1e9 / bw,
+                        "params_active_per_token": sm[key]["params_active_per_token"],
+                        "params_total": sm[key]["params_total"]}
+        out[f["dtype"]] = row
+    return out
+
+
+BW_HEAD = ["decode batch 1", "active MB/token", "tok/s (median)", "GB/s", "of read bw"]
+
+
+def bw_rows(ab: dict) -> list[list[str]]:
+    rows = []
+    for dt, r in ab.items():
+        for eng in ("graphswap", "llama.cpp"):
+            if eng in r:
+                e = r[eng]
+                rows.append([f"{eng} {dt}", f"{e['bytes_per_token'] / 1e6:.1f}", f"{e['tok_s']:.1f}",
+                             f"{e['gb_s']:.2f}", f"{100 * e['fraction_of_read_bw']:.1f}%"])
+    return rows
+
+
+def bw_note(ab: dict) -> str:
+    bw = next(iter(ab.values()))["read_bw_gbs"]
+    p = next((r["graphswap"] for r in ab.values() if "graphswap" in r), None)
+    act = (f"; active parameters per token {p['params_active_per_token'] / 1e6:.1f}M of "
+           f"{p['params_total'] / 1e6:.1f}M" if p else "")
+    l3 = next(iter(ab.values())).get("l3_bytes")
+    fits = sorted({dt for dt, r in ab.items() for e in ("graphswap", "llama.cpp")
+                   if e in r and l3 and r[e]["bytes_per_token"] <= l3})
+    over = any(r[e]["fraction_of_read_bw"] > 1 for r in ab.values() for e in ("graphswap", "llama.cpp")
+               if e in r)
+    cache = ""
+    if l3 and (fits or over):
+        cache = (f" This CPU has a {l3 / 2**20:.0f} MiB L3"
+                 + (f" (the active bytes of {', '.join(fits)} fit in it)" if fits else "")
+                 + ": consecutive tokens find part of the weights (for MoE: attention, lm_head and the "
+                   "experts used again) in the cache, so the share of the DRAM read bandwidth can pass 100%.")
+    return (f"read bandwidth {bw['median']:.2f} GB/s: median of the {bw['n']} graphswap bench decode runs "
+            f"above (each measures it before decoding: a read of 512 MiB, all threads; "
+            f"min {bw['min']:.2f}, max {bw['max']:.2f}){act}. "
+            "Active bytes per token: attention, norms, router, the top-k experts (k/E of the expert "
+            "tensors), lm_head, one embedding row; KV cache and activations not counted. llama.cpp's "
+            "bytes are its GGUF's (router F32)." + cache)
+
+
+def text_bw_table(ab: dict) -> str:
+    rows = bw_rows(ab)
+    w = [max(len(BW_HEAD[i]), *(len(r[i]) for r in rows)) for i in range(len(BW_HEAD))]
+    lines = ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))
+             for r in [BW_HEAD, ["-" * x for x in w]] + rows]
+    return "\n".join(lines + [bw_note(ab)])
 
 
 # ---- the table
@@ -582,6 +828,21 @@ def md_table(rows) -> str:
     return "\n".join(out)
 
 
+def model_line(c: dict) -> str:
+    """- model: ... for results.md, from the mkmodel arguments or the checkpoint's config.json."""
+    sm = next(iter(c["model_summary"].values()))
+    cf, gsb = sm["config"], sm["graphswap"]
+    moe = (f"; {cf['num_experts']} experts, top-{cf['num_experts_per_tok']}, expert FFN "
+           f"{cf['moe_intermediate_size']}, norm_topk_prob {cf.get('norm_topk_prob')}"
+           if cf.get("num_experts") else "")
+    size = (f"{gsb['params_total'] / 1e6:.1f}M parameters, {gsb['params_active_per_token'] / 1e6:.1f}M "
+            "read per decode token")
+    if c.get("mkmodel"):
+        return f"- model: random-init {cf['architectures'][0]} ({' '.join(c['mkmodel'])}; {size}{moe})"
+    cks = ", ".join(sorted({m["checkpoint"] for m in c["models"].values()}))
+    return f"- model: {(cf.get('architectures') or ['?'])[0]} from {cks} ({size}{moe})"
+
+
 def write_outputs(a, doc: dict, rows, final: bool):
     if not a.out:
         return
@@ -606,7 +867,7 @@ def write_outputs(a, doc: dict, rows, final: bool):
           f"(first two untimed); prefill: median of {c['prefill_reps']} run(s) after a warm-up, per repetition",
           f"- llama.cpp: KV cache {c['kv_type']}, flash attention {c['flash_attn']}, no mmap; "
           "graphswap: captured plans, KV cache f32",
-          f"- model: random-init Qwen3 ({' '.join(MKMODEL_GEOMETRY)})"]
+          model_line(c)]
     if "bf16x" in c["dtypes"]:
         md.append("- dtype bf16x: the bf16 checkpoint and GGUF again, graphswap with --bf16-activations "
                   "(activations rounded to bf16 inside each matmul, as llama.cpp's bf16 path does; the bf16 "
@@ -614,15 +875,26 @@ def write_outputs(a, doc: dict, rows, final: bool):
     md.append("")
     chk = doc.get("check")
     if chk:
-        md.append(f"Correctness (F32, greedy, 16 tokens): {'match' if chk['ok'] else 'MISMATCH'}; "
-                  f"max |d logprob| over top-20 = {chk['max_abs_dlogprob_top20']:.3g}" if chk.get(
-                      "max_abs_dlogprob_top20") is not None else
-                  f"Correctness: {'match' if chk['ok'] else 'MISMATCH'}")
+        for dt, r in chk["by_dtype"].items():
+            lp = r.get("max_abs_dlogprob_top20")
+            md.append(f"- correctness {dt} ({r['what']}; greedy, 16 tokens): "
+                      f"{'match' if r['ok'] else 'MISMATCH'}"
+                      + ("" if r["tokens_match"] else f" (argmax differs at {r['mismatches']}: "
+                         "near-ties)")
+                      + (f"; |d logprob| over top-20: max {lp:.3g} (tolerance {r['logprob_tol']:g}), "
+                         f"median {r['median_abs_dlogprob_top20']:.3g}"
+                         + (f" (tolerance {r['median_tol']:g})" if r.get("median_tol") is not None else "")
+                         if lp is not None else ""))
         md.append("")
     md.append(md_table(rows))
     md.append("")
     md.append("tok/s: decode = tokens generated per second summed over the batch; prefill = prompt "
               "tokens per second. Ratio = median graphswap / median llama.cpp (> 1: graphswap faster).")
+    ab = doc.get("active_bandwidth")
+    if ab:
+        md += ["", "| " + " | ".join(BW_HEAD) + " |", "|---|" + "---:|" * (len(BW_HEAD) - 1)]
+        md += ["| " + " | ".join(r) + " |" for r in bw_rows(ab)]
+        md += ["", bw_note(ab)]
     (od / "results.md").write_text("\n".join(md) + "\n")
 
 
@@ -631,17 +903,21 @@ def write_outputs(a, doc: dict, rows, final: bool):
 
 def selftest() -> int:
     dec = """model: /tmp/m  params: 124.7M  weight bytes per decode step: 400.4 MB  threads: 2
+memcpy bandwidth: 19.57 GB/s   read bandwidth: 32.43 GB/s
+floor at batch 1: 97.75 tok/s (memcpy)   161.97 tok/s (read)
 batch  mode         tok/s    step ms GB/s weights     vs floor   vs read
 1      plan         56.29      17.76        22.54       115.5%     63.2%
 1      eager        50.00      20.00        20.00       100.0%     50.0%
 4      plan        204.60      19.55        20.48       104.9%     57.4%
 16     plan        604     26.5 x
 """
-    assert parse_gs_decode(dec, 1) == {"tok_s": 56.29, "step_ms": 17.76}
+    assert parse_gs_decode(dec, 1) == {"tok_s": 56.29, "step_ms": 17.76, "read_bw_gbs": 32.43,
+                                       "memcpy_bw_gbs": 19.57}
     assert parse_gs_decode(dec, 1, "eager")["tok_s"] == 50.0
     assert parse_gs_decode(dec, 4)["tok_s"] == 204.6
     assert parse_gs_decode(dec, 16)["tok_s"] == 604.0
     assert parse_gs_decode(dec, 32) is None
+    assert "read_bw_gbs" not in parse_gs_decode(dec.split("\n", 3)[3], 4)  # no bandwidth lines
     pre = """FMA peak: 230.5 GFLOP/s (2 threads)
 len         tok/s         ms     min ms     max ms    GFLOP/s   % peak
 128        1000.0      128.0
@@ -686,6 +962,18 @@ def main() -> int:
     ap.add_argument("--dtypes", default="f32,bf16,bf16x",
                     help="f32, bf16, bf16x (the BF16 checkpoint, graphswap with --bf16-activations); "
                          "default all three")
+    ap.add_argument("--arch", choices=["qwen3", "qwen3_moe"], default="qwen3",
+                    help="random checkpoints to make: dense Qwen3 (default) or Qwen3-MoE (same attention "
+                         "and embeddings, every FFN a MoE: --experts, --experts-per-tok, --moe-intermediate)")
+    ap.add_argument("--experts", type=int, default=MOE_DEFAULTS["experts"],
+                    help=f"qwen3_moe: experts per layer (default {MOE_DEFAULTS['experts']})")
+    ap.add_argument("--experts-per-tok", type=int, default=MOE_DEFAULTS["experts_per_tok"],
+                    help=f"qwen3_moe: top-k (default {MOE_DEFAULTS['experts_per_tok']})")
+    ap.add_argument("--moe-intermediate", type=int, default=MOE_DEFAULTS["moe_intermediate"],
+                    help=f"qwen3_moe: expert FFN width (default {MOE_DEFAULTS['moe_intermediate']})")
+    ap.add_argument("--moe-fused", action="store_true",
+                    help="qwen3_moe: checkpoints in transformers 5's fused expert layout "
+                         "(experts.gate_up_proj / down_proj; the same weights, separate checkpoint names)")
     ap.add_argument("--checkpoint-f32", help="use this F32 checkpoint instead of making one")
     ap.add_argument("--checkpoint-bf16", help="use this BF16 checkpoint instead of making one")
     ap.add_argument("--kv-type", choices=["f16", "f32", "bf16"], default="f16",
@@ -698,6 +986,12 @@ def main() -> int:
                     help="max |d logprob| in nats for the check (default 0.001)")
     ap.add_argument("--tie-tol", type=float, default=1e-3,
                     help="a token mismatch whose llama.cpp logprob gap is below this counts as a tie")
+    ap.add_argument("--bf16x-max-tol", type=float, default=BF16X_MAX_TOL,
+                    help=f"bf16x check: max |d logprob| over the positions (default {BF16X_MAX_TOL:g})")
+    ap.add_argument("--bf16x-median-tol", type=float, default=BF16X_MEDIAN_TOL,
+                    help=f"bf16x check: median over the positions (default {BF16X_MEDIAN_TOL:g})")
+    ap.add_argument("--bf16x-tie-tol", type=float, default=BF16X_TIE_TOL,
+                    help=f"bf16x check: tie tolerance (default {BF16X_TIE_TOL:g})")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess (default 1800)")
     ap.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
     ap.add_argument("--selftest", action="store_true", help="test the graphswap output parsers and exit")
@@ -711,6 +1005,13 @@ def main() -> int:
         die("--tokens must be >= 4 (two untimed steps)")
     if a.reps < 1 or a.prefill_reps < 1 or a.threads < 1:
         die("--reps, --prefill-reps and --threads must be >= 1")
+    a.dtypes = list(dict.fromkeys(a.dtypes))
+    if a.arch == "qwen3_moe" and not (a.experts >= 1 and 1 <= a.experts_per_tok <= a.experts
+                                      and a.moe_intermediate >= 1):
+        die("--experts, --experts-per-tok (1..experts) and --moe-intermediate must be positive")
+    if a.arch == "qwen3" and (a.moe_fused or [a.experts, a.experts_per_tok, a.moe_intermediate] !=
+                              list(MOE_DEFAULTS.values())):
+        die("--experts / --experts-per-tok / --moe-intermediate / --moe-fused need --arch qwen3_moe")
     if not (Path(a.graphswap).is_file() and os.access(a.graphswap, os.X_OK)):
         die(f"graphswap binary {a.graphswap} not found (build it, or pass --graphswap PATH)")
     try:
@@ -723,9 +1024,14 @@ def main() -> int:
 
     gs = Graphswap(a.graphswap, a.threads, a.timeout)
     models = ensure_checkpoints(a)
+    summaries = {dt: model_summary(models[dt]["checkpoint"], models[dt]["gguf"])
+                 for dt in dict.fromkeys(FILE_DTYPE[d] for d in a.dtypes)}
     doc = {"config": {"threads": a.threads, "reps": a.reps, "tokens": a.tokens, "batches": a.batches,
                       "prefill": a.prefill, "prefill_reps": a.prefill_reps, "dtypes": a.dtypes,
                       "kv_type": a.kv_type, "flash_attn": a.flash_attn, "models": models,
+                      "arch": a.arch,
+                      "mkmodel": None if (a.checkpoint_f32 or a.checkpoint_bf16) else mkmodel_geometry(a),
+                      "model_summary": summaries,
                       "decode_prompt_tokens": P_DECODE,
                       "graphswap_commands": {
                           "decode": f"{a.graphswap} bench decode --model CKPT --threads {a.threads} "
@@ -735,12 +1041,13 @@ def main() -> int:
            "machine": machine_info(a)}
 
     if a.check or not a.no_check:
-        chk = correctness_check(a, gs, models)
+        chk = correctness_checks(a, gs, models)
         doc["check"] = chk
         if a.check or not chk["ok"]:
             write_outputs(a, doc, [], final=False)
             if not chk["ok"]:
-                die("correctness check failed: graphswap and llama.cpp disagree on the F32 checkpoint "
+                bad = [d for d, r in chk["by_dtype"].items() if not r["ok"]]
+                die(f"correctness check failed ({', '.join(bad)}): graphswap and llama.cpp disagree "
                     "(converter or engine bug); see the lines above", code=2)
             return 0
 
@@ -780,6 +1087,7 @@ def main() -> int:
         write_outputs(a, doc, table_rows(figs, raw), final=False)
 
     rows = table_rows(figs, raw)
+    doc["active_bandwidth"] = active_bandwidth(figs, raw, detail, summaries, doc["machine"].get("l3_bytes"))
     doc["summary"] = {f["id"]: {"llama.cpp": summarize(raw[f["id"]]["llama.cpp"]),
                                 "graphswap": summarize(raw[f["id"]]["graphswap"])} for f in figs}
     mi = doc["machine"]
@@ -791,6 +1099,9 @@ def main() -> int:
     print(text_table(rows))
     print("decode: tokens/s summed over the batch; prefill: prompt tokens/s; ratio: median graphswap / "
           "median llama.cpp")
+    if doc["active_bandwidth"]:
+        print()
+        print(text_bw_table(doc["active_bandwidth"]))
     write_outputs(a, doc, rows, final=True)
     if a.out:
         print(f"wrote {Path(a.out) / 'results.md'} and {Path(a.out) / 'results.json'}")

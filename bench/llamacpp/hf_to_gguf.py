@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Qwen3 checkpoint folder to a GGUF file for llama.cpp's `qwen3` arch.
+"""Convert a Hugging Face Qwen3 / Qwen3-MoE checkpoint folder to a GGUF file for llama.cpp.
 
     python hf_to_gguf.py CHECKPOINT_DIR OUT.gguf [--outtype auto|f32|bf16]
 
@@ -12,6 +12,26 @@ Weights: --outtype auto keeps the checkpoint's dtype (bf16 stays bf16, anything 
 f32); f32 / bf16 force one type for the matrices (bf16 by round-to-nearest-even from f32).
 1-D tensors (the RMSNorm weights) are always written as f32, as llama.cpp's converter does.
 Qwen3 uses NEOX-style RoPE in llama.cpp, so q/k rows are written unpermuted.
+
+Qwen3ForCausalLM -> GGUF architecture `qwen3`; Qwen3MoeForCausalLM -> `qwen3moe`. The MoE part
+matches llama.cpp's own converter and loader field by field, as vendored in llama-cpp-python
+0.3.36 (llama.cpp / ggml commit 0c1e570, the build setup.sh makes):
+  - convert_hf_to_gguf.py -> conversion/qwen.py `Qwen3MoeModel(Qwen2MoeModel)`: per-expert
+    mlp.experts.E.{gate,up,down}_proj.weight stacked over E (torch.stack dim 0), or the fused
+    transformers 5 mlp.experts.gate_up_proj [E, 2I, H] split on dim -2 (gate rows first) and
+    mlp.experts.down_proj [E, H, I] as is; `expert_feed_forward_length` = moe_intermediate_size;
+  - conversion/base.py `TextModel.set_gguf_parameters`: `expert_count` = num_experts,
+    `expert_used_count` = num_experts_per_tok, `feed_forward_length` = intermediate_size;
+    `ModelBase.prepare_tensors`: FFN_GATE_INP (the router) is always written F32;
+  - gguf-py/gguf/constants.py MODEL_ARCH.QWEN3MOE (tensor list) and tensor_mapping.py:
+    model.layers.L.mlp.gate -> blk.L.ffn_gate_inp [E, H]; mlp.experts.{gate,up,down}_proj ->
+    blk.L.ffn_{gate,up,down}_exps ([E, I, H], [E, I, H], [E, H, I]; ggml ne reversed);
+  - src/models/qwen3moe.cpp: every layer is a MoE layer (ffn_gate_inp + *_exps required, no
+    dense FFN), softmax gating, and build_moe_ffn(..., norm_w = true, ...) hard-coded: the top-k
+    weights are always renormalised; no GGUF key (expert_weights_norm, expert_gating_func) is
+    read for it. So norm_topk_prob false, decoder_sparse_step != 1 and mlp_only_layers are
+    refused here (llama.cpp's own converter writes such checkpoints without complaint, and
+    llama.cpp then computes a different model).
 """
 from __future__ import annotations
 
@@ -30,7 +50,8 @@ try:
 except ImportError:  # pragma: no cover
     sys.exit("hf_to_gguf.py: needs the `gguf` package (pip install gguf); see bench/llamacpp/setup.sh")
 
-ARCH = "qwen3"
+# Hugging Face architecture -> GGUF architecture
+ARCHS = {"Qwen3ForCausalLM": ("qwen3", "qwen3"), "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3moe")}
 
 # safetensors dtype -> (numpy dtype of the raw bytes, is bf16)
 ST_DTYPES = {
@@ -60,6 +81,11 @@ TOP_MAP = {
     "lm_head.weight": "output.weight",
 }
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Qwen3-MoE: the router, and the experts in either layout transformers writes
+MOE_ROUTER = "mlp.gate.weight"  # [E, H] -> blk.L.ffn_gate_inp.weight (always F32, as llama.cpp)
+EXPERT_RE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+FUSED_RE = re.compile(r"^mlp\.experts\.(gate_up|down)_proj(?:\.weight)?$")
+DENSE_MLP = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
 
 # the Qwen2 / Qwen3 split regex (tokenizer.json pre_tokenizer) -> llama.cpp pre-tokenizer "qwen2";
 # the Llama 3 one (digits in groups of up to 3) -> "llama-bpe"
@@ -302,14 +328,50 @@ def load_tokenizer(d: Path, cfg: dict, n_vocab: int, pre_override: str | None):
 # ---------------------------------------------------------------- main
 
 
+def moe_params(cfg: dict, n_layer: int) -> dict:
+    """Qwen3-MoE hyperparameters; dies on what llama.cpp's qwen3moe graph cannot express."""
+    n_expert = int(hp(cfg, "num_experts", "num_local_experts"))
+    n_used = int(hp(cfg, "num_experts_per_tok"))
+    n_ff_exp = int(hp(cfg, "moe_intermediate_size"))
+    if n_expert < 1 or not 1 <= n_used <= n_expert:
+        die(f"num_experts {n_expert} / num_experts_per_tok {n_used}: need 1 <= k <= E")
+    # llama.cpp src/models/qwen3moe.cpp: build_moe_ffn(..., LLM_FFN_SILU, norm_w = true, ...,
+    # LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX) with no GGUF key to turn the renormalisation off
+    if not cfg.get("norm_topk_prob", False):
+        die(f"norm_topk_prob {cfg.get('norm_topk_prob')!r}: llama.cpp's qwen3moe always renormalises the "
+            "top-k router weights (build_moe_ffn norm_w = true, no GGUF key); it cannot compute this model")
+    # llama.cpp's qwen3moe loader creates ffn_gate_inp + ffn_*_exps in every layer, no dense FFN
+    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    dense = sorted(int(i) for i in (cfg.get("mlp_only_layers") or []) if 0 <= int(i) < n_layer)
+    if step != 1 or dense:
+        sparse = [i for i in range(n_layer) if i not in dense and (i + 1) % step == 0]
+        die(f"decoder_sparse_step {step} / mlp_only_layers {dense}: dense MLP layers "
+            f"{sorted(set(range(n_layer)) - set(sparse))}; llama.cpp's qwen3moe has a MoE FFN in every "
+            "layer and no dense one")
+    if cfg.get("shared_expert_intermediate_size"):
+        die("shared_expert_intermediate_size set: a shared expert is Qwen2-MoE, not in llama.cpp's qwen3moe")
+    if cfg.get("scoring_func", "softmax") not in ("softmax", None):
+        die(f"scoring_func {cfg.get('scoring_func')!r}: llama.cpp's qwen3moe gates with softmax")
+    return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": n_ff_exp}
+
+
 def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet: bool,
             shown: Path | None = None) -> None:
     cfg = json.loads((src / "config.json").read_text())
     archs = cfg.get("architectures") or []
-    if cfg.get("model_type") not in (None, "qwen3") or (archs and archs[0] != "Qwen3ForCausalLM"):
-        die(f"{src}: model_type {cfg.get('model_type')!r} / {archs}: only Qwen3ForCausalLM is supported")
+    hf_arch = archs[0] if archs else {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}.get(
+        cfg.get("model_type"))
+    if hf_arch not in ARCHS or cfg.get("model_type") not in (None, ARCHS[hf_arch][0]):
+        die(f"{src}: model_type {cfg.get('model_type')!r} / {archs}: only Qwen3ForCausalLM and "
+            "Qwen3MoeForCausalLM are supported")
+    arch = ARCHS[hf_arch][1]
+    is_moe = arch == "qwen3moe"
     if cfg.get("attention_bias"):
-        die("attention_bias=true: llama.cpp's qwen3 graph has no q/k/v biases")
+        die(f"attention_bias=true: llama.cpp's {arch} graph has no q/k/v biases")
+    if cfg.get("use_sliding_window"):
+        die(f"use_sliding_window=true: llama.cpp's {arch} has no sliding-window attention")
+    if cfg.get("hidden_act", "silu") != "silu":
+        die(f"hidden_act {cfg.get('hidden_act')!r}: llama.cpp's {arch} uses SiLU")
 
     where = open_checkpoint(src)
     n_layer = int(hp(cfg, "num_hidden_layers"))
@@ -317,7 +379,10 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
     n_head = int(hp(cfg, "num_attention_heads"))
     n_head_kv = int(hp(cfg, "num_key_value_heads", default=n_head))
     head_dim = int(hp(cfg, "head_dim", default=n_embd // n_head))
-    n_ff = int(hp(cfg, "intermediate_size"))
+    n_ff = cfg.get("intermediate_size")
+    if not is_moe:
+        n_ff = int(hp(cfg, "intermediate_size"))
+    moe = moe_params(cfg, n_layer) if is_moe else None
     eps = float(hp(cfg, "rms_norm_eps"))
     rope = cfg.get("rope_parameters") or {}  # transformers 5 layout
     rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -339,33 +404,98 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
         outtype = "bf16" if src_dtypes == {"BF16"} else "f32"
     ftype = gguf.LlamaFileType.MOSTLY_BF16 if outtype == "bf16" else gguf.LlamaFileType.ALL_F32
 
-    # map names first so that a missing or unknown tensor fails before anything is written
-    plan: list[tuple[str, str]] = []
+    layer_map = dict(LAYER_MAP)
+    if is_moe:
+        for k in DENSE_MLP:
+            del layer_map[k]
+        layer_map[MOE_ROUTER] = "ffn_gate_inp.weight"
+
+    # map names first so that a missing or unknown tensor fails before anything is written.
+    # plan entries: (gguf name, how): ("one", hf name) | ("stack", [hf names per expert]) |
+    # ("fused", hf gate_up name, "gate" | "up") | ("one", hf fused down name)
+    plan: list[tuple[str, tuple]] = []
+    experts: dict[int, dict] = {}  # layer -> {"per": {(part, e): name}, "fused": {part: name}}
     for name in where:
         if name.endswith("rotary_emb.inv_freq"):
             continue
         if name in TOP_MAP:
             if name == "lm_head.weight" and tied:
                 continue
-            plan.append((name, TOP_MAP[name]))
+            plan.append((TOP_MAP[name], ("one", name)))
             continue
         m = LAYER_RE.match(name)
-        if m and m.group(2) in LAYER_MAP:
-            bid = int(m.group(1))
+        if m:
+            bid, rest = int(m.group(1)), m.group(2)
             if bid >= n_layer:
                 die(f"{name}: layer {bid} >= num_hidden_layers {n_layer}")
-            plan.append((name, f"blk.{bid}.{LAYER_MAP[m.group(2)]}"))
-            continue
-        die(f"unexpected tensor {name} (not part of a Qwen3ForCausalLM checkpoint)")
-    have = {g for _, g in plan}
+            if rest in layer_map:
+                plan.append((f"blk.{bid}.{layer_map[rest]}", ("one", name)))
+                continue
+            if is_moe and (em := EXPERT_RE.match(rest)):
+                e = int(em.group(1))
+                if e >= moe["n_expert"]:
+                    die(f"{name}: expert {e} >= num_experts {moe['n_expert']}")
+                experts.setdefault(bid, {"per": {}, "fused": {}})["per"][(em.group(2), e)] = name
+                continue
+            if is_moe and (fm := FUSED_RE.match(rest)):
+                experts.setdefault(bid, {"per": {}, "fused": {}})["fused"][fm.group(1)] = name
+                continue
+            if is_moe and rest in DENSE_MLP:
+                die(f"{name}: a dense MLP layer; llama.cpp's qwen3moe has a MoE FFN in every layer")
+        die(f"unexpected tensor {name} (not part of a {hf_arch} checkpoint)")
+
+    if is_moe:
+        E, I = moe["n_expert"], moe["n_ff_exp"]
+
+        def shape_of(n):
+            return tuple(int(x) for x in where[n].header[n]["shape"])
+
+        for bid in range(n_layer):
+            ex = experts.get(bid, {"per": {}, "fused": {}})
+            per, fused = ex["per"], ex["fused"]
+            if per and fused:
+                die(f"layer {bid}: both per-expert and fused expert tensors")
+            if fused:
+                if set(fused) != {"gate_up", "down"}:
+                    die(f"layer {bid}: fused experts need both mlp.experts.gate_up_proj and down_proj, "
+                        f"have {sorted(fused)}")
+                gu, dn = fused["gate_up"], fused["down"]
+                if shape_of(gu) != (E, 2 * I, n_embd):
+                    die(f"{gu}: shape {list(shape_of(gu))}, expected [{E}, {2 * I}, {n_embd}]")
+                if shape_of(dn) != (E, n_embd, I):
+                    die(f"{dn}: shape {list(shape_of(dn))}, expected [{E}, {n_embd}, {I}]")
+                plan.append((f"blk.{bid}.ffn_gate_exps.weight", ("fused", gu, "gate")))
+                plan.append((f"blk.{bid}.ffn_up_exps.weight", ("fused", gu, "up")))
+                plan.append((f"blk.{bid}.ffn_down_exps.weight", ("one", dn)))
+            elif per:
+                for part in ("gate", "up", "down"):
+                    names = []
+                    for e in range(E):
+                        n = per.get((part, e))
+                        if n is None:
+                            die(f"layer {bid}: no model.layers.{bid}.mlp.experts.{e}.{part}_proj.weight")
+                        want = (n_embd, I) if part == "down" else (I, n_embd)
+                        if shape_of(n) != want:
+                            die(f"{n}: shape {list(shape_of(n))}, expected {list(want)}")
+                        names.append(n)
+                    plan.append((f"blk.{bid}.ffn_{part}_exps.weight", ("stack", names)))
+            rname = f"model.layers.{bid}.{MOE_ROUTER}"
+            if rname in where and shape_of(rname) != (E, n_embd):
+                die(f"{rname}: shape {list(shape_of(rname))}, expected [{E}, {n_embd}]")
+
+    have = {g for g, _ in plan}
+    if len(have) != len(plan):
+        die("two checkpoint tensors map to the same GGUF tensor")
     need = {"token_embd.weight", "output_norm.weight"} | ({"output.weight"} if not tied else set())
-    need |= {f"blk.{b}.{v}" for b in range(n_layer) for v in LAYER_MAP.values()}
+    need |= {f"blk.{b}.{v}" for b in range(n_layer) for v in layer_map.values()}
+    if is_moe:
+        need |= {f"blk.{b}.ffn_{p}_exps.weight" for b in range(n_layer) for p in ("gate", "up", "down")}
     missing = sorted(need - have)
     if missing:
         die(f"checkpoint lacks tensors for {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
 
     def order(item):
-        g = item[1]
+        g = item[0]
         if g.startswith("blk."):
             b, rest = g[4:].split(".", 1)
             return (1, int(b), rest)
@@ -375,19 +505,24 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
 
     tok = load_tokenizer(src, cfg, n_vocab, pre_override)
 
-    w = gguf.GGUFWriter(str(out), ARCH)
+    w = gguf.GGUFWriter(str(out), arch)
     w.add_name(src.name)
     w.add_file_type(int(ftype))
     w.add_context_length(ctx_len)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
+    if n_ff is not None:
+        w.add_feed_forward_length(int(n_ff))
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_freq_base(rope_theta)
     w.add_layer_norm_rms_eps(eps)
+    if moe:
+        w.add_expert_count(moe["n_expert"])
+        w.add_expert_used_count(moe["n_expert_used"])
+        w.add_expert_feed_forward_length(moe["n_ff_exp"])
     w.add_vocab_size(n_vocab)
 
     w.add_tokenizer_model("gpt2")
@@ -405,10 +540,26 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
     if tok["chat_template"]:
         w.add_chat_template(tok["chat_template"])
 
+    def load(how) -> tuple[np.ndarray, bool, str]:
+        """(array in the GGUF's numpy shape, is_bf16, source description)"""
+        if how[0] == "one":
+            arr, b = where[how[1]].get(how[1])
+            return arr, b, how[1]
+        if how[0] == "stack":
+            parts = [where[n].get(n) for n in how[1]]
+            if len({b for _, b in parts}) != 1:
+                die(f"{how[1][0]} ...: experts of one layer in different dtypes")
+            return np.stack([a for a, _ in parts], axis=0), parts[0][1], re.sub(r"\.experts\.0\.", ".experts.*.", how[1][0])
+        arr, b = where[how[1]].get(how[1])  # fused gate_up [E, 2I, H]: gate rows first
+        half = arr.shape[1] // 2
+        sl = arr[:, :half, :] if how[2] == "gate" else arr[:, half:, :]
+        return np.ascontiguousarray(sl), b, f"{how[1]}[:, {':' + str(half) if how[2] == 'gate' else str(half) + ':'}]"
+
     total = 0
-    for hf_name, g_name in plan:
-        arr, is_bf16 = where[hf_name].get(hf_name)
-        if arr.ndim <= 1 or outtype == "f32":
+    for g_name, how in plan:
+        arr, is_bf16, what = load(how)
+        # 1-D (norms) and the MoE router are always F32 (llama.cpp conversion/base.py prepare_tensors)
+        if arr.ndim <= 1 or outtype == "f32" or g_name.endswith("ffn_gate_inp.weight"):
             data = to_f32(arr, is_bf16)
             w.add_tensor(g_name, data)
         else:
@@ -417,18 +568,20 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
         total += data.nbytes
         if not quiet:
             kind = "f32" if data.dtype == np.float32 else "bf16"
-            print(f"  {hf_name:48s} -> {g_name:28s} {kind:4s} {list(arr.shape)}")
+            print(f"  {what:52s} -> {g_name:28s} {kind:4s} {list(data.shape)}")
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"wrote {shown or out}: qwen3, {n_layer} layers, hidden {n_embd}, vocab {n_vocab}, {outtype}, "
-          f"{len(plan)} tensors, {total / 1e6:.1f} MB of weights, pre-tokenizer {tok['pre']}")
+    extra = (f", {moe['n_expert']} experts (top-{moe['n_expert_used']}, expert ffn {moe['n_ff_exp']})"
+             if moe else "")
+    print(f"wrote {shown or out}: {arch}, {n_layer} layers, hidden {n_embd}{extra}, vocab {n_vocab}, "
+          f"{outtype}, {len(plan)} tensors, {total / 1e6:.1f} MB of weights, pre-tokenizer {tok['pre']}")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Hugging Face Qwen3 checkpoint -> GGUF (llama.cpp qwen3)")
+    ap = argparse.ArgumentParser(description="Hugging Face Qwen3 / Qwen3-MoE checkpoint -> GGUF (llama.cpp qwen3 / qwen3moe)")
     ap.add_argument("model_dir", type=Path, help="checkpoint folder (config.json + safetensors + tokenizer.json)")
     ap.add_argument("outfile", type=Path, help="GGUF file to write")
     ap.add_argument("--outtype", choices=["auto", "f32", "bf16"], default="auto",
