@@ -67,6 +67,11 @@ typedef struct {
     blas_lib *lib; /* NULL: graphswap */
     int chunk;      /* > 0: calls of exactly this many rows */
     float *xp, *yp; /* chunk x maxK and chunk x maxN scratch */
+    /* graphswap in the amx order (pool in KERN_BF16_ACT_AMX): the bf16 copy wb[s] of each f32
+     * weight wf[s] (the same values rounded), found by the f32 pointer gemm is given */
+    float *const *wf;
+    uint16_t *const *wb;
+    int nw;
 } blas_engine;
 
 static void *sym(void *h, const char *name)
@@ -124,12 +129,17 @@ static void gemm1(const blas_engine *e, int M, int K, int N, const float *x, con
         kern_op op = {.kind = KOP_MATMUL};
         op.buf[0] = (kern_buf){(void *)x, (size_t)M * (size_t)K * sizeof(float)};
         op.buf[1] = (kern_buf){(void *)w, (size_t)N * (size_t)K * sizeof(float)};
+        op.p[3] = KERN_DT_F32;
+        for (int s = 0; s < e->nw; s++)
+            if (e->wf[s] == w) {
+                op.buf[1] = (kern_buf){e->wb[s], (size_t)N * (size_t)K * 2};
+                op.p[3] = KERN_DT_BF16;
+            }
         op.buf[3] = (kern_buf){y, (size_t)M * (size_t)N * sizeof(float)};
         op.buf[4] = (kern_buf){&rows, sizeof rows};
         op.p[0] = K;
         op.p[1] = N;
         op.p[2] = M;
-        op.p[3] = KERN_DT_F32;
         kern_cpu_exec(e->pool, &op);
     } else if (e->lib->cblas) {
         e->lib->cblas(101, 111, 112, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
@@ -297,6 +307,9 @@ static const char help[] =
     "(row-invariant: what batch invariance needs). Rows \"LIB/C\": the same library called on\n"
     "exactly C rows at a time (--chunk, default 64; zero-padded), a fixed blocking imposed from\n"
     "outside.\n"
+    "Where the CPU runs AMX natively, the header gives the TDPBF16PS peak too and rows\n"
+    "\"graphswap-amx\" run the same layer with bf16 weights in the --bf16-activations=amx order\n"
+    "(their % peak: of the AMX peak).\n"
     "\n"
     "  --model DIR    take the shapes from DIR/config.json\n"
     "  --libs LIST    the libraries to try (default openblas,blis,onednn; \"none\": graphswap alone)\n"
@@ -339,6 +352,7 @@ int srv_bench_blas(int argc, char **argv)
     threads = kern_pool_threads(pool);
     const char *isa;
     const double peak = bench_fma_peak(pool, &isa, 0);
+    const double amx_peak = bench_fma_peak(pool, &isa, 2); /* 0 without native AMX */
 
     /* the libraries read their thread counts from the environment when loaded */
     char tn[16];
@@ -354,7 +368,9 @@ int srv_bench_blas(int argc, char **argv)
         [ENG_BLIS] = {.name = "blis", .sonames = so_blis, .package = "libblis4-pthread"},
         [ENG_ONEDNN] = {.name = "onednn", .sonames = so_onednn, .package = "libdnnl2"},
     };
-    printf("threads: %d  isa: %s  FMA peak: %.1f GFLOP/s\n", threads, isa, peak);
+    printf("threads: %d  isa: %s  FMA peak: %.1f GFLOP/s", threads, isa, peak);
+    if (amx_peak > 0) printf("  AMX peak (TDPBF16PS, bf16): %.1f GFLOP/s", amx_peak);
+    printf("\n");
     printf("shapes (K x N, Y = X W^T):");
     for (int s = 0; s < nsh; s++) printf(" %s %dx%d", sh[s].name, sh[s].K, sh[s].N);
     printf("%s%s\n", model ? "  from " : "  (default)", model ? model : "");
@@ -386,15 +402,38 @@ int srv_bench_blas(int argc, char **argv)
     for (int s = 0; s < nsh; s++) run.flop_row += 2.0 * sh[s].K * sh[s].N;
     blas_in_child(&run); /* M 0: which libraries load */
 
-    printf("%-6s %-12s %10s %10s %8s  %s\n", "M", "engine", "ms/layer", "GFLOP/s", "% peak", "row-invariant");
     const blas_engine gs = {.pool = pool};
+    /* where AMX runs natively: the same layer with bf16 weights in the amx order (a row
+     * "graphswap-amx", its share of the AMX peak, not the FMA peak) */
+    kern_pool *apool = NULL;
+    uint16_t *wb[4] = {0};
+    if (amx_peak > 0) {
+        apool = kern_pool_create(threads);
+        if (!apool) srv_die("bench blas: cannot start the worker pool");
+        kern_pool_set_bf16_activations(apool, KERN_BF16_ACT_AMX);
+        for (int s = 0; s < nsh; s++) {
+            const size_t n = (size_t)sh[s].K * (size_t)sh[s].N;
+            if (!(wb[s] = aligned_alloc(64, (n * 2 + 63) / 64 * 64))) srv_die("out of memory");
+            for (size_t i = 0; i < n; i++) wb[s][i] = kern_f32_to_bf16(w[s][i]);
+        }
+        printf("graphswap-amx: bf16 weights, --bf16-activations=amx; %% peak is of the AMX peak\n");
+    }
+    const blas_engine gsa = {.pool = apool, .wf = w, .wb = wb, .nw = nsh};
+    printf("%-6s %-12s %10s %10s %8s  %s\n", "M", "engine", "ms/layer", "GFLOP/s", "% peak", "row-invariant");
     for (int li = 0; li < n_lengths; li++) {
         run.M = lengths[li];
         print_row(&run, &gs, "graphswap");
         usleep(200000); /* the pool's workers back to sleep */
+        if (apool) {
+            blas_run ra = run;
+            ra.peak = amx_peak;
+            print_row(&ra, &gsa, "graphswap-amx");
+            usleep(200000);
+        }
         blas_in_child(&run);
     }
-    for (int s = 0; s < nsh; s++) free(w[s]);
+    for (int s = 0; s < nsh; s++) free(w[s]), free(wb[s]);
+    if (apool) kern_pool_destroy(apool);
     free(x);
     free(y);
     free(y1);

@@ -68,6 +68,45 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(long iters)
 }
 #endif
 
+#ifdef KERN_HAVE_AMX_BUILD
+/* TDPBF16PS: 4 independent C tiles (2 A x 2 B, all in tile registers: no loads in the loop), each
+ * instruction 16 x 16 outputs x 32 products (the --bf16-activations=amx matmul's instruction) */
+typedef struct {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) bench_tilecfg;
+__attribute__((target("amx-tile,amx-bf16"))) static double tdp_amx(long iters)
+{
+    bench_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    _Alignas(64) static _Thread_local uint16_t ab[16 * 32];
+    for (int i = 0; i < 16 * 32; i++) ab[i] = 0x3f80; /* 1.0 */
+    _Alignas(64) float out[256];
+    _tile_loadconfig(&c);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab, 64);
+    _tile_loadd(6, ab, 64);
+    _tile_loadd(7, ab, 64);
+    for (long i = 0; i < iters; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+}
+#endif
+
 static float fmaf1(float a, float b, float c) { return fmaf(a, b, c); }
 static float id1(float v) { return v; }
 static float set1(float v) { return v; }
@@ -81,6 +120,12 @@ static void fma_task(void *vctx, int tid, int nth)
     (void)tid, (void)nth;
     const fma_ctx *c = vctx;
 #ifdef KERN_HAVE_X86
+#ifdef KERN_HAVE_AMX_BUILD
+    if (c->bf16_dot == 2) {
+        bench_sink(tdp_amx(c->iters));
+        return;
+    }
+#endif
     if (c->bf16_dot) {
         bench_sink(dp_avx512bf16(c->iters));
         return;
@@ -105,13 +150,19 @@ double bench_fma_peak(kern_pool *pool, const char **isa_name, int bf16_dot)
     if (bf16_dot) c.bf16_dot = 1, c.lanes = 32; /* vdpbf16ps: two products per lane */
     *isa_name = so->name;
     c.iters = c.isa == KERN_ISA_SCALAR ? 2000000 : 4000000;
+    if (bf16_dot == 2) { /* TDPBF16PS: 16 x 16 x 32 products, 4 per iteration */
+        if (!kern_cpu_amx_native()) return 0;
+        c.bf16_dot = 2;
+        c.iters = 200000;
+    }
     int nth = kern_pool_threads(pool);
     double best = 0;
     for (int it = 0; it < 5; it++) {
         double t0 = bench_now();
         kern_pool_run(pool, fma_task, &c);
         double dt = bench_now() - t0;
-        double gf = 2.0 * c.lanes * FMA_CHAINS * (double)c.iters * nth / dt / 1e9;
+        double gf = c.bf16_dot == 2 ? 2.0 * 16 * 16 * 32 * 4 * (double)c.iters * nth / dt / 1e9
+                                    : 2.0 * c.lanes * FMA_CHAINS * (double)c.iters * nth / dt / 1e9;
         if (gf > best) best = gf;
     }
     return best;
@@ -180,16 +231,22 @@ int srv_bench_prefill(int argc, char **argv)
     const char *isa;
     double peak = bench_fma_peak(pool, &isa, 0);
     /* --bf16-activations where the CPU has vdpbf16ps: its peak too (bf16 matmuls run on it) */
+    const int amx = ro.bf16_activations == KERN_BF16_ACT_AMX && kern_cpu_amx_native();
     const int dot = ro.bf16_activations && kern_cpu_bf16_dot_native();
-    double dpeak = dot ? bench_fma_peak(pool, &isa, 1) : 0;
+    double dpeak = amx ? bench_fma_peak(pool, &isa, 2) : dot ? bench_fma_peak(pool, &isa, 1) : 0;
     int nthreads = kern_pool_threads(pool);
     kern_pool_destroy(pool);
     printf("model: %s  threads: %d  isa: %s%s\n", ro.model_dir, nthreads, isa,
-           ro.bf16_activations ? "  --bf16-activations" : "");
+           ro.bf16_activations == KERN_BF16_ACT_AMX ? "  --bf16-activations=amx"
+           : ro.bf16_activations                    ? "  --bf16-activations"
+                                                    : "");
     printf("FMA peak: %.1f GFLOP/s (%d threads)\n", peak, nthreads);
-    if (dot) printf("BF16 dot peak (vdpbf16ps): %.1f GFLOP/s (%d threads)\n", dpeak, nthreads);
+    if (amx)
+        printf("AMX peak (TDPBF16PS): %.1f GFLOP/s (%d threads)\n", dpeak, nthreads);
+    else if (dot)
+        printf("BF16 dot peak (vdpbf16ps): %.1f GFLOP/s (%d threads)\n", dpeak, nthreads);
     printf("%-6s %10s %10s %10s %10s %10s %8s%s\n", "len", "tok/s", "ms", "min ms", "max ms", "GFLOP/s", "% peak",
-           dot ? "  % dot peak" : "");
+           amx ? "  % AMX peak" : dot ? "  % dot peak" : "");
     for (int li = 0; li < n_lengths; li++) {
         int L = lengths[li];
         srv_runtime_opts o = ro;

@@ -62,7 +62,7 @@ void bench_sink(double v);
  * flag on anything else. Returns the count (>= 1). */
 int bench_int_list(const char *flag, const char *s, int lo, int hi, int *out, int cap);
 
-/* The FMA (bf16_dot: vdpbf16ps) throughput of every pool thread together, GFLOP/s, best of 5 runs
+/* The FMA (bf16_dot 1: vdpbf16ps; 2: AMX TDPBF16PS, 0 without native AMX) throughput of every pool thread together, GFLOP/s, best of 5 runs
  * of independent chains in the widest vector the kernels use (bench/bench_prefill.c); *isa_name:
  * that instruction set's name. */
 typedef struct kern_pool kern_pool;

@@ -385,15 +385,23 @@ kern_pool *kern_pool_create(int nthreads); /* nthreads <= 0: number of online CP
 void kern_pool_destroy(kern_pool *pool);
 int kern_pool_threads(const kern_pool *pool);
 void kern_pool_run(kern_pool *pool, kern_task_fn fn, void *ctx);
-/* Off by default. On: the pool's matmuls of bf16 weights round their activations to bf16 and sum
- * bf16 products in pairs, as vdpbf16ps does (bitwise the same with or without AVX512_BF16; see
- * kernels/cpu/kern_cpu.h) — twice the arithmetic rate where the CPU has it, activations at bf16
- * precision. Set between ops, never while one runs. */
-void kern_pool_set_bf16_activations(kern_pool *pool, int on);
-/* The instruction set the CPU kernels run ("scalar", "avx2", "avx512", "avx512bf16"), and whether
- * the bf16-activation matmuls run natively on it (vdpbf16ps) rather than emulated (slower). */
+/* Off by default (KERN_BF16_ACT_OFF). KERN_BF16_ACT_PAIRS (any other nonzero value): the pool's
+ * matmuls of bf16 weights round their activations to bf16 and sum bf16 products in pairs, as
+ * vdpbf16ps does (bitwise the same with or without AVX512_BF16; see kernels/cpu/kern_cpu.h) — twice
+ * the arithmetic rate where the CPU has it, activations at bf16 precision. KERN_BF16_ACT_AMX: the
+ * same rounding, summed in the order of Intel AMX's TDPBF16PS (kernels/cpu/matmul_amx.c; native
+ * where the CPU has AMX, an exact emulation elsewhere: the same bits). KOP_MATMUL and KOP_MOE_FFN
+ * follow the mode. Set between ops, never while one runs. */
+#define KERN_BF16_ACT_OFF 0
+#define KERN_BF16_ACT_PAIRS 1
+#define KERN_BF16_ACT_AMX 2
+void kern_pool_set_bf16_activations(kern_pool *pool, int mode);
+/* The instruction set the CPU kernels run ("scalar", "avx2", "avx512", "avx512bf16", "amx"),
+ * whether the bf16-pairs matmuls run natively on it (vdpbf16ps) rather than emulated (slower),
+ * and whether the "amx" matmuls do (TDPBF16PS). */
 const char *kern_cpu_isa_name(void);
 int kern_cpu_bf16_dot_native(void);
+int kern_cpu_amx_native(void);
 
 /* Runs one op on the CPU, using the pool's threads. Asserts on malformed ops (a bug). */
 void kern_cpu_exec(kern_pool *pool, const kern_op *op);

@@ -8,6 +8,8 @@
  *   elementwise.c   KOP_EMBED, KOP_SILU_MUL, KOP_ADD, KOP_GATHER_ROWS
  *   spec.c          KOP_COPY_COLS, KOP_DRAFT_SELECT, KOP_CONFIDENCE;  sample.c  KOP_SAMPLE
  *   moe.c           KOP_MOE_ROUTE, KOP_MOE_FFN
+ *   matmul_amx.c    the "amx" order of KOP_MATMUL / KOP_MOE_FFN (KERN_BF16_ACT_AMX): TDPBF16PS natively,
+ *                   an exact plain-C emulation on every other ISA (the order is written down there)
  *   simd.c          picks the instruction set once; simd_{scalar,avx2,avx512}.c instantiate
  *                   simd_body.inc, the one source of every reduction (dot products, GEMV tiles).
  *
@@ -47,10 +49,18 @@ _Noreturn void kern_cpu_fail(const kern_op *op, const char *what, const char *fi
     } while (0)
 
 /* ---- instruction-set selection ----------------------------------------------------------------- */
-/* AVX512BF16: AVX-512 plus the native bf16-pairs matmul (every other entry is AVX-512's) */
-typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2, KERN_ISA_AVX512BF16 = 3 } kern_isa;
+/* AVX512BF16: AVX-512 plus the native bf16-pairs matmul (every other entry is AVX-512's); AMX:
+ * AVX512BF16 plus the native "amx" matmul (TDPBF16PS, matmul_amx.c) */
+typedef enum {
+    KERN_ISA_SCALAR = 0,
+    KERN_ISA_AVX2 = 1,
+    KERN_ISA_AVX512 = 2,
+    KERN_ISA_AVX512BF16 = 3,
+    KERN_ISA_AMX = 4
+} kern_isa;
 
-/* Activation rows rounded to bf16 for the bf16-pairs matmul: rows [r0, r1) of the op's x, row r at
+/* Activation rows rounded to bf16 for the bf16-pairs matmul (the amx one: rows of K rounded up to
+ * 32, in blocks of 16 rows, matmul_amx.c): rows [r0, r1) of the op's x, row r at
  * buf + (r - r0) * K. One per thread per op (matmul.c mm_run), reused by every work unit the thread
  * claims in that op and never by another op, so it cannot go stale. */
 typedef struct {
@@ -79,6 +89,9 @@ typedef struct {
     void (*mm_cols)(const kern_mm_args *a, int n0, int n1);
     /* the same for bf16 weights in the bf16-pairs scheme (activations rounded to bf16) */
     void (*mm_cols_bf16x)(const kern_mm_args *a, int n0, int n1);
+    /* the same for bf16 weights in the "amx" order (matmul_amx.c): native TDPBF16PS or its exact
+     * emulation (bitwise the same); ignores a->xb */
+    void (*mm_cols_amx)(const kern_mm_args *a, int n0, int n1);
     /* sum_i a[i]*b[i] in the 16-lane scheme */
     float (*dot)(const float *a, const float *b, int n);
     /* out[i * ldo + j] = dot(q[i], k[j], n) for i < nq <= 4, j < nk <= 4: bitwise as nq * nk calls
@@ -114,7 +127,18 @@ extern const kern_simd_ops kern_simd_avx2;
 extern const kern_simd_ops kern_simd_avx512;
 extern const kern_simd_ops kern_simd_avx512bf16;
 void kern_mm_cols_bf16x_native(const kern_mm_args *a, int n0, int n1); /* simd_avx512bf16.c */
+/* A compiler with the AMX intrinsics (GCC 11+, clang 12+): the native "amx" matmul is built */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define KERN_HAVE_AMX_BUILD 1
+extern const kern_simd_ops kern_simd_amx;
+void kern_mm_cols_amx_native(const kern_mm_args *a, int n0, int n1); /* matmul_amx.c */
 #endif
+#endif
+/* The "amx" order emulated in plain C (matmul_amx.c): every table but kern_simd_amx runs it. */
+void kern_mm_cols_amx_emul(const kern_mm_args *a, int n0, int n1);
+/* cpuid shows AMX-TILE and AMX-BF16 and the kernel granted the tile data state (arch_prctl
+ * ARCH_REQ_XCOMP_PERM, asked once per process); 0 where the build lacks AMX. */
+int kern_amx_supported(void);
 
 /* exp(x) for the terms of a log-softmax, x = l - max(l) <= 0, within about 1.5 ulp of the exact
  * value (glibc's exp is within 0.5): x = k ln2 + r with k = round(x / ln2) (the 1.5 * 2^52 shift
@@ -246,7 +270,7 @@ static inline void kern_split(int64_t total, int tid, int nt, int64_t align, int
     *e = ue * align < total ? ue * align : total;
 }
 
-/* Whether the pool runs bf16-weight matmuls in the bf16-pairs scheme (0 for a NULL pool). */
+/* The pool's bf16-weight matmul order: KERN_BF16_ACT_OFF, _PAIRS or _AMX (0 for a NULL pool). */
 int kern_pool_bf16_activations(const kern_pool *pool);
 /* Thread tid's KERN_POOL_SCRATCH_BYTES of scratch, private to whichever task runs as tid; NULL
  * for a NULL pool or one without the bf16-activation mode. Contents do not survive a task. */

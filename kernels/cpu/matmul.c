@@ -14,6 +14,7 @@ typedef struct {
     const kern_simd_ops *simd;
     const kern_pool *pool; /* for its per-thread scratch */
     int bf16x;       /* bf16 weights in the bf16-pairs scheme (the pool's bf16-activation mode) */
+    int amx;         /* bf16 weights in the "amx" order (KERN_BF16_ACT_AMX, matmul_amx.c) */
     int chunk;       /* output columns per work unit: a multiple of MM_CHUNK_UNIT */
     int nchunks;
     atomic_int next; /* the next unclaimed unit */
@@ -34,12 +35,14 @@ static void mm_run(void *ctx, int tid, int nt)
     (void)nt;
     kern_mm_args a = t->a;
     kern_mm_xb xb = {.buf = kern_pool_scratch(t->pool, tid), .bytes = KERN_POOL_SCRATCH_BYTES};
-    if (t->bf16x && xb.buf) a.xb = &xb;
+    if ((t->bf16x || t->amx) && xb.buf) a.xb = &xb; /* amx: rows of Kp, 16-row blocks (matmul_amx.c) */
     for (;;) {
         const int c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (c >= t->nchunks) return;
         const int b = c * t->chunk, e = b + t->chunk < t->a.N ? b + t->chunk : t->a.N;
-        if (t->bf16x)
+        if (t->amx)
+            t->simd->mm_cols_amx(&a, b, e);
+        else if (t->bf16x)
             t->simd->mm_cols_bf16x(&a, b, e);
         else
             t->simd->mm_cols(&a, b, e);
@@ -65,7 +68,8 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
         },
         .simd = kern_simd(),
         .pool = pool,
-        .bf16x = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool),
+        .bf16x = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_PAIRS,
+        .amx = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_AMX,
     };
     const int nt = pool ? kern_pool_threads(pool) : 1;
     const int units = (p[1] + MM_CHUNK_UNIT - 1) / MM_CHUNK_UNIT;

@@ -110,7 +110,7 @@ typedef struct {
     const int32_t *ids;
     const void *w13, *w2;
     float *out;
-    int H, I, E, k, n, bf16, bf16x;
+    int H, I, E, k, n, bf16, bf16x, amx;
     size_t es; /* weight element size */
     /* scratch */
     float *xg, *gu, *act, *yg;
@@ -125,7 +125,8 @@ static void mm(const ffn_task *t, const float *x, const void *w, float *out, int
 {
     kern_mm_args a = {.x = x, .w = w, .bias = NULL, .out = out, .K = K, .N = N, .M = M, .bf16 = t->bf16,
                       .accumulate = 0, .xb = NULL};
-    if (t->bf16x) t->simd->mm_cols_bf16x(&a, c0, c1);
+    if (t->amx) t->simd->mm_cols_amx(&a, c0, c1); /* the "amx" order, as KOP_MATMUL */
+    else if (t->bf16x) t->simd->mm_cols_bf16x(&a, c0, c1);
     else t->simd->mm_cols(&a, c0, c1);
 }
 
@@ -227,7 +228,8 @@ void kern_cpu_moe_ffn(kern_pool *pool, const kern_op *op)
         .out = op->buf[5].ptr,
         .H = H, .I = I, .E = E, .k = k, .n = n,
         .bf16 = p[5] == KERN_DT_BF16,
-        .bf16x = p[5] == KERN_DT_BF16 && kern_pool_bf16_activations(pool),
+        .bf16x = p[5] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_PAIRS,
+        .amx = p[5] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_AMX,
         .es = kern_dtype_size((kern_dtype)p[5]),
     };
     t.xg = (float *)s;

@@ -36,7 +36,7 @@ struct kern_pool {
     void *ctx;
     atomic_long spin_ns;
     atomic_int stop;
-    int bf16_activations; /* bf16-weight matmuls in the bf16-pairs scheme (kern_cpu.h) */
+    int bf16_activations; /* the bf16-weight matmul order: KERN_BF16_ACT_OFF / _PAIRS / _AMX (kern_cpu.h) */
     void *scratch;        /* n * KERN_POOL_SCRATCH_BYTES, with bf16_activations (or NULL) */
     /* separate cache lines: `gen` is read-mostly by spinning workers, `done` is written by them */
     _Alignas(64) atomic_uint gen;
@@ -240,7 +240,7 @@ void kern_cpu_parallel(kern_pool *pool, kern_task_fn fn, void *ctx, size_t work)
  * once, never in a step; without it (out of memory) the matmul rounds as it goes: the same bits. */
 void kern_pool_set_bf16_activations(kern_pool *pool, int on)
 {
-    pool->bf16_activations = on != 0;
+    pool->bf16_activations = on == KERN_BF16_ACT_AMX ? KERN_BF16_ACT_AMX : on != 0;
     if (on && !pool->scratch) pool->scratch = aligned_alloc(64, (size_t)pool->n * KERN_POOL_SCRATCH_BYTES);
 }
 

@@ -13,6 +13,12 @@ static int cpu_has(kern_isa isa)
 #ifdef KERN_HAVE_X86
     __builtin_cpu_init();
     switch (isa) {
+    case KERN_ISA_AMX:
+#ifdef KERN_HAVE_AMX_BUILD
+        return cpu_has(KERN_ISA_AVX512BF16) && kern_amx_supported();
+#else
+        return 0;
+#endif
     case KERN_ISA_AVX512BF16:
         return cpu_has(KERN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
     case KERN_ISA_AVX512:
@@ -33,6 +39,10 @@ static const kern_simd_ops *ops_for(kern_isa isa)
 {
     switch (isa) {
 #ifdef KERN_HAVE_X86
+#ifdef KERN_HAVE_AMX_BUILD
+    case KERN_ISA_AMX:
+        return &kern_simd_amx;
+#endif
     case KERN_ISA_AVX512BF16:
         return &kern_simd_avx512bf16;
     case KERN_ISA_AVX512:
@@ -49,8 +59,9 @@ const kern_simd_ops *kern_simd(void)
 {
     const kern_simd_ops *s = atomic_load_explicit(&g_simd, memory_order_acquire);
     if (s) return s;
-    kern_isa want = KERN_ISA_AVX512BF16;
+    kern_isa want = KERN_ISA_AMX;
     const char *env = getenv("GS_KERN_ISA");
+    if (env && strcmp(env, "avx512bf16") == 0) want = KERN_ISA_AVX512BF16;
     if (env && strcmp(env, "avx512") == 0) want = KERN_ISA_AVX512;
     if (env && strcmp(env, "scalar") == 0) want = KERN_ISA_SCALAR;
     if (env && strcmp(env, "avx2") == 0) want = KERN_ISA_AVX2;
@@ -63,7 +74,9 @@ const kern_simd_ops *kern_simd(void)
 
 const char *kern_cpu_isa_name(void) { return kern_simd()->name; }
 
-int kern_cpu_bf16_dot_native(void) { return kern_simd()->isa == KERN_ISA_AVX512BF16; }
+int kern_cpu_bf16_dot_native(void) { return kern_simd()->isa >= KERN_ISA_AVX512BF16; }
+
+int kern_cpu_amx_native(void) { return kern_simd()->isa == KERN_ISA_AMX; }
 
 int kern_simd_force(kern_isa isa)
 {

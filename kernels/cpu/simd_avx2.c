@@ -174,6 +174,7 @@ const kern_simd_ops kern_simd_avx2 = {
     .name = "avx2",
     .mm_cols = simd_mm_cols_avx2,
     .mm_cols_bf16x = simd_mm_cols_bf16x_avx2,
+    .mm_cols_amx = kern_mm_cols_amx_emul,
     .dot = simd_dot_avx2,
     .dots4x4 = simd_dots4x4_avx2,
     .axpys = simd_axpys_avx2,

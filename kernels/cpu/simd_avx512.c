@@ -91,6 +91,7 @@ const kern_simd_ops kern_simd_avx512 = {
     .isa = KERN_ISA_AVX512,
     .name = "avx512",
     .mm_cols_bf16x = simd_mm_cols_bf16x_avx512, /* emulated */
+    .mm_cols_amx = kern_mm_cols_amx_emul,
     AVX512_ENTRIES,
 };
 
@@ -99,6 +100,18 @@ const kern_simd_ops kern_simd_avx512bf16 = {
     .isa = KERN_ISA_AVX512BF16,
     .name = "avx512bf16",
     .mm_cols_bf16x = kern_mm_cols_bf16x_native,
+    .mm_cols_amx = kern_mm_cols_amx_emul,
     AVX512_ENTRIES,
 };
+
+#ifdef KERN_HAVE_AMX_BUILD
+/* AVX512BF16 with the native "amx" matmul (matmul_amx.c) */
+const kern_simd_ops kern_simd_amx = {
+    .isa = KERN_ISA_AMX,
+    .name = "amx",
+    .mm_cols_bf16x = kern_mm_cols_bf16x_native,
+    .mm_cols_amx = kern_mm_cols_amx_native,
+    AVX512_ENTRIES,
+};
+#endif
 #endif

@@ -151,6 +151,7 @@ const kern_simd_ops kern_simd_scalar = {
     .name = "scalar",
     .mm_cols = simd_mm_cols_scalar,
     .mm_cols_bf16x = simd_mm_cols_bf16x_scalar,
+    .mm_cols_amx = kern_mm_cols_amx_emul,
     .dot = simd_dot_scalar,
     .dots4x4 = simd_dots4x4_scalar,
     .axpys = simd_axpys_scalar,

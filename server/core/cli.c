@@ -204,6 +204,20 @@ int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
         o->gpu_arena_bytes = (size_t)gpu_mb << 20;
         return 1;
     }
+    if (strncmp(argv[*i], "--bf16-activations=", 19) == 0) {
+        const char *v = argv[*i] + 19;
+        if (strcmp(v, "amx") == 0)
+            o->bf16_activations = KERN_BF16_ACT_AMX;
+        else if (strcmp(v, "pairs") == 0 || strcmp(v, "on") == 0)
+            o->bf16_activations = KERN_BF16_ACT_PAIRS;
+        else if (strcmp(v, "off") == 0)
+            o->bf16_activations = KERN_BF16_ACT_OFF;
+        else {
+            fprintf(stderr, "graphswap: --bf16-activations= must be amx, pairs or off\n");
+            exit(2);
+        }
+        return 1;
+    }
     if (srv_arg_flag(argc, argv, i, "--no-prefix-caching", &no_prefix)) {
         o->ecfg.prefix_caching = 0;
         return 1;
@@ -309,7 +323,14 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
                                  .checked = o->checked,
                                  .bf16_activations = o->bf16_activations};
         rt->be = eng_backend_cpu_create(&bc, err, errlen);
-        if (rt->be && o->bf16_activations && !kern_cpu_bf16_dot_native()) {
+        if (rt->be && o->bf16_activations == KERN_BF16_ACT_AMX && !kern_cpu_amx_native()) {
+            srv_logline l;
+            srv_log_begin(&l, "warn", "bf16_activations",
+                          "--bf16-activations=amx without AMX (instruction set in use: %s): the AMX order "
+                          "runs emulated, bit for bit the same but much slower",
+                          kern_cpu_isa_name());
+            srv_log_end(&l);
+        } else if (rt->be && o->bf16_activations == KERN_BF16_ACT_PAIRS && !kern_cpu_bf16_dot_native()) {
             srv_logline l;
             srv_log_begin(&l, "warn", "bf16_activations",
                           "--bf16-activations without AVX512_BF16 (instruction set in use: %s): the bf16 "

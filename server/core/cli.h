@@ -28,7 +28,7 @@ typedef struct {
     size_t gpu_arena_bytes; /* CUDA arena (0: all free device memory but 2 GiB) */
     int threads;
     int checked;
-    int bf16_activations; /* --bf16-activations (CPU backend) */
+    int bf16_activations; /* --bf16-activations[=amx|pairs|off] (CPU backend): a KERN_BF16_ACT_* mode */
     eng_config ecfg;
 } srv_runtime_opts;
 

@@ -4,7 +4,8 @@
  *     ids, norm on and off), and the exact f32 expression of the contract bit for bit;
  *   - ffn: bitwise equal to the same math composed from KOP_MATMUL / KOP_SILU_MUL ops one row and
  *     one expert at a time (the contract says each dot product is a KOP_MATMUL row), f32 and bf16
- *     weights, the bf16-activation mode too;
+ *     weights, the bf16-activation modes too (bf16 pairs and the amx order, the latter on every ISA:
+ *     native TDPBF16PS and its emulations);
  *   - batch invariance: a row's output alone equals its output among rows that chose other experts;
  *   - every ISA and 1 / 2 / 3 threads give the same bits;
  *   - an expert no live row chose is never read (its weights are NaN), rows past n_rows untouched;
@@ -57,6 +58,7 @@ static int isa_list(kern_isa *out)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out[n++] = KERN_ISA_AVX2;
     if (__builtin_cpu_supports("avx512f")) out[n++] = KERN_ISA_AVX512;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) out[n++] = KERN_ISA_AVX512BF16;
+    if (kern_amx_supported() && out[n - 1] == KERN_ISA_AVX512BF16) out[n++] = KERN_ISA_AMX;
 #endif
     return n;
 }
@@ -295,7 +297,7 @@ static void test_ffn_composed(void **state)
     kern_cpu_set_min_parallel_work(0);
     for (size_t si = 0; si < sizeof g_shapes / sizeof g_shapes[0]; si++)
         for (int dt = 0; dt < 2; dt++)
-            for (int bx = 0; bx < 1 + dt; bx++) {
+            for (int bx = 0; bx < 1 + 2 * dt; bx++) { /* bf16: off, bf16 pairs, amx */
                 const int *s = g_shapes[si];
                 ffn_case c;
                 ffn_init(&c, s[0], s[1], s[2], s[3], s[4], (kern_dtype)dt);
@@ -309,6 +311,21 @@ static void test_ffn_composed(void **state)
                 char what[96];
                 snprintf(what, sizeof what, "shape %zu dt %d bf16x %d", si, dt, bx);
                 assert_bits(got, want, n, what); /* rows past live: both = base */
+                if (bx == KERN_BF16_ACT_AMX) { /* the amx order on every ISA (emulated or native) */
+                    kern_isa isas[5];
+                    const int nisa = isa_list(isas);
+                    float *g2 = xalloc(n * 4);
+                    for (int ii = 0; ii < nisa; ii++) {
+                        assert_int_equal(kern_simd_force(isas[ii]), 0);
+                        ffn_run(&c, pool, live, base, g2);
+                        snprintf(what, sizeof what, "shape %zu amx isa %d", si, (int)isas[ii]);
+                        assert_bits(g2, got, n, what);
+                        ffn_composed(&c, pool, live, base, g2);
+                        assert_bits(g2, got, n, what);
+                    }
+                    kern_simd_force(isas[nisa - 1]);
+                    free(g2);
+                }
                 free(base), free(got), free(want);
                 ffn_free(&c);
             }
@@ -321,7 +338,7 @@ static void test_ffn_composed(void **state)
 static void test_ffn_invariance(void **state)
 {
     (void)state;
-    kern_isa isas[4];
+    kern_isa isas[5];
     const int nisa = isa_list(isas);
     const int threads[3] = {1, 2, 3};
     for (int dt = 0; dt < 2; dt++) {
