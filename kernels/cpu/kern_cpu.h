@@ -59,10 +59,11 @@ typedef enum {
     KERN_ISA_AMX = 4
 } kern_isa;
 
-/* Activation rows rounded to bf16 for the bf16-pairs matmul (the amx one: rows of K rounded up to
- * 32, in blocks of 16 rows, matmul_amx.c): rows [r0, r1) of the op's x, row r at
- * buf + (r - r0) * K. One per thread per op (matmul.c mm_run), reused by every work unit the thread
- * claims in that op and never by another op, so it cannot go stale. */
+/* Activation rows rounded to bf16 for the bf16-pairs matmul, rows [r0, r1) of the op's x, row r
+ * at buf + (r - r0) * K; for the amx one, whole 16-row blocks in TDPBF16PS's B-tile layout (block
+ * of row r0 + 16 b at buf + b * 16 * Kp, Kp = K rounded up to 32, matmul_amx.c). One per thread
+ * per op (matmul.c mm_run), reused by every work unit the thread claims in that op and never by
+ * another op, so it cannot go stale. */
 typedef struct {
     uint16_t *buf; /* the thread's pool scratch */
     size_t bytes;
@@ -139,6 +140,8 @@ void kern_mm_cols_amx_emul(const kern_mm_args *a, int n0, int n1);
 /* cpuid shows AMX-TILE and AMX-BF16 and the kernel granted the tile data state (arch_prctl
  * ARCH_REQ_XCOMP_PERM, asked once per process); 0 where the build lacks AMX. */
 int kern_amx_supported(void);
+/* Rows of x (a multiple of 16) whose amx B tiles fit in bytes of scratch, for K (matmul_amx.c). */
+int kern_amx_scratch_rows(int K, size_t bytes);
 
 /* exp(x) for the terms of a log-softmax, x = l - max(l) <= 0, within about 1.5 ulp of the exact
  * value (glibc's exp is within 0.5): x = k ln2 + r with k = round(x / ln2) (the 1.5 * 2^52 shift

@@ -17,6 +17,8 @@ typedef struct {
     int amx;         /* bf16 weights in the "amx" order (KERN_BF16_ACT_AMX, matmul_amx.c) */
     int chunk;       /* output columns per work unit: a multiple of MM_CHUNK_UNIT */
     int nchunks;
+    int win;         /* amx: rows per window (units are window-major), else M: one window */
+    int nunits;      /* nchunks x windows */
     atomic_int next; /* the next unclaimed unit */
 } mm_task;
 
@@ -29,23 +31,35 @@ typedef struct {
 #define MM_CHUNK_UNIT 48
 #define MM_CHUNKS_PER_THREAD 8
 
+/* The amx order packs a thread's rows into its scratch once per window (matmul_amx.c); where the
+ * scratch holds fewer rows than the op has, the op is cut into windows of rows that fit, and units
+ * are handed out window-major: a thread's claims only go up, so it packs each window at most once
+ * rather than once per unit of columns. */
 static void mm_run(void *ctx, int tid, int nt)
 {
     mm_task *t = ctx;
     (void)nt;
-    kern_mm_args a = t->a;
     kern_mm_xb xb = {.buf = kern_pool_scratch(t->pool, tid), .bytes = KERN_POOL_SCRATCH_BYTES};
-    if ((t->bf16x || t->amx) && xb.buf) a.xb = &xb; /* amx: rows of Kp, 16-row blocks (matmul_amx.c) */
+    int cur = -1; /* the window xb holds rows of */
     for (;;) {
-        const int c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (c >= t->nchunks) return;
+        const int u = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (u >= t->nunits) return;
+        const int w = u / t->nchunks, c = u % t->nchunks;
         const int b = c * t->chunk, e = b + t->chunk < t->a.N ? b + t->chunk : t->a.N;
-        if (t->amx)
+        kern_mm_args a = t->a;
+        if (w != cur) xb.r0 = xb.r1 = 0, cur = w; /* other rows: nothing packed yet */
+        if ((t->bf16x || t->amx) && xb.buf) a.xb = &xb;
+        if (t->amx) {
+            const int r0 = w * t->win;
+            a.x += (size_t)r0 * (size_t)a.K;
+            a.out += (size_t)r0 * (size_t)a.N;
+            a.M = a.M - r0 < t->win ? a.M - r0 : t->win;
             t->simd->mm_cols_amx(&a, b, e);
-        else if (t->bf16x)
+        } else if (t->bf16x) {
             t->simd->mm_cols_bf16x(&a, b, e);
-        else
+        } else {
             t->simd->mm_cols(&a, b, e);
+        }
     }
 }
 
@@ -77,6 +91,12 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
     if (per < 1) per = 1;
     t.chunk = per * MM_CHUNK_UNIT;
     t.nchunks = (p[1] + t.chunk - 1) / t.chunk;
+    t.win = M;
+    if (t.amx && pool) { /* windows only where the scratch cannot hold every row (and holds some) */
+        const int fit = kern_amx_scratch_rows(p[0], KERN_POOL_SCRATCH_BYTES);
+        if (fit >= 32 && fit < M) t.win = fit;
+    }
+    t.nunits = t.nchunks * ((M + t.win - 1) / t.win);
     atomic_init(&t.next, 0);
     kern_cpu_parallel(pool, mm_run, &t, (size_t)M * (size_t)p[0] * (size_t)p[1]);
 }

@@ -560,12 +560,15 @@ def test_cli_surface(binary, tmp, models):
 # (h) --bf16-activations
 # ------------------------------------------------------------------------------------------------
 
-def test_bf16_activations(binary, tmp, models):
+def test_bf16_activations(binary, tmp, models, mode="--bf16-activations"):
+    """mode: the bf16-pairs order, or "--bf16-activations=amx" (TDPBF16PS's order: natively where the
+    CPU has AMX, emulated bit for bit on every other ISA, so every check below holds everywhere)."""
     rng = np.random.default_rng(55)
-    x = ["--bf16-activations"]
+    x = [mode]
+    amx = mode.endswith("=amx")
     for mname, (d, vocab) in models.items():
         p = rand_prompt(rng, vocab, 19)
-        what = "(h) %s --bf16-activations" % mname
+        what = "(h) %s %s" % (mname, mode)
         base = H.generate(C, what, binary, d, p, max_tokens=12, logprobs=3, extra=x)
         if base is None:
             continue
@@ -578,7 +581,7 @@ def test_bf16_activations(binary, tmp, models):
         reqs = [{"prompt_ids": rand_prompt(rng, vocab, n), "max_tokens": m, "logprobs": 2, "ignore_eos": True,
                  "temperature": 0.0} for n, m in ((3, 9), (11, 4), (27, 7))]
         reqs.append({"prompt_ids": p, "max_tokens": 12, "logprobs": 3, "ignore_eos": True, "temperature": 0.0})
-        outs = H.generate_batch(C, what + " batch", binary, d, reqs, os.path.join(tmp, "bf16x_%s.jsonl" % mname),
+        outs = H.generate_batch(C, what + " batch", binary, d, reqs, os.path.join(tmp, "bf16x_%s_%d.jsonl" % (mname, amx)),
                                 extra=x)
         if outs is not None:
             same(what + ": request in a batch vs alone", outs[3], base)
@@ -588,7 +591,9 @@ def test_bf16_activations(binary, tmp, models):
                                 logprobs=2, extra=x))
         saved = os.environ.get("GS_KERN_ISA")
         try:
-            for isa in ("scalar", "avx2", "avx512"):  # capped at what the CPU has: then a repeat, still valid
+            # capped at what the CPU has: then a repeat, still valid; in the amx mode, AVX512_BF16 runs
+            # the emulation where the best ISA runs the instruction
+            for isa in ("scalar", "avx2", "avx512") + (("avx512bf16",) if amx else ()):
                 os.environ["GS_KERN_ISA"] = isa
                 same(what + ": GS_KERN_ISA=%s vs the best ISA" % isa, base,
                      H.generate(C, what + " " + isa, binary, d, p, max_tokens=12, logprobs=3, extra=x))
@@ -605,6 +610,8 @@ def test_bf16_activations(binary, tmp, models):
             C.check(base["logprobs"][0] != f32["logprobs"][0],
                     what + ": first logprob bitwise equal to the default mode's (%r): option not in effect" % a)
             C.check(abs(a - b) < 0.05, what + ": first logprob %r vs %r with f32 activations" % (a, b))
+    if amx:
+        return
     # an f32 checkpoint: runs, and says the option changes nothing there
     d32 = os.path.join(tmp, "model_f32")
     res = H.mkmodel(binary, d32, "qwen3", hidden=64, layers=1, heads=4, kv_heads=2, head_dim=16, inter=64,
@@ -630,6 +637,7 @@ def main():
     test_load_errors(binary, tmp)
     test_cli_surface(binary, tmp, models)
     test_bf16_activations(binary, tmp, models)
+    test_bf16_activations(binary, tmp, models, "--bf16-activations=amx")
     return C.finish()
 
 

@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
+#include "test_kern_util.h"
 
 #include <math.h>
 #include <signal.h>
@@ -28,23 +29,7 @@
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd_u64(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
 static int rnd_int(int n) { return (int)(rnd_u64() % (uint64_t)n); }
-static float rnd_f(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((double)(rnd_u64() >> 11) / 9007199254740992.0);
-}
-static void fill(float *p, size_t n, float lo, float hi)
-{
-    for (size_t i = 0; i < n; i++) p[i] = rnd_f(lo, hi);
-}
 static float *falloc(size_t n)
 {
     float *p = malloc((n ? n : 1) * sizeof(float));
@@ -66,25 +51,14 @@ static void assert_close(double got, double ref, double scale, double rtol, cons
     if (!(fabs(got - ref) <= tol))
         fail_msg("%s[%d,%d]: got %.9g want %.9g (tol %.3g)", what, a, b, got, ref, tol);
 }
-static kern_buf B(void *p, size_t bytes) { return (kern_buf){p, bytes}; }
 
-/* The ISAs this CPU can run, best last. */
-static int isa_list(kern_isa *out)
-{
-    int n = 0;
-    out[n++] = KERN_ISA_SCALAR;
-#ifdef KERN_HAVE_X86
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out[n++] = KERN_ISA_AVX2;
-    if (__builtin_cpu_supports("avx512f")) out[n++] = KERN_ISA_AVX512;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) out[n++] = KERN_ISA_AVX512BF16;
-#endif
-    return n;
-}
+/* The ISAs this CPU can run, best last (AVX512BF16 at most: the AMX table differs from it only in
+ * the amx-mode matmul, test_matmul_amx's subject). */
+static int isa_list(kern_isa *out) { return isa_list_of(out, 0); }
 static void isa_reset(void)
 {
-    kern_isa l[4];
-    int n = isa_list(l);
-    assert_int_equal(kern_simd_force(l[n - 1]), 0);
+    kern_isa l[TEST_ISA_CAP];
+    isa_list(l);
 }
 
 /* ---- names, bf16 ------------------------------------------------------------------------------- */
@@ -99,20 +73,6 @@ static void test_op_names(void **state)
     assert_string_equal(kern_op_name(KOP_COUNT), "unknown");
 }
 
-static uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float bitsf(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-/* the same bits, or both NaN (payloads may differ) */
-static int same_f(float a, float b) { return fbits(a) == fbits(b) || (isnan(a) && isnan(b)); }
 static int same_d(double a, double b) { return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b)); }
 
 static void test_bf16(void **state)
@@ -301,7 +261,7 @@ static void mm_check_case(kern_pool *pool, int K, int N, int M, int max_rows, in
 static void test_matmul_reference(void **state)
 {
     (void)state;
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     int nisa = isa_list(isas);
     size_t old = kern_cpu_set_min_parallel_work(0);
     kern_pool *pools[2] = {kern_pool_create(1), kern_pool_create(3)};
@@ -334,7 +294,7 @@ static void test_matmul_reference(void **state)
 static void test_matmul_bitwise(void **state)
 {
     (void)state;
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     int nisa = isa_list(isas);
     size_t old = kern_cpu_set_min_parallel_work(0);
     const int M = 17;
@@ -484,7 +444,7 @@ static float bf16x_ref_one(const float *x, const uint16_t *w, int K)
 static void test_matmul_bf16_activations(void **state)
 {
     (void)state;
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas);
     size_t old = kern_cpu_set_min_parallel_work(0);
     kern_pool *pools[3] = {kern_pool_create(1), kern_pool_create(2), kern_pool_create(3)};
@@ -591,7 +551,7 @@ static void test_exp_neg(void **state)
     assert_true(kern_exp_neg(-708.5) == 0.0 && kern_exp_neg(-INFINITY) == 0.0 && isnan(kern_exp_neg(NAN)));
     assert_true(kern_exp_neg(-708.0) > 0.0 && kern_exp_neg(-708.0) < 1e-307);
 
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas);
     enum { N = 300 };
     float l[N];
@@ -655,7 +615,7 @@ static void test_expf(void **state)
     assert_true(isnan(kern_expf(NAN)) && isnan(kern_silu_mul(NAN, 1.0f)));
     assert_true(kern_silu_mul(-200.0f, 1.0f) == 0.0f && kern_silu_mul(200.0f, 2.0f) == 400.0f);
 
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas);
     enum { N = 200 };
     float g[N], u[N], want[N], got[N];
@@ -687,7 +647,7 @@ static void test_expf(void **state)
 static void test_softmax16(void **state)
 {
     (void)state;
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas);
     enum { NK = 32 };
     float st0[NK * 16], st[NK * 16], m0[16], l0[16], cq[16], wm[16], wl[16], ws[NK * 16], wc[16];
@@ -1112,7 +1072,7 @@ static float *attn_rows_alone(const paged *pg, const attn_rows *a, int n, float 
  * computed alone. what names the case in a failure. */
 static void attn_check_vs_alone(const paged *pg, attn_rows *a, float scale, int n_min, const char *what)
 {
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas), n_max = a->n;
     const size_t row = (size_t)pg->nh * pg->hd, old = kern_cpu_set_min_parallel_work(0);
     float *golden = attn_rows_alone(pg, a, n_max, scale);
@@ -1185,7 +1145,7 @@ static void test_attention_prefill_bitwise(void **state)
 static void test_simd_batched_bitwise(void **state)
 {
     (void)state;
-    kern_isa isas[4];
+    kern_isa isas[TEST_ISA_CAP];
     int nisa = isa_list(isas);
     enum { NMAX = 136 };
     float *k = falloc(16 * NMAX), *y0 = falloc(4 * NMAX), *y1 = falloc(4 * NMAX), a[64];

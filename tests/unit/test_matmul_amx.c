@@ -17,40 +17,12 @@
 
 #include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
+#include "test_kern_util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd_u64(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float bitsf(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static int same_f(float a, float b) { return fbits(a) == fbits(b) || (isnan(a) && isnan(b)); }
-static void *xalloc(size_t bytes)
-{
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    assert_non_null(p);
-    return p;
-}
-static kern_buf B(void *p, size_t bytes) { return (kern_buf){p, bytes}; }
 
 /* value kinds: 0 normal (a wide exponent range), 1 with specials (denormals, tiny values whose
  * products flush, inf, NaN, huge), 2 tiny only (every product near or under 2^-126) */
@@ -78,17 +50,7 @@ static uint16_t rnd_w(int kind)
     return kern_f32_to_bf16(f);
 }
 
-static int isa_list(kern_isa *out)
-{
-    int n = 0;
-    out[n++] = KERN_ISA_SCALAR;
-#ifdef KERN_HAVE_X86
-    for (int i = KERN_ISA_AVX2; i <= KERN_ISA_AMX; i++)
-        if (kern_simd_force((kern_isa)i) == 0) out[n++] = (kern_isa)i;
-#endif
-    kern_simd_force(out[n - 1]);
-    return n;
-}
+static int isa_list(kern_isa *out) { return isa_list_of(out, 1); }
 
 /* ---- the instruction itself ---------------------------------------------------------------------- */
 #if defined(KERN_HAVE_X86) && defined(KERN_HAVE_AMX_BUILD)
@@ -197,7 +159,7 @@ static void check_bits(const float *got, const float *want, size_t n, const char
 static void test_matmul_amx_every_isa(void **state)
 {
     (void)state;
-    kern_isa isas[5];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas);
     kern_pool *pools[3] = {kern_pool_create(1), kern_pool_create(2), kern_pool_create(3)};
     for (int i = 0; i < 3; i++) kern_pool_set_bf16_activations(pools[i], KERN_BF16_ACT_AMX);
@@ -259,11 +221,16 @@ static void test_matmul_amx_modes(void **state)
     run_modes(768, 4 * 48 + 5, 37);
     /* K 2055 (Kp 2080): the 512 KB scratch holds 112 rows, so 130 rows refill it mid-op */
     run_modes(2055, 100, 130);
+    /* K 8200: the scratch holds one 16-row block, so row pairs pack their B tiles per k block on
+     * the stack and the last block reads the scratch; K 16400: not even one, every tile is packed
+     * where it is used */
+    run_modes(8200, 20, 33);
+    run_modes(16400, 20, 17);
 }
 
 static void run_modes(int K, int N, int M)
 {
-    kern_isa isas[5];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas);
     mm_case c = {.K = K, .N = N, .rows = M, .n = M};
     c.x = xalloc((size_t)M * K * 4), c.w = xalloc((size_t)N * K * 2), c.out = xalloc((size_t)M * N * 4);
@@ -296,7 +263,7 @@ static void run_modes(int K, int N, int M)
 static void test_isa_report(void **state)
 {
     (void)state;
-    kern_isa isas[5];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas); /* leaves the best forced */
     print_message("isa %s, amx native %d, bf16 dot native %d\n", kern_cpu_isa_name(), kern_cpu_amx_native(),
                   kern_cpu_bf16_dot_native());

@@ -21,6 +21,9 @@
 #include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
 
+#define TEST_RNG_SEED 0x243f6a8885a308d3ull
+#include "test_kern_util.h"
+
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,39 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static uint64_t rnd_u64(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)((double)(rnd_u64() >> 11) / 9007199254740992.0); }
-static void fill(float *p, size_t n, float lo, float hi)
-{
-    for (size_t i = 0; i < n; i++) p[i] = rnd_f(lo, hi);
-}
-static void *xalloc(size_t bytes)
-{
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    assert_non_null(p);
-    return p;
-}
-static kern_buf B(void *p, size_t bytes) { return (kern_buf){p, bytes}; }
-
-static int isa_list(kern_isa *out)
-{
-    int n = 0;
-    out[n++] = KERN_ISA_SCALAR;
-#ifdef KERN_HAVE_X86
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out[n++] = KERN_ISA_AVX2;
-    if (__builtin_cpu_supports("avx512f")) out[n++] = KERN_ISA_AVX512;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) out[n++] = KERN_ISA_AVX512BF16;
-    if (kern_amx_supported() && out[n - 1] == KERN_ISA_AVX512BF16) out[n++] = KERN_ISA_AMX;
-#endif
-    return n;
-}
+static int isa_list(kern_isa *out) { return isa_list_of(out, 1); }
 
 /* ---- route ------------------------------------------------------------------------------------------ */
 
@@ -312,7 +283,7 @@ static void test_ffn_composed(void **state)
                 snprintf(what, sizeof what, "shape %zu dt %d bf16x %d", si, dt, bx);
                 assert_bits(got, want, n, what); /* rows past live: both = base */
                 if (bx == KERN_BF16_ACT_AMX) { /* the amx order on every ISA (emulated or native) */
-                    kern_isa isas[5];
+                    kern_isa isas[TEST_ISA_CAP];
                     const int nisa = isa_list(isas);
                     float *g2 = xalloc(n * 4);
                     for (int ii = 0; ii < nisa; ii++) {
@@ -338,7 +309,7 @@ static void test_ffn_composed(void **state)
 static void test_ffn_invariance(void **state)
 {
     (void)state;
-    kern_isa isas[5];
+    kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list(isas);
     const int threads[3] = {1, 2, 3};
     for (int dt = 0; dt < 2; dt++) {
@@ -365,7 +336,7 @@ static void test_ffn_invariance(void **state)
                 assert_bits(got, ref + 5 * c.H, (size_t)c.H, "row 5 alone");
                 kern_pool_destroy(pool);
             }
-        kern_isa l[4];
+        kern_isa l[TEST_ISA_CAP];
         assert_int_equal(kern_simd_force(l[isa_list(l) - 1]), 0);
         free(base), free(ref), free(got);
         ffn_free(&c);
