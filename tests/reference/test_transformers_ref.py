@@ -95,6 +95,25 @@ def load_hf(d, info=False):
     return (m, li) if info else m
 
 
+def hf_check_tokens(name, model, prompt, out):
+    """transformers' log-softmax over prompt + graphswap's greedy tokens: each token must be its
+    argmax and its logprob within TOL of graphswap's. Returns (the log-softmax rows, the worst
+    |dlogprob|)."""
+    toks = out["token_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + toks])).logits[0].double()
+    lp = torch.log_softmax(logits, dim=-1).numpy()
+    worst = 0.0
+    for i, t in enumerate(toks):
+        row = lp[len(prompt) - 1 + i]
+        C.check(int(np.argmax(row)) == t, "%s step %d: graphswap token %d, transformers argmax %d"
+                % (name, i, t, int(np.argmax(row))))
+        diff = abs(H.num(out["logprobs"][i]) - row[t])
+        worst = max(worst, diff)
+        C.check(diff <= TOL, "%s step %d: logprob %s vs transformers %.6f" % (name, i, out["logprobs"][i], row[t]))
+    return lp, worst
+
+
 def check_moe_variant(binary, tmp, name, g, opts, seed):
     if "--moe-fused" in opts and TF_MAJOR < 5:
         print("  %-34s skipped: transformers %s has no fused expert parameters" % (name, transformers.__version__))
@@ -117,21 +136,10 @@ def check_moe_variant(binary, tmp, name, g, opts, seed):
     out = H.generate(C, name, binary, d, prompt, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True)
     if out is None:
         return
-    toks = out["token_ids"]
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + toks])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1).numpy()
-    rlp = rm.log_softmax(ref.forward(prompt + toks))
+    lp, worst = hf_check_tokens(name, model, prompt, out)
+    rlp = rm.log_softmax(ref.forward(prompt + out["token_ids"]))
     rdiff = float(np.max(np.abs(rlp - lp)))
     C.check(rdiff <= REF_TOL, "%s: numpy reference logprobs differ from transformers' by %.2e" % (name, rdiff))
-    worst = 0.0
-    for i, t in enumerate(toks):
-        row = lp[len(prompt) - 1 + i]
-        C.check(int(np.argmax(row)) == t, "%s step %d: graphswap token %d, transformers argmax %d"
-                % (name, i, t, int(np.argmax(row))))
-        diff = abs(H.num(out["logprobs"][i]) - row[t])
-        worst = max(worst, diff)
-        C.check(diff <= TOL, "%s step %d: logprob %s vs transformers %.6f" % (name, i, out["logprobs"][i], row[t]))
     print("  %-34s max|dlogprob| graphswap vs transformers %.2e, reference vs transformers %.2e"
           % (name, worst, rdiff), flush=True)
     if name == MOE_VARIANTS[0][0]:
@@ -185,18 +193,7 @@ def check_variant(binary, tmp, name, arch, opts, seed):
     out = H.generate(C, name, binary, d, prompt, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True)
     if out is None:
         return
-    toks = out["token_ids"]
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + toks])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1).numpy()
-    worst = 0.0
-    for i, t in enumerate(toks):
-        row = lp[len(prompt) - 1 + i]
-        C.check(int(np.argmax(row)) == t, "%s step %d: graphswap token %d, transformers argmax %d"
-                % (name, i, t, int(np.argmax(row))))
-        diff = abs(H.num(out["logprobs"][i]) - row[t])
-        worst = max(worst, diff)
-        C.check(diff <= TOL, "%s step %d: logprob %s vs transformers %.6f" % (name, i, out["logprobs"][i], row[t]))
+    _, worst = hf_check_tokens(name, model, prompt, out)
     print("  %-28s max|dlogprob| vs transformers %.2e" % (name, worst), flush=True)
 
 
