@@ -425,12 +425,14 @@ class Graphswap:
 
 # "bf16x": the BF16 checkpoint and GGUF, graphswap run with --bf16-activations (activations rounded
 # to bf16 in each matmul, vdpbf16ps where the CPU has AVX512_BF16: what llama.cpp does for BF16)
-GS_FLAGS = {"f32": (), "bf16": (), "bf16x": ("--bf16-activations",)}
+# "bf16amx": the same, graphswap with --bf16-activations=amx (TDPBF16PS's order: natively where the
+# CPU has AMX, an exact emulation elsewhere, so time it only on an AMX machine)
+GS_FLAGS = {"f32": (), "bf16": (), "bf16x": ("--bf16-activations",), "bf16amx": ("--bf16-activations=amx",)}
 # bf16x check tolerances in nats (see CHECKS below and README.md: the engines' bf16 rounding differs)
 BF16X_MAX_TOL = 0.5
 BF16X_MEDIAN_TOL = 0.05
 BF16X_TIE_TOL = 0.05
-FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16"}
+FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16", "bf16amx": "bf16"}
 
 
 def ensure_checkpoints(a) -> dict[str, dict]:
@@ -577,6 +579,8 @@ CHECKS = {
              "gguf_as_f32", "logprob_tol", None, "tie_tol"),
     "bf16x": ("BF16 checkpoint, graphswap --bf16-activations / the BF16 GGUF (llama.cpp's bf16 matmuls)",
               "gguf", "bf16x_max_tol", "bf16x_median_tol", "bf16x_tie_tol"),
+    "bf16amx": ("BF16 checkpoint, graphswap --bf16-activations=amx / the BF16 GGUF (llama.cpp's bf16 matmuls)",
+                "gguf", "bf16x_max_tol", "bf16x_median_tol", "bf16x_tie_tol"),
 }
 
 
@@ -872,6 +876,9 @@ def write_outputs(a, doc: dict, rows, final: bool):
         md.append("- dtype bf16x: the bf16 checkpoint and GGUF again, graphswap with --bf16-activations "
                   "(activations rounded to bf16 inside each matmul, as llama.cpp's bf16 path does; the bf16 "
                   "rows keep graphswap's f32 activations)")
+    if "bf16amx" in c["dtypes"]:
+        md.append("- dtype bf16amx: the same, graphswap with --bf16-activations=amx (activations rounded to "
+                  "bf16, summed in Intel AMX's TDPBF16PS order; native only where the CPU has AMX)")
     md.append("")
     chk = doc.get("check")
     if chk:
@@ -960,8 +967,8 @@ def main() -> int:
     ap.add_argument("--prefill-reps", type=int, default=3,
                     help="timed prefills per repetition, median taken, after a warm-up (default 3)")
     ap.add_argument("--dtypes", default="f32,bf16,bf16x",
-                    help="f32, bf16, bf16x (the BF16 checkpoint, graphswap with --bf16-activations); "
-                         "default all three")
+                    help="f32, bf16, bf16x (the BF16 checkpoint, graphswap with --bf16-activations), "
+                         "bf16amx (the same with --bf16-activations=amx); default the first three")
     ap.add_argument("--arch", choices=["qwen3", "qwen3_moe"], default="qwen3",
                     help="random checkpoints to make: dense Qwen3 (default) or Qwen3-MoE (same attention "
                          "and embeddings, every FFN a MoE: --experts, --experts-per-tok, --moe-intermediate)")
@@ -1000,7 +1007,7 @@ def main() -> int:
         return selftest()
     a.dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
     if not a.dtypes or any(d not in GS_FLAGS for d in a.dtypes):
-        die("--dtypes takes a list of f32, bf16, bf16x")
+        die("--dtypes takes a list of f32, bf16, bf16x, bf16amx")
     if a.tokens < 4:
         die("--tokens must be >= 4 (two untimed steps)")
     if a.reps < 1 or a.prefill_reps < 1 or a.threads < 1:
