@@ -11,10 +11,16 @@
  * the drafter idle), or to --baseline-url, a second server without a drafter; --no-baseline skips
  * it (only tau and the acceptance rates are reported). --model --draft runs in this process: it
  * starts `serve` itself (srv_server_start, a loopback port, its log in OUT/server.log) with the
- * drafter for the speculative run, stops it, then starts the target alone for the plain run (a
- * server that never loaded a drafter; the runs never share CPUs or memory), so both modes send the
- * very same requests through the very same request path. Speculative counters come from each response's
- * usage.spec (drafts, accepted_tokens, accepted_per_position), so concurrent requests do not mix.
+ * drafter; its plain run goes to that server with "speculative": false.
+ *
+ * The two runs alternate (the default): blocks of --concurrency prompts, each run speculatively and
+ * plainly in turn, the order flipped from one block to the next (ABBA), so a machine that speeds up
+ * or slows down while the eval runs (other tenants, thermal limits, a VM's steal time) moves both
+ * runs alike; each block's speedup is kept and their spread reported. --sequential runs every
+ * prompt speculatively first, then every prompt plainly (with --model: on a second server that
+ * never loaded the drafter). Both modes send the very same requests through the very same request
+ * path. Speculative counters come from each response's usage.spec (drafts, accepted_tokens,
+ * accepted_per_position), so concurrent requests do not mix.
  *
  * Prompt files (JSONL, one object per line; a bad line fails the run before anything is sent, as
  * "FILE:LINE: reason"):
@@ -71,8 +77,9 @@ static const char help[] =
     "                       {\"prompt\": str} / {\"messages\": [...]} with an optional \"category\"\n"
     "                       (default: eval/prompts/heldout.jsonl, the bundled held-out prompts, in\n"
     "                       the current folder or in the checkout of the binary: BUILD/..)\n"
-    "  --model DIR          run in this process: serve the target with --draft on a loopback port,\n"
-    "                       then the target alone (the plain run); server log in OUT/server.log\n"
+    "  --model DIR          run in this process: serve the target with --draft on a loopback port\n"
+    "                       (the plain run: the same server, \"speculative\": false; with\n"
+    "                       --sequential, the target alone afterwards); log in OUT/server.log\n"
     "  --draft DIR          the drafter (DFlash or DSpark) for --model\n"
     "  --url URL            evaluate a running server with a drafter (http://host:port); the plain\n"
     "                       run is sent to the same server with \"speculative\": false\n"
@@ -80,6 +87,9 @@ static const char help[] =
     "                       without a drafter)\n"
     "  --no-baseline        no plain run: tokens/s without the drafter, speedup and the lossless\n"
     "                       check are null\n"
+    "  --sequential         every prompt speculatively, then every prompt plainly (default: the\n"
+    "                       runs alternate per block of --concurrency prompts, order flipped each\n"
+    "                       block, and the spread of the blocks' speedups is reported)\n"
     "  --api-key KEY        bearer key for the servers (default: $GRAPHSWAP_API_KEY)\n"
     "  --temperature T      0 = greedy with the losslessness check (default 0)\n"
     "  --seed S             request seeds, the same in both runs: prompt i uses S + i, turn k of a\n"
@@ -89,8 +99,8 @@ static const char help[] =
     "  --limit N            the first N prompts of each category\n"
     "  --categories A,B     only these categories\n"
     "  --out DIR            output folder (default eval-results)\n"
-    "  --threads N  --spec-confidence-threshold X  --num-spec-tokens N   engine options of --model\n"
-    "                       (as graphswap serve takes them)\n"
+    "  --threads N  --spec-confidence-threshold X  --num-spec-tokens N  --bf16-activations[=amx]\n"
+    "                       engine options of --model (as graphswap serve takes them)\n"
     "\n"
     "A progress bar goes to stderr (a line per 10% when stderr is not a terminal). Exit status: 0; 1\n"
     "when the losslessness check fails (temperature 0, an output differs from plain decoding); 2 for\n"
@@ -426,6 +436,7 @@ typedef struct {
     uint64_t seed;
     int max_tokens;
     ev_unit *units;
+    int hi;        /* items [next's start, hi) in this call of run_range */
     atomic_int next, done, failed;
     char why[2048];
     pthread_mutex_t mu;
@@ -553,7 +564,7 @@ static void run_item(ev_run *r, int idx)
 static void *worker(void *p)
 {
     ev_run *r = p;
-    for (int i; (i = atomic_fetch_add(&r->next, 1)) < r->set->n_items;) {
+    for (int i; (i = atomic_fetch_add(&r->next, 1)) < r->hi;) {
         if (atomic_load(&r->failed)) break;
         run_item(r, i);
         atomic_fetch_add(&r->done, 1);
@@ -564,16 +575,18 @@ static void *worker(void *p)
     return NULL;
 }
 
-/* Runs every prompt; returns the wall time; dies with the first failure's reason. */
-static double run_all(ev_run *r, int concurrency)
+/* Runs items [lo, hi) (the progress counts on from earlier calls); returns the wall time; dies with
+ * the first failure's reason. */
+static double run_range(ev_run *r, int lo, int hi, int concurrency)
 {
     pthread_t th[256];
     if (concurrency > 256) concurrency = 256;
-    atomic_store(&r->next, 0);
-    atomic_store(&r->done, 0);
+    if (concurrency > hi - lo) concurrency = hi - lo > 0 ? hi - lo : 1;
+    atomic_store(&r->next, lo);
+    r->hi = hi;
     atomic_store(&r->failed, 0);
     r->total = r->set->n_items;
-    progress(r, 0);
+    if (lo == 0) progress(r, 0);
     const double t0 = now_s();
     int started = 0;
     for (; started < concurrency; started++)
@@ -586,6 +599,29 @@ static double run_all(ev_run *r, int concurrency)
         ev_die("%s", r->why);
     }
     return wall;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* the q-quantile of sorted v[0..n) (linear between neighbours) */
+static double quantile(const double *v, int n, double q)
+{
+    const double pos = q * (n - 1);
+    const int i = (int)pos;
+    return i + 1 < n ? v[i] + (pos - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+/* completion tokens of items [lo, hi) */
+static long range_tokens(const ev_set *set, const ev_unit *u, int lo, int hi)
+{
+    long t = 0;
+    for (int i = lo; i < hi; i++)
+        for (int k = set->items[i].unit0; k < set->items[i].unit0 + set->items[i].n_units; k++) t += u[k].tokens;
+    return t;
 }
 
 /* ---- aggregation and reports ------------------------------------------------------------------- */
@@ -708,6 +744,8 @@ static char *svg_chart(const cJSON *root, int W)
         fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", x0 + k * bw + bw / 2, y0 + ph + 15, k + 1);
     }
     fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">draft position</text>\n", x0 + pw / 2, y0 + ph + 32);
+    fprintf(f, "<text x=\"16\" y=\"%d\" text-anchor=\"middle\" transform=\"rotate(-90 16 %d)\">acceptance rate</text>\n",
+            y0 + ph / 2, y0 + ph / 2);
     /* panel 2: speedup (or tau) per category */
     const int y1 = H + 40;
     const char *metric = have_speed ? "speedup" : "tau";
@@ -719,6 +757,15 @@ static char *svg_chart(const cJSON *root, int W)
             H + 22, have_speed ? "speedup over plain decoding" : "tau (no baseline run)");
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", x0, y1 + ph, x0 + pw, y1 + ph);
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", x0, y1, x0, y1 + ph);
+    /* the y-axis: ticks at quarters of the tallest bar, and what it measures */
+    for (int t = 0; t <= 4; t++) {
+        const int y = y1 + ph - ph * t / 4;
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", x0 - 3, y, x0, y);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"10\">%.2f%s</text>\n", x0 - 5, y + 4,
+                mx * t / 4, have_speed ? "x" : "");
+    }
+    fprintf(f, "<text x=\"16\" y=\"%d\" text-anchor=\"middle\" transform=\"rotate(-90 16 %d)\">%s</text>\n",
+            y1 + ph / 2, y1 + ph / 2, have_speed ? "speedup (plain = 1)" : "tau");
     if (have_speed && mx >= 1) {
         const int y = y1 + ph - (int)(ph / mx);
         fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#888\" stroke-dasharray=\"4\"/>\n", x0, y, x0 + pw, y);
@@ -850,7 +897,8 @@ int srv_cmd_eval(int argc, char **argv)
     const char *cats = NULL, *key = getenv("GRAPHSWAP_API_KEY");
     float temperature_f = 0, conf = -1;
     uint64_t seed = 0;
-    int max_tokens = 128, concurrency = 1, limit = 0, no_baseline = 0, threads = 0, nspec = 0;
+    int max_tokens = 128, concurrency = 1, limit = 0, no_baseline = 0, threads = 0, nspec = 0, sequential = 0;
+    const char *bf16x = NULL; /* --bf16-activations[=MODE], passed to --model's servers as written */
     ev_err = stderr;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -869,16 +917,27 @@ int srv_cmd_eval(int argc, char **argv)
             srv_arg_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
             srv_arg_int(argc, argv, &i, "--concurrency", 1, 256, &concurrency) ||
             srv_arg_int(argc, argv, &i, "--limit", 1, 1 << 30, &limit) ||
-            srv_arg_flag(argc, argv, &i, "--no-baseline", &no_baseline))
+            srv_arg_flag(argc, argv, &i, "--no-baseline", &no_baseline) ||
+            srv_arg_flag(argc, argv, &i, "--sequential", &sequential))
             continue;
+        if (strcmp(argv[i], "--bf16-activations") == 0 || strncmp(argv[i], "--bf16-activations=", 19) == 0) {
+            /* checked here: serve's own parser would end this process with its message in the log */
+            const char *v = argv[i][18] ? argv[i] + 19 : "pairs";
+            if (strcmp(v, "amx") && strcmp(v, "pairs") && strcmp(v, "off"))
+                ev_die("--bf16-activations=%s: must be amx, pairs or off", v);
+            bf16x = argv[i];
+            continue;
+        }
         srv_die_usage("eval", argv[i]);
     }
     if ((model != NULL) == (url_s != NULL)) ev_die("give exactly one of --model (with --draft) or --url");
     if (model && !draft) ev_die("--model needs --draft (the drafter to evaluate)");
     if (base_s && !url_s) ev_die("--baseline-url goes with --url");
     if (base_s && no_baseline) ev_die("--baseline-url and --no-baseline contradict each other");
-    if (url_s && (threads || conf >= 0 || nspec))
-        ev_die("--threads, --spec-confidence-threshold and --num-spec-tokens configure the servers of --model");
+    if (url_s && (threads || conf >= 0 || nspec || bf16x))
+        ev_die("--threads, --spec-confidence-threshold, --num-spec-tokens and --bf16-activations configure the "
+               "servers of --model");
+    if (sequential && no_baseline) ev_die("--sequential orders the two runs: --no-baseline has one");
     if (key && !*key) key = NULL;
     /* the decimal the user wrote (0.8, not the float's 0.800000011920929) in requests and eval.json */
     char tbuf[32];
@@ -893,8 +952,11 @@ int srv_cmd_eval(int argc, char **argv)
     ev_url url, base;
     /* where the plain run goes: a server --model starts without the drafter, --baseline-url, or
      * the --url server itself with "speculative": false */
-    const char *baseline = no_baseline ? NULL : model ? "plain-server" : base_s ? "baseline-url" : "same-server";
-    const int have_plain = baseline != NULL;
+    const char *baseline = no_baseline        ? NULL
+                           : model && sequential ? "plain-server"
+                           : base_s              ? "baseline-url"
+                                                 : "same-server";
+    const int have_plain = baseline != NULL, alternate = have_plain && !sequential;
     /* --model: serve's argv for the two servers (the plain one stops before --draft) */
     char a_threads[16], a_conf[32], a_nspec[16], a_http[16], logpath[4200];
     char *sargv[24];
@@ -920,6 +982,7 @@ int srv_cmd_eval(int argc, char **argv)
             sargv[sargc++] = "--threads";
             sargv[sargc++] = a_threads;
         }
+        if (bf16x) sargv[sargc++] = (char *)bf16x;
         sargc_plain = sargc;
         sargv[sargc++] = "--draft";
         sargv[sargc++] = (char *)draft;
@@ -953,23 +1016,53 @@ int srv_cmd_eval(int argc, char **argv)
                 .max_tokens = max_tokens, .units = su, .label = "speculative"};
     pthread_mutex_init(&r.mu, NULL);
     srv_server *sv = model ? local_start(logpath, sargv, sargc, "the target with the drafter", &url) : NULL;
-    const double spec_wall = run_all(&r, concurrency);
-    if (sv) srv_server_stop(sv);
-    double plain_wall = 0;
-    if (have_plain) {
-        if (model) {
-            char *keep = sargv[sargc_plain];
-            sargv[sargc_plain] = NULL;
-            sv = local_start(logpath, sargv, sargc_plain, "the target without the drafter", &base);
-            sargv[sargc_plain] = keep;
+    if (model && !base_s) base = url;
+    ev_run rp = r; /* the plain run: its own units, counters and lock */
+    rp.url = &base;
+    rp.units = pu;
+    rp.label = "plain";
+    rp.no_spec = have_plain && strcmp(baseline, "same-server") == 0;
+    pthread_mutex_init(&rp.mu, NULL);
+    double spec_wall = 0, plain_wall = 0;
+    /* alternate: blocks of `concurrency` prompts, speculative and plain in turn, the order flipped
+     * every block; each block's speedup (tok/s over tok/s) is kept for the spread */
+    const int block = alternate ? concurrency : set.n_items;
+    const int n_blocks = set.n_items > 0 ? (set.n_items + block - 1) / block : 0;
+    double *bspeed = calloc((size_t)(n_blocks > 0 ? n_blocks : 1), sizeof *bspeed);
+    if (!bspeed) ev_die("out of memory");
+    int n_bspeed = 0;
+    if (alternate) {
+        for (int b = 0; b < n_blocks; b++) {
+            const int lo = b * block, hi = lo + block < set.n_items ? lo + block : set.n_items;
+            double ws, wp;
+            if (b & 1) {
+                wp = run_range(&rp, lo, hi, concurrency);
+                ws = run_range(&r, lo, hi, concurrency);
+            } else {
+                ws = run_range(&r, lo, hi, concurrency);
+                wp = run_range(&rp, lo, hi, concurrency);
+            }
+            spec_wall += ws;
+            plain_wall += wp;
+            const long ts = range_tokens(&set, su, lo, hi), tp = range_tokens(&set, pu, lo, hi);
+            if (ws > 0 && wp > 0 && ts > 0 && tp > 0) bspeed[n_bspeed++] = ((double)ts / ws) / ((double)tp / wp);
         }
-        r.url = &base;
-        r.units = pu;
-        r.label = "plain";
-        r.no_spec = strcmp(baseline, "same-server") == 0;
-        plain_wall = run_all(&r, concurrency);
-        if (model) srv_server_stop(sv);
+        if (sv) srv_server_stop(sv);
+    } else {
+        spec_wall = run_range(&r, 0, set.n_items, concurrency);
+        if (sv) srv_server_stop(sv);
+        if (have_plain) {
+            if (model) {
+                char *keep = sargv[sargc_plain];
+                sargv[sargc_plain] = NULL;
+                sv = local_start(logpath, sargv, sargc_plain, "the target without the drafter", &base);
+                sargv[sargc_plain] = keep;
+            }
+            plain_wall = run_range(&rp, 0, set.n_items, concurrency);
+            if (model) srv_server_stop(sv);
+        }
     }
+    qsort(bspeed, (size_t)n_bspeed, sizeof *bspeed, cmp_double);
     if (saved_fd >= 0) { /* descriptor 2 is the terminal again (ev_err keeps its own duplicate) */
         fflush(stderr);
         dup2(saved_fd, 2);
@@ -1042,9 +1135,26 @@ int srv_cmd_eval(int argc, char **argv)
     cJSON_AddNumberToObject(root, "draft_positions", W);
     cJSON_AddNumberToObject(root, "spec_wall_s", spec_wall);
     if (have_plain) cJSON_AddNumberToObject(root, "plain_wall_s", plain_wall);
+    cJSON_AddStringToObject(root, "order", alternate ? "alternate" : "sequential");
+    if (bf16x) cJSON_AddStringToObject(root, "bf16_activations", strchr(bf16x, '=') ? strchr(bf16x, '=') + 1 : "pairs");
+    else cJSON_AddNullToObject(root, "bf16_activations");
     cJSON *cj = cJSON_AddObjectToObject(root, "categories");
     for (int c = 0; c < set.n_cats; c++) cJSON_AddItemToObject(cj, set.cats[c], agg_json(&cat[c], W, have_plain, check, 0, 0));
     cJSON_AddItemToObject(root, "overall", agg_json(&all, W, have_plain, check, spec_wall, plain_wall));
+    /* the alternated blocks' speedups: their spread is how far one run of this eval can be trusted */
+    cJSON *spread = NULL;
+    if (n_bspeed > 0) {
+        spread = cJSON_AddObjectToObject(cJSON_GetObjectItemCaseSensitive(root, "overall"), "speedup_spread");
+        cJSON_AddNumberToObject(spread, "blocks", n_bspeed);
+        cJSON_AddNumberToObject(spread, "prompts_per_block", block);
+        cJSON_AddNumberToObject(spread, "min", bspeed[0]);
+        cJSON_AddNumberToObject(spread, "p10", quantile(bspeed, n_bspeed, 0.1));
+        cJSON_AddNumberToObject(spread, "median", quantile(bspeed, n_bspeed, 0.5));
+        cJSON_AddNumberToObject(spread, "p90", quantile(bspeed, n_bspeed, 0.9));
+        cJSON_AddNumberToObject(spread, "max", bspeed[n_bspeed - 1]);
+    } else {
+        cJSON_AddNullToObject(cJSON_GetObjectItemCaseSensitive(root, "overall"), "speedup_spread");
+    }
     char *js = cJSON_Print(root);
     if (!js) ev_die("out of memory");
     write_file(out, "eval.json", js);
@@ -1066,6 +1176,13 @@ int srv_cmd_eval(int argc, char **argv)
     const cJSON *c;
     cJSON_ArrayForEach(c, cj) md_row(f, c->string, c);
     md_row(f, "**overall**", cJSON_GetObjectItemCaseSensitive(root, "overall"));
+    if (spread)
+        fprintf(f, "\nRuns alternated in %d blocks of %d prompt(s), the order flipped every block; the blocks' "
+                   "speedups: median %.2fx, 10-90%% %.2fx-%.2fx, min %.2fx, max %.2fx.\n",
+                n_bspeed, block, num(spread, "median"), num(spread, "p10"), num(spread, "p90"), num(spread, "min"),
+                num(spread, "max"));
+    else if (have_plain)
+        fprintf(f, "\nRuns sequential: every prompt speculatively, then every prompt plainly.\n");
     fprintf(f, "\ntau: tokens committed per speculative step (1 + accepted drafts). pK: share of steps whose "
                "K-th draft was accepted. Overall tok/s from each run's wall time; per category, tokens over "
                "the summed request times.\n");
@@ -1081,8 +1198,12 @@ int srv_cmd_eval(int argc, char **argv)
     const cJSON *lossless = cJSON_GetObjectItemCaseSensitive(ov, "lossless");
     char sp[32];
     fmt_or_dash(sp, sizeof sp, "%.2fx", num(ov, "speedup"));
-    fprintf(ev_err, "tau %.3f over %ld steps, speedup %s, lossless %s; wrote %s/eval.{json,md,svg} and eval-requests.jsonl\n", num(ov, "tau"),
-            all.drafts, sp, cJSON_IsBool(lossless) ? (cJSON_IsTrue(lossless) ? "yes" : "NO") : "not checked", out);
+    char spr[96] = "";
+    if (spread)
+        snprintf(spr, sizeof spr, " (blocks: median %.2fx, 10-90%% %.2fx-%.2fx)", num(spread, "median"),
+                 num(spread, "p10"), num(spread, "p90"));
+    fprintf(ev_err, "tau %.3f over %ld steps, speedup %s%s, lossless %s; wrote %s/eval.{json,md,svg} and eval-requests.jsonl\n", num(ov, "tau"),
+            all.drafts, sp, spr, cJSON_IsBool(lossless) ? (cJSON_IsTrue(lossless) ? "yes" : "NO") : "not checked", out);
     if (all.drafts == 0)
         fprintf(ev_err, "graphswap eval: warning: no step verified a draft (is a drafter loaded?): tau is 0\n");
     const int rc = cJSON_IsFalse(lossless) ? 1 : 0;
@@ -1101,6 +1222,8 @@ int srv_cmd_eval(int argc, char **argv)
     free(su);
     free(pu);
     pthread_mutex_destroy(&r.mu);
+    pthread_mutex_destroy(&rp.mu);
+    free(bspeed);
     if (ev_err != stderr) fclose(ev_err);
     ev_err = stderr;
     return rc;

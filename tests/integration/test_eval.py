@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """graphswap eval: the speculative-decoding evaluation command.
 
-- --model/--draft (in the process: `serve` with the drafter, then the target alone, its log in
+- --model/--draft --sequential (in the process: `serve` with the drafter, then the target alone, its log in
   OUT/server.log and not on eval's stderr) on a small random Qwen3 target with a
   tokenizer and a DFlash drafter whose Markov-free block still accepts some drafts: exit 0, eval.json
   has the documented schema (per category and overall: prompts, requests, completion_tokens,
@@ -12,6 +12,12 @@
   (Spec-Bench turns, prompt, messages) in one file, a category filter and --limit.
   eval.json's run description (baseline "plain-server", machine, threads, commit key) and
   eval-requests.jsonl (a line per request, token ids of both runs, first_diff -1).
+- --model/--draft alternated (the default): one server, the plain run with "speculative": false,
+  a block per prompt with the order flipped each block: order "alternate", baseline "same-server",
+  one server in server.log, lossless, speedup_spread over one block per prompt (min <= p10 <=
+  median <= p90 <= max, all > 0; eval.md and stderr say so); --bf16-activations=amx passed to the
+  server (eval.json "bf16_activations": "amx"; a bad value: exit 2 naming it);
+  eval.svg's speedup panel has a y-axis.
 - --url against a server the test starts (concurrency 2) with --baseline-url a plain server: the
   same tau, the same per-position rates, the same token ids request by request (the CPU backend is
   batch-invariant: a row's logits do not depend on the other rows) and lossless; --url alone: the
@@ -26,7 +32,8 @@
 - Bad inputs: a missing file, a line that is not JSON, a line with neither prompt, messages nor
   turns, an empty prompt (each: exit 2, the message names FILE:LINE, nothing is sent); an
   unreachable --url (exit 2 within seconds, the message names the address); --model on a missing
-  folder (exit 2, the reason on eval's stderr though the server log is redirected).
+  folder (exit 2, the reason on eval's stderr though the server log is redirected); --sequential
+  with --no-baseline, --bf16-activations with --url (exit 2).
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
@@ -99,7 +106,7 @@ def main():
     # (a) --model / --draft
     out_a = os.path.join(tmp, "a")
     rc, err, _ = run(gs, ["--model", target, "--draft", draft, "--prompts", prompts, "--max-tokens", "24",
-                          "--out", out_a, "--threads", "2"])
+                          "--out", out_a, "--threads", "2", "--sequential"])
     if C.check(rc == 0, "--model eval exited %d: %s" % (rc, err[-800:])):
         ev = json.load(open(os.path.join(out_a, "eval.json")))
         C.check(sorted(ev["categories"]) == ["chat", "code", "default", "writing"], "categories %r" % sorted(ev["categories"]))
@@ -112,6 +119,8 @@ def main():
         C.check(log.count("serving ") == 2 and log.count("stopped") == 2 and "serving " not in err,
                 "--model: two in-process servers, their log in server.log only: %r" % err[-300:])
         C.check(ev["overall"]["speedup"] is not None and ev["overall"]["plain_tok_s"] > 0, "no speedup: %r" % ev["overall"])
+        C.check(ev["order"] == "sequential" and ev["overall"]["speedup_spread"] is None and
+                ev["bf16_activations"] is None, "--sequential: %r" % {k: ev.get(k) for k in ("order", "bf16_activations")})
         C.check(ev["baseline"] == "plain-server" and ev["threads"] == 2 and ev["machine"]["cpus"] >= 1 and
                 "commit" in ev and ev["model"] == target and ev["draft"] == draft,
                 "run description: %r" % {k: ev.get(k) for k in ("baseline", "threads", "machine", "commit", "model")})
@@ -127,6 +136,33 @@ def main():
             root = ET.parse(os.path.join(out_a, "eval.svg")).getroot()
             C.check(root.tag.endswith("svg") and len(list(root.iter("{http://www.w3.org/2000/svg}rect"))) >= 7 + 4,
                     "eval.svg has too few bars")
+        except ET.ParseError as e:
+            C.fail("eval.svg is not XML: %s" % e)
+    # alternated (the default), with an engine option passed through
+    out_t = os.path.join(tmp, "alt")
+    rc, err, _ = run(gs, ["--model", target, "--draft", draft, "--prompts", prompts, "--max-tokens", "24",
+                          "--out", out_t, "--threads", "2", "--bf16-activations=amx"])
+    if C.check(rc == 0, "alternated --model eval exited %d: %s" % (rc, err[-800:])):
+        et = json.load(open(os.path.join(out_t, "eval.json")))
+        check_schema(C, "alternated", et, True)
+        log = open(os.path.join(out_t, "server.log")).read()
+        C.check(et["order"] == "alternate" and et["baseline"] == "same-server" and et["bf16_activations"] == "amx"
+                and log.count("serving ") == 1, "alternated run description: %r, %d servers" %
+                ({k: et.get(k) for k in ("order", "baseline", "bf16_activations")}, log.count("serving ")))
+        sp = et["overall"].get("speedup_spread") or {}
+        C.check(sp.get("blocks") == et["overall"]["prompts"] and sp.get("prompts_per_block") == 1 and
+                0 < sp["min"] <= sp["p10"] <= sp["median"] <= sp["p90"] <= sp["max"],
+                "speedup_spread: %r (prompts %r)" % (sp, et["overall"]["prompts"]))
+        md = open(os.path.join(out_t, "eval.md")).read()
+        C.check("Runs alternated in %d blocks of 1 prompt(s)" % et["overall"]["prompts"] in md and
+                "blocks: median" in err, "eval.md / stderr lack the spread: %r / %r" % (md[-400:], err[-300:]))
+        # (a bf16 target: the amx order's tokens may differ from the sequential run's, so no
+        # comparison across the two; that the option reaches the server shows below with a bad value)
+        try:
+            texts = [t.text or "" for t in ET.parse(os.path.join(out_t, "eval.svg")).getroot().iter("{http://www.w3.org/2000/svg}text")]
+            C.check("speedup (plain = 1)" in texts and "acceptance rate" in texts and
+                    sum(1 for t in texts if t.endswith("x") and t[:-1].replace(".", "").isdigit()) >= 5,
+                    "eval.svg: no y-axis on the speedup panel: %r" % texts[-12:])
         except ET.ParseError as e:
             C.fail("eval.svg is not XML: %s" % e)
     # --limit and --categories
@@ -272,6 +308,14 @@ def main():
     rc, err, _ = run(gs, ["--url", "http://127.0.0.1:9", "--baseline-url", "http://127.0.0.1:9", "--no-baseline",
                           "--prompts", prompts])
     C.check(rc == 2 and "contradict" in err, "--baseline-url with --no-baseline: %d %r" % (rc, err[-200:]))
+    rc, err, _ = run(gs, ["--model", target, "--draft", draft, "--sequential", "--no-baseline", "--prompts", prompts])
+    C.check(rc == 2 and "--sequential orders the two runs" in err, "--sequential --no-baseline: %d %r" % (rc, err[-200:]))
+    rc, err, _ = run(gs, ["--model", target, "--draft", draft, "--bf16-activations=bogus", "--prompts", prompts,
+                          "--out", os.path.join(tmp, "bad")])
+    C.check(rc == 2 and "--bf16-activations=bogus: must be amx, pairs or off" in err,
+            "--bf16-activations=bogus: %d %r" % (rc, err[-300:]))
+    rc, err, _ = run(gs, ["--url", "http://127.0.0.1:9", "--bf16-activations", "--prompts", prompts])
+    C.check(rc == 2 and "configure the servers of --model" in err, "--bf16-activations with --url: %d %r" % (rc, err[-200:]))
     sys.exit(C.finish())
 
 
