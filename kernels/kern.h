@@ -166,7 +166,8 @@ typedef enum {
      * p: 0 E, 1 k (1 <= k <= E <= KERN_MAX_EXPERTS), 2 max_rows, 3 norm (0 / 1)                  */
     KOP_MOE_ROUTE,
     /* The experts of a sparse MoE block, added to the residual stream. Per live row r, for j < k
-     * (e = ids[r*k + j], 0 <= e < E: checked by the kernel):
+     * (e = ids[r*k + j], 0 <= e < E and no expert twice in a row, as KOP_MOE_ROUTE writes them: checked
+     * by the kernel):
      *   g[i] = h[r,:] . W13[e*2I + i, :],  u[i] = h[r,:] . W13[e*2I + I + i, :]   (i < I)
      *   a[i] = kern_silu_mul(g[i], u[i]);   y_j[n] = a . W2[e*H + n, :]          (n < H)
      * each dot product exactly a KOP_MATMUL row of that weight (the same order, the same bits, the
@@ -358,14 +359,17 @@ const char *kern_op_name(kern_op_kind kind);
 
 /* KOP_MOE_FFN's scratch: for n = max_rows * k routed rows, f32 [n, H] (the rows grouped by expert),
  * [n, 2I] (their gate and up values), [n, I] (their activations), [n, H] (their outputs), then i32
- * [n] (the grouped position of each routed row) and [E + 1] (each expert's first grouped row), each
- * part rounded up to 64 bytes. A backend may use it in its own way within that size. */
+ * [n] (the grouped position of each routed row), [E + 1] (each expert's first grouped row), [n] (each
+ * grouped row's source row) and [E + 1] (the experts with rows: their count, then their ids), each part
+ * rounded up to 64 bytes. A backend may use it in its own way within that size (the CPU uses the first
+ * six parts; the CUDA kernels all but the first: they read h in place through the source rows). */
 static inline size_t kern_moe_scratch_bytes(int64_t E, int64_t k, int64_t H, int64_t I, int64_t max_rows)
 {
     const size_t n = (size_t)max_rows * (size_t)k;
 #define KERN_R64(b) (((b) + 63) & ~(size_t)63)
     return KERN_R64(n * (size_t)H * 4) + KERN_R64(n * (size_t)I * 8) + KERN_R64(n * (size_t)I * 4) +
-           KERN_R64(n * (size_t)H * 4) + KERN_R64(n * 4) + KERN_R64(((size_t)E + 1) * 4);
+           KERN_R64(n * (size_t)H * 4) + KERN_R64(n * 4) + KERN_R64(((size_t)E + 1) * 4) + KERN_R64(n * 4) +
+           KERN_R64(((size_t)E + 1) * 4);
 #undef KERN_R64
 }
 #define KERN_MAX_MARKOV_RANK 4096

@@ -250,6 +250,7 @@ void kern_cpu_moe_ffn(kern_pool *pool, const kern_op *op)
     for (size_t q = 0; q < nk; q++) {
         const int32_t e = t.ids[q];
         KERN_CHECK(op, e >= 0 && e < E);
+        for (size_t q0 = q / (size_t)k * (size_t)k; q0 < q; q0++) KERN_CHECK(op, t.ids[q0] != e); /* once a row */
         t.offs[e + 1]++;
     }
     for (int e = 0; e < E; e++) t.offs[e + 1] += t.offs[e];

@@ -10,6 +10,8 @@
  *   attention.cu     KOP_KV_WRITE, KOP_ATTENTION (+ split-sequence combine)
  *   spec.cu          KOP_DRAFT_SELECT, KOP_CONFIDENCE
  *   sample.cu        KOP_SAMPLE (one block per row, radix selections in shared memory)
+ *   mm_kernels.cuh   the batch-invariant matmul kernels, ungrouped (KOP_MATMUL) and grouped by expert
+ *   moe.cu           KOP_MOE_ROUTE, KOP_MOE_FFN (grouped expert matmuls)
  *   convert.cu       dtype conversion for weight loading
  */
 #ifndef GS_KERN_CUDA_COMMON_CUH
@@ -67,6 +69,7 @@ enum {
     KC_ERR_LOGPROBS, /* sample: n_logprobs outside [0, KERN_SAMPLE_MAX_TOP] */
     KC_ERR_NO_TOKEN, /* sample: a row's bans leave no token */
     KC_ERR_PEN,      /* sample: penalty state (slot, extra ids, logit_bias list, update pair) out of range */
+    KC_ERR_EXPERT,   /* moe_ffn: an expert id outside [0, E), or the same expert twice in a row */
     KC_ERR_COUNT
 };
 
@@ -177,6 +180,8 @@ void kc_attention(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 void kc_draft_select(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 void kc_confidence(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 void kc_sample(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
+void kc_moe_route(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
+void kc_moe_ffn(kern_cuda_ctx *c, const kern_op *op, cudaStream_t s);
 
 /* Grid size for a grid-stride loop over `work` items with 256-thread blocks. */
 static inline unsigned kc_grid_for(const kern_cuda_ctx *c, size_t work)

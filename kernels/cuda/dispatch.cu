@@ -101,6 +101,7 @@ static const char *err_text(unsigned code)
     case KC_ERR_LOGPROBS: return "n_logprobs outside [0, KERN_SAMPLE_MAX_TOP]";
     case KC_ERR_NO_TOKEN: return "every token banned";
     case KC_ERR_PEN: return "penalty state or logit_bias out of range";
+    case KC_ERR_EXPERT: return "expert id outside [0, E) or repeated in a row";
     default: return "unknown check";
     }
 }
@@ -139,6 +140,8 @@ extern "C" void kern_cuda_exec(kern_cuda_ctx *c, const kern_op *op, cudaStream_t
     case KOP_DRAFT_SELECT: kc_draft_select(c, op, s); break;
     case KOP_CONFIDENCE: kc_confidence(c, op, s); break;
     case KOP_SAMPLE: kc_sample(c, op, s); break;
+    case KOP_MOE_ROUTE: kc_moe_route(c, op, s); break;
+    case KOP_MOE_FFN: kc_moe_ffn(c, op, s); break;
     default:
         fprintf(stderr, "graphswap: unknown op kind %d\n", (int)op->kind);
         abort();

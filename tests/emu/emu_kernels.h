@@ -60,6 +60,9 @@ int emu_kc_sample(const kern_op *op, uint64_t seed, char *msg, size_t msglen);
  * KOP_CONFIDENCE) */
 int emu_kc_draft_select(const kern_op *op, uint64_t seed, char *msg, size_t msglen);
 int emu_kc_confidence(const kern_op *op, uint64_t seed, char *msg, size_t msglen);
+/* kernels/cuda/moe.cu (KOP_MOE_ROUTE; KOP_MOE_FFN: the group, gate_up, silu, down and combine launches) */
+int emu_kc_moe_route(const kern_op *op, const emu_kc_config *cfg, uint64_t seed, char *msg, size_t msglen);
+int emu_kc_moe_ffn(const kern_op *op, const emu_kc_config *cfg, uint64_t seed, char *msg, size_t msglen);
 
 #ifdef __cplusplus
 }
@@ -77,7 +80,7 @@ static inline int emu_kc_report(const kc_err &e, char *msg, size_t msglen)
         EMU_KC_ERR(KC_ERR_NONE) EMU_KC_ERR(KC_ERR_ROWS) EMU_KC_ERR(KC_ERR_TOKEN) EMU_KC_ERR(KC_ERR_SLOT)
         EMU_KC_ERR(KC_ERR_POS) EMU_KC_ERR(KC_ERR_BLOCK) EMU_KC_ERR(KC_ERR_KVLEN) EMU_KC_ERR(KC_ERR_INDEX)
         EMU_KC_ERR(KC_ERR_PREV) EMU_KC_ERR(KC_ERR_BANS) EMU_KC_ERR(KC_ERR_LOGPROBS) EMU_KC_ERR(KC_ERR_NO_TOKEN)
-        EMU_KC_ERR(KC_ERR_PEN)
+        EMU_KC_ERR(KC_ERR_PEN) EMU_KC_ERR(KC_ERR_EXPERT)
 #undef EMU_KC_ERR
     default: break;
     }

@@ -30,6 +30,15 @@ static inline void gpu_mkmodel(char *out, const char *base, const char *name, md
     o.tie = tie;
     o.seed = seed;
     o.target_dir = target;
+    if (arch == MDL_ARCH_QWEN3_MOE) { /* 8 experts, top-2, layer 1 dense (mlp_only_layers) */
+        o.experts = 8;
+        o.experts_per_tok = 2;
+        o.moe_inter = 64;
+        o.norm_topk = 1;
+        o.sparse_step = 1;
+        o.n_mlp_only = 1;
+        o.mlp_only[0] = 1;
+    }
     if (arch == MDL_ARCH_DSPARK || arch == MDL_ARCH_DFLASH) {
         o.layers = 1;
         o.block_size = 4;

@@ -28,6 +28,7 @@
 #include "gpu_models.h"
 
 static char g_qwen3[1100], g_qwen2[1100], g_llama[1100], g_dspark[1100], g_dflash[1100];
+static char g_moe[1100];             /* Qwen3-MoE: KOP_MOE_ROUTE / KOP_MOE_FFN on the GPU */
 static char g_qwen3b[1100], g_dflashb[1100]; /* same shapes, other seed: the update's source */
 
 static eng_backend *cpu_backend(void)
@@ -134,6 +135,11 @@ static void test_parity_llama(void **state)
 {
     (void)state;
     parity(g_llama, 2e-3, 2e-2);
+}
+static void test_parity_qwen3_moe(void **state)
+{
+    (void)state;
+    parity(g_moe, 2e-3, 2e-2);
 }
 
 /* ---- through the engine ------------------------------------------------------------------------------ */
@@ -287,13 +293,14 @@ int main(void)
     gpu_mkmodel(g_llama, b, "llama", MDL_ARCH_LLAMA, MDL_DT_BF16, 0, 64, 2, 1, 7, NULL);
     gpu_mkmodel(g_dspark, b, "dspark", MDL_ARCH_DSPARK, MDL_DT_BF16, 1, 32, 4, 2, 7, g_qwen3);
     gpu_mkmodel(g_dflash, b, "dflash", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, 7, g_qwen3);
+    gpu_mkmodel(g_moe, b, "qwen3moe", MDL_ARCH_QWEN3_MOE, MDL_DT_BF16, 0, 32, 4, 2, 9, NULL);
     gpu_mkmodel(g_qwen3b, b, "qwen3b", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, 8, NULL);
     gpu_mkmodel(g_dflashb, b, "dflashb", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, 8, g_qwen3b);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_qwen3),  cmocka_unit_test(test_parity_qwen2_f32),
         cmocka_unit_test(test_parity_llama),  cmocka_unit_test(test_engine_greedy),
         cmocka_unit_test(test_spec_dspark),   cmocka_unit_test(test_spec_dflash),
-        cmocka_unit_test(test_hot_update_equals_cold),
+        cmocka_unit_test(test_hot_update_equals_cold), cmocka_unit_test(test_parity_qwen3_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -164,6 +164,13 @@ static void test_sample(void **state)
     gpu_cases(opcase_sample, "sample");
 }
 
+static void test_moe(void **state)
+{
+    (void)state;
+    gpu_cases(opcase_moe_route, "moe_route");
+    gpu_cases(opcase_moe_ffn, "moe_ffn");
+}
+
 int main(void)
 {
     GPU_TEST_SKIP_WITHOUT_DEVICE();
@@ -181,7 +188,7 @@ int main(void)
         cmocka_unit_test(test_kv_write),     cmocka_unit_test(test_attention),
         cmocka_unit_test(test_silu_mul_add), cmocka_unit_test(test_gather_copy_cols),
         cmocka_unit_test(test_draft_select), cmocka_unit_test(test_confidence),
-        cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_sample),       cmocka_unit_test(test_moe),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kern_pool_destroy(g_pool);

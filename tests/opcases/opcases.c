@@ -951,3 +951,151 @@ void opcase_sample(oc_harness *h)
                 st.n_drawn_not_best >= (h->emu ? 10 : 30) && st.n_long_bans >= 2);
     assert_true(st.n_pen >= least * 5 && st.n_extra >= least * 3 && st.n_bias >= least * 3 && st.n_pen_changed >= least * 3);
 }
+
+/* ---- KOP_MOE_ROUTE: ids and weights bitwise equal to the CPU's (the CUDA kernel keeps kern_expf's and the
+ * contract's order of every step). Ties in q (equal logits) to the lower id, a NaN logit, -inf logits, a
+ * row whose logits are all equal, E from 1 to KERN_MAX_EXPERTS, k = 1 and k = E, norm on and off, several
+ * blocks of rows, zero rows; rows past n keep the poison ------------------------------------------------ */
+void opcase_moe_route(oc_harness *h)
+{
+    gpu_rng r = {91};
+    const struct {
+        int E, k, max_rows, n, norm;
+        const char *what;
+    } cases[] = {
+        {8, 2, 5, 5, 1, "Qwen3-style top-2 of 8, norm"},
+        {128, 8, 9, 7, 1, "128 experts top-8 (Qwen3-30B-A3B), two blocks of rows"},
+        {128, 8, 3, 3, 0, "128 experts top-8, no norm"},
+        {60, 4, 4, 4, 0, "60 experts (Qwen1.5-MoE), top-4"},
+        {1, 1, 3, 2, 1, "one expert"},
+        {5, 5, 4, 3, 1, "k == E"},
+        {33, 3, 2, 2, 1, "E not a multiple of 32"},
+        {KERN_MAX_EXPERTS, 16, 2, 2, 1, "KERN_MAX_EXPERTS experts"},
+        {16, 2, 6, 0, 1, "zero rows"},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int E = cases[ci].E, k = cases[ci].k, M = cases[ci].max_rows, n = cases[ci].n;
+        oc_case t;
+        oc_init(&t, KOP_MOE_ROUTE, 0.0);
+        float *l = oc_rows(&r, M, E, n, 4.0f);
+        for (int row = 0; row < n; row++) {
+            float *lr = l + (size_t)row * E;
+            if (row == 1 && E >= 4) lr[3] = lr[1] = lr[E - 1] = 9.0f; /* a three-way tie at the top */
+            if (row == 2 && E >= 4) lr[2] = NAN;                      /* a NaN logit */
+            if (row == 3)
+                for (int e = 0; e < E; e++) lr[e] = 0.5f; /* all equal: the k lowest ids */
+            if (row == 4 && E >= 8) lr[0] = lr[5] = -INFINITY;
+        }
+        const size_t kb = (size_t)M * k * 4;
+        int32_t *ids = oc_i32((size_t)M * k, GPU_POISON_I32);
+        oc_buf(&t, 0, l, (size_t)M * E * 4, OC_IN);
+        oc_buf(&t, 1, ids, kb, OC_OUT_I32);
+        oc_buf(&t, 2, oc_poison((size_t)M * k), kb, OC_OUT_F32);
+        oc_buf(&t, 3, oc_i32(1, n), 4, OC_IN);
+        t.exact[2] = 1;
+        t.op.p[0] = E;
+        t.op.p[1] = k;
+        t.op.p[2] = M;
+        t.op.p[3] = cases[ci].norm;
+        char name[160];
+        snprintf(name, sizeof name, "moe_route E %d k %d max_rows %d n %d: %s", E, k, M, n, cases[ci].what);
+        oc_check(h, &t, name);
+    }
+}
+
+/* ---- KOP_MOE_FFN: against the CPU within the matmul's tolerance. bf16 weights with H, I % 32 == 0 (the
+ * grouped tensor-core kernel for both matmuls), f32 weights and bf16 with H % 32 != 0 (the CUDA-core
+ * kernel), a misaligned h (gate_up on the CUDA-core kernel, down on the tensor-core one), decode (one row),
+ * every row routed to one expert (an expert's group over several row tiles), many experts each with few
+ * rows, k == E, zero rows. The experts no live row chose hold NaN weights (a kernel that read them would
+ * fail), ids past n are out of range (never read), out accumulates onto random live rows and keeps the
+ * poison past n ------------------------------------------------------------------------------------------- */
+typedef struct {
+    int H, I, E, k, max_rows, n, bf, hoff, skew; /* skew: 1 every row picks expert E-1 (and the lowest others) */
+    const char *what;
+} moe_case;
+
+void opcase_moe_ffn(oc_harness *h)
+{
+    gpu_rng r = {92};
+    const moe_case cases[] = {
+        {64, 32, 8, 2, 5, 5, 1, 0, 0, "bf16 tensor-core both matmuls, top-2 of 8"},
+        {128, 64, 16, 4, 20, 17, 1, 0, 0, "bf16 tensor-core, 17 rows top-4 of 16"},
+        {96, 64, 32, 4, 1, 1, 1, 0, 0, "decode: one row, 4 of 32 experts read"},
+        {64, 32, 4, 1, 40, 37, 1, 0, 1, "every row to one expert: 2 row tiles of one group"},
+        {64, 32, 4, 2, 70, 66, 0, 0, 1, "f32, skewed: one expert's group of 66 rows (3 tiles)"},
+        {40, 24, 6, 2, 6, 4, 1, 0, 0, "bf16 H % 32 != 0 -> CUDA-core"},
+        {48, 20, 5, 3, 7, 7, 0, 0, 0, "f32 CUDA-core, I % 4 != 0"},
+        {64, 32, 8, 2, 6, 5, 1, 1, 0, "bf16, h misaligned: gate_up CUDA-core, down tensor-core"},
+        {32, 32, 3, 3, 4, 3, 1, 0, 0, "k == E"},
+        {64, 32, 8, 2, 6, 0, 1, 0, 0, "zero rows"},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const moe_case *c = &cases[ci];
+        const int H = c->H, I = c->I, E = c->E, k = c->k, M = c->max_rows, n = c->n;
+        oc_case t;
+        oc_init(&t, KOP_MOE_FFN, oc_rtol(h, 1e-4, 5e-4));
+        /* routing: k distinct experts per live row, ascending; rows past n out of range */
+        int32_t *ids = oc_i32((size_t)M * k, E + 3);
+        float *wts = oc_poison((size_t)M * k);
+        uint8_t *used = calloc((size_t)E, 1);
+        assert_non_null(used);
+        for (int row = 0; row < n; row++) {
+            uint8_t pick[KERN_MAX_EXPERTS] = {0};
+            int got = 0;
+            if (c->skew) pick[E - 1] = 1, got = 1;
+            while (got < k) {
+                const int e = c->skew ? got - 1 : gpu_int(&r, 0, E - 1);
+                if (!pick[e]) pick[e] = 1, got++;
+            }
+            for (int e = 0, j = 0; e < E; e++)
+                if (pick[e]) {
+                    ids[row * k + j] = e;
+                    wts[row * k + j] = 0.05f + 0.5f * (gpu_unif(&r) + 1.0f);
+                    used[e] = 1;
+                    j++;
+                }
+        }
+        const size_t ws = c->bf ? 2 : 4, xb = (size_t)M * H * 4;
+        void *w13 = oc_weights(&r, c->bf, (size_t)E * 2 * I * H, 0.3f);
+        void *w2 = oc_weights(&r, c->bf, (size_t)E * H * I, 0.3f);
+        for (int e = 0; e < E; e++) /* an expert no live row chose: NaN weights */
+            if (!used[e]) {
+                for (size_t i = 0; i < (size_t)2 * I * H; i++) {
+                    const size_t at = (size_t)e * 2 * I * H + i;
+                    if (c->bf) ((uint16_t *)w13)[at] = 0x7fc1;
+                    else ((float *)w13)[at] = NAN;
+                }
+                for (size_t i = 0; i < (size_t)H * I; i++) {
+                    const size_t at = (size_t)e * H * I + i;
+                    if (c->bf) ((uint16_t *)w2)[at] = 0x7fc1;
+                    else ((float *)w2)[at] = NAN;
+                }
+            }
+        free(used);
+        float *hx = oc_rows(&r, (size_t)M * H + (size_t)c->hoff, 1, (size_t)n * H + (size_t)c->hoff, 1.5f);
+        if (c->hoff) {
+            oc_buf(&t, OC_EXTRA, hx, xb + (size_t)c->hoff * 4, OC_IN);
+            oc_view(&t, 0, OC_EXTRA, (size_t)c->hoff * 4, xb);
+        } else {
+            oc_buf(&t, 0, hx, xb, OC_IN);
+        }
+        oc_buf(&t, 1, w13, (size_t)E * 2 * I * H * ws, OC_IN);
+        oc_buf(&t, 2, w2, (size_t)E * H * I * ws, OC_IN);
+        oc_buf(&t, 3, ids, (size_t)M * k * 4, OC_IN);
+        oc_buf(&t, 4, wts, (size_t)M * k * 4, OC_IN);
+        oc_buf(&t, 5, oc_rows(&r, M, H, n, 2.0f), xb, OC_OUT_F32);
+        oc_buf(&t, 6, oc_i32(1, n), 4, OC_IN);
+        const size_t sb = kern_moe_scratch_bytes(E, k, H, I, M);
+        oc_buf(&t, 7, oc_poison(sb / 4), sb, OC_IN); /* stale scratch: NaN */
+        t.op.p[0] = H;
+        t.op.p[1] = I;
+        t.op.p[2] = E;
+        t.op.p[3] = k;
+        t.op.p[4] = M;
+        t.op.p[5] = c->bf ? KERN_DT_BF16 : KERN_DT_F32;
+        char name[200];
+        snprintf(name, sizeof name, "moe_ffn H %d I %d E %d k %d max_rows %d n %d: %s", H, I, E, k, M, n, c->what);
+        oc_check(h, &t, name);
+    }
+}

@@ -101,6 +101,8 @@ void opcase_matmul(oc_harness *h);
 void opcase_draft_select(oc_harness *h);
 void opcase_confidence(oc_harness *h);
 void opcase_sample(oc_harness *h);
+void opcase_moe_route(oc_harness *h);
+void opcase_moe_ffn(oc_harness *h);
 
 /* ---- KOP_SAMPLE helpers (also the emulation's error-record cases) ----------------------------------- */
 /* best id of C0 by the order key (the greedy choice), bans[0..nb) excluded */

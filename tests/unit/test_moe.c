@@ -388,6 +388,22 @@ static void test_ffn_bad_id_aborts(void **state)
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    /* the same expert twice in a row (KOP_MOE_ROUTE never writes that; the CUDA kernels size an expert's
+     * group by max_rows, so both backends refuse it) */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGABRT, SIG_DFL);
+        fclose(stderr);
+        ffn_case c;
+        ffn_init(&c, 32, 16, 4, 2, 2, KERN_DT_F32);
+        c.ids[3] = c.ids[2];
+        float *o = xalloc((size_t)c.rows * c.H * 4);
+        ffn_run(&c, NULL, 2, o, o + 0);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
 }
 
 static void test_validate(void **state)
