@@ -13,5 +13,7 @@ int srv_bench_prefill(int argc, char **argv);
 int srv_bench_blas(int argc, char **argv);
 /* bench_transfer.c: `graphswap bench transfer` (weight-update throughput in the process) */
 int srv_bench_transfer(int argc, char **argv);
+/* bench_gemv.c: `graphswap bench gemv` (decode-shaped matmuls by weight dtype: f32, bf16, FP8) */
+int srv_bench_gemv(int argc, char **argv);
 
 #endif

@@ -322,6 +322,7 @@ static const char bench_help[] =
     "  decode     decode tokens/s at batch 1, 4, 16, 32 (plans and eager) against the memcpy / read floor\n"
     "  prefill    prompt tokens/s at lengths 128, 512, 2048 against the FMA peak of the same run\n"
     "  blas       the f32 CPU matmul against OpenBLAS / BLIS / oneDNN: GFLOP/s and row invariance\n"
+    "  gemv       decode-shaped matmuls by weight dtype (f32, bf16, FP8 e4m3 + block scales): ms, GB/s\n"
     "  spec       speculative decoding with a drafter vs plain decoding: tok/s, acceptance per position\n"
     "  serve      a running (or started) server over loopback HTTP: req/s, tok/s, TTFT, HTTP overhead\n"
     "  update     weight-update throughput over loopback HTTP by bucket size (GB/s, hook, guard)\n"
@@ -333,6 +334,7 @@ int srv_cmd_bench(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "spec") == 0) return bench_spec(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "prefill") == 0) return srv_bench_prefill(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "blas") == 0) return srv_bench_blas(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "gemv") == 0) return srv_bench_gemv(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) return srv_bench_serve(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "update") == 0) return srv_bench_update(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "transfer") == 0) return srv_bench_transfer(argc - 1, argv + 1);

@@ -23,9 +23,10 @@
 typedef enum {
     KERN_DT_F32 = 0,
     KERN_DT_BF16 = 1,
+    KERN_DT_FP8 = 2, /* float8_e4m3fn codes with block scales: KOP_MATMUL weights only (see there) */
 } kern_dtype;
 
-static inline size_t kern_dtype_size(kern_dtype dt) { return dt == KERN_DT_BF16 ? 2 : 4; }
+static inline size_t kern_dtype_size(kern_dtype dt) { return dt == KERN_DT_BF16 ? 2 : dt == KERN_DT_FP8 ? 1 : 4; }
 
 typedef enum {
     /* out[r,:] = (f32) table[ids[r], :]
@@ -40,7 +41,14 @@ typedef enum {
      * buf: 0 x f32[max_rows,K], 1 W [N,K] (wdt), 2 bias f32[N] or NULL, 3 out f32[max_rows,N],
      *      4 n_rows
      * p: 0 K, 1 N, 2 max_rows, 3 wdt, 4 accumulate (0: out = ..., 1: out += ...)
-     * The sum over k is done in one fixed order per output element, whatever the row count.     */
+     * The sum over k is done in one fixed order per output element, whatever the row count.
+     * FP8 weights (wdt KERN_DT_FP8, block-FP8 as Qwen and DeepSeek checkpoints store it): W holds
+     * float8_e4m3fn codes, never a NaN code (0x7f / 0xff: the loader refuses them), buf 5 the scales
+     * S f32 [ceil(N / b0), ceil(K / b1)] (checkpoints' weight_scale_inv; every scale finite, > 0
+     * and < KERN_FP8_SCALE_MAX: the loader refuses others), p 5 b0 >= 1, p 6 b1 a power of two >= 16. Weight (n, k) is w = kern_fp8_to_f32(W[n, k]) * S[n / b0][k / b1], one
+     * rounded f32 multiply, and the result is bitwise the f32-weight matmul of those w (the same
+     * order: every ISA, every row count). The bf16-activation modes do not apply to FP8 weights (f32
+     * activations always).                                                                       */
     KOP_MATMUL,
     /* In place on a packed qkv row [q: nh*hd | k: nkv*hd | v: nkv*hd] (row stride p[3] floats):
      * q heads: RMSNorm over hd with q_norm (if not NULL), then RoPE; k heads likewise with k_norm.
@@ -409,6 +417,27 @@ int kern_cpu_amx_native(void);
 
 /* Runs one op on the CPU, using the pool's threads. Asserts on malformed ops (a bug). */
 void kern_cpu_exec(kern_pool *pool, const kern_op *op);
+
+/* float8_e4m3fn -> f32, exact for every code but the NaN codes 0x7f / 0xff (which give +-480): the
+ * 7 magnitude bits moved to f32's exponent and mantissa fields (exponent bias 7 vs 127) and scaled
+ * by 2^120, which also makes the codes with a zero exponent (subnormal e4m3) exact. */
+static inline float kern_fp8_to_f32(uint8_t q)
+{
+    union { uint32_t u; float f; } m = { .u = (uint32_t)(q & 0x7fu) << 20 }, r;
+    r.f = m.f * 0x1p120f;
+    r.u |= (uint32_t)(q & 0x80u) << 24;
+    return r.f;
+}
+static inline int kern_fp8_is_nan(uint8_t q) { return (q & 0x7fu) == 0x7fu; }
+/* kern_fp8_to_f32(q) * 2^-120, exactly: the code's bits in place (sign to bit 31, the magnitude to
+ * bits 20..26) with no arithmetic. A kernel multiplies it by s * 2^120 (exact for s < 2^8), which is
+ * one rounding of the same real number as kern_fp8_to_f32(q) * s: the same bits. */
+static inline float kern_fp8_raw(uint8_t q)
+{
+    union { uint32_t u; float f; } m = { .u = ((uint32_t)(q & 0x80u) << 24) | ((uint32_t)(q & 0x7fu) << 20) };
+    return m.f;
+}
+#define KERN_FP8_SCALE_MAX 0x1p8f /* scales are finite, > 0 and below this (the loader refuses others) */
 
 /* bf16 <-> f32 (round to nearest even; NaN stays NaN) */
 static inline float kern_bf16_to_f32(uint16_t h)

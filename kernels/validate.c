@@ -108,8 +108,10 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         break;
     }
     case KOP_MATMUL: {
-        if (!REQ(p[0] > 0 && p[1] > 0 && p[2] >= 0 && is_dtype(p[3]))) break;
+        const int fp8 = p[3] == KERN_DT_FP8;
+        if (!REQ(p[0] > 0 && p[1] > 0 && p[2] >= 0 && (is_dtype(p[3]) || fp8))) break;
         REQ(p[4] == 0 || p[4] == 1);
+        if (fp8 && !REQ(p[5] >= 1 && p[6] >= 16 && (p[6] & (p[6] - 1)) == 0)) break;
         size_t ds = kern_dtype_size((kern_dtype)p[3]);
         size_t xb = bytes3(v, p[2], p[0], 4), ob = bytes3(v, p[2], p[1], 4);
         need_buf(v, 0, xb, 4);
@@ -117,7 +119,8 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         opt_buf(v, 2, bytes3(v, p[1], 1, 4), 4);
         need_buf(v, 3, ob, 4);
         need_buf(v, 4, 4, 4);
-        unused_from(v, 5);
+        if (fp8) need_buf(v, 5, bytes3(v, (p[1] + p[5] - 1) / p[5], (p[0] + p[6] - 1) / p[6], 4), 4);
+        unused_from(v, fp8 ? 6 : 5);
         REQ(disjoint(&op->buf[0], xb, &op->buf[3], ob));
         break;
     }

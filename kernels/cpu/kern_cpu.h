@@ -79,6 +79,10 @@ typedef struct {
     int K, N, M;
     int bf16;       /* W is bf16 */
     int accumulate; /* out += instead of out = */
+    /* FP8 weights (KERN_DT_FP8, kern.h KOP_MATMUL): W holds e4m3 codes, weight (n, k) is
+     * kern_fp8_to_f32(W[n, k]) * fs[(n / fb0) * fsk + (k >> fsh)]; fs NULL otherwise */
+    const float *fs;
+    int fb0, fsh, fsk;
     kern_mm_xb *xb; /* bf16-pairs mode: the calling thread's rounded rows, or NULL (round as it goes) */
 } kern_mm_args;
 

@@ -85,6 +85,12 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
         .bf16x = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_PAIRS,
         .amx = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_AMX,
     };
+    if (p[3] == KERN_DT_FP8) {
+        t.a.fs = op->buf[5].ptr;
+        t.a.fb0 = p[5];
+        t.a.fsk = (p[0] + p[6] - 1) / p[6];
+        t.a.fsh = __builtin_ctz((unsigned)p[6]);
+    }
     const int nt = pool ? kern_pool_threads(pool) : 1;
     const int units = (p[1] + MM_CHUNK_UNIT - 1) / MM_CHUNK_UNIT;
     int per = units / (MM_CHUNKS_PER_THREAD * nt);

@@ -19,6 +19,7 @@ typedef struct {
 #define MM_NR_ONE 6
 #define MM_NR_MULTI 1
 #define MM_NR_MAX 6
+#define MM_NR_ONE_F8 4 /* FP8 decode temporaries: 8 accumulators, not 12 */
 #define SIMD_AXPY_ACC 4 /* 8 ymm */
 
 #define AI2 static inline __attribute__((always_inline, unused)) SIMD_TARGET
@@ -29,6 +30,17 @@ AI2 __m256 ldbf8(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 AI2 V V_LOADBF(const uint16_t *p) { return (V){ldbf8(p), ldbf8(p + 8)}; }
+/* 8 e4m3 codes as kern_fp8_raw: sign-extended to 32 bits and shifted left 20 (the sign fills bits
+ * 27..31), then bits 27..30 cleared */
+AI2 __m256 ldf8x8(const uint8_t *p)
+{
+    const __m256i c = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)), 20);
+    return _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32((int)0x87f00000u)));
+}
+AI2 V V_LOADF8(const uint8_t *p) { return (V){ldf8x8(p), ldf8x8(p + 8)}; }
+#define VS __m256
+AI2 VS VS_SET1(float f) { return _mm256_set1_ps(f); }
+AI2 V V_MULS(V a, VS s) { return (V){_mm256_mul_ps(a.lo, s), _mm256_mul_ps(a.hi, s)}; }
 AI2 void V_STORE(float *p, V v)
 {
     _mm256_storeu_ps(p, v.lo);

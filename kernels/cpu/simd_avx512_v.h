@@ -19,6 +19,16 @@ static inline __attribute__((always_inline)) SIMD_TARGET V V_LOADBF(const uint16
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+/* 16 e4m3 codes as kern_fp8_raw: sign-extended to 32 bits and shifted left 20 (the sign fills bits
+ * 27..31), then bits 27..30 cleared */
+static inline __attribute__((always_inline)) SIMD_TARGET V V_LOADF8(const uint8_t *p)
+{
+    const __m512i c = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)), 20);
+    return _mm512_castsi512_ps(_mm512_and_si512(c, _mm512_set1_epi32((int)0x87f00000u)));
+}
+#define VS __m512
+static inline __attribute__((always_inline)) SIMD_TARGET VS VS_SET1(float f) { return _mm512_set1_ps(f); }
+static inline __attribute__((always_inline)) SIMD_TARGET V V_MULS(V a, VS s) { return _mm512_mul_ps(a, s); }
 static inline __attribute__((always_inline)) SIMD_TARGET void V_STORE(float *p, V v) { _mm512_storeu_ps(p, v); }
 static inline __attribute__((always_inline)) SIMD_TARGET V V_SET1(float f) { return _mm512_set1_ps(f); }
 static inline __attribute__((always_inline)) SIMD_TARGET V V_ADD(V a, V b) { return _mm512_add_ps(a, b); }

@@ -32,6 +32,19 @@ AIS V V_LOADBF(const uint16_t *p)
     for (int i = 0; i < 16; i++) v.l[i] = kern_bf16_to_f32(p[i]);
     return v;
 }
+AIS V V_LOADF8(const uint8_t *p)
+{
+    V v;
+    for (int i = 0; i < 16; i++) v.l[i] = kern_fp8_raw(p[i]);
+    return v;
+}
+#define VS float
+AIS float VS_SET1(float f) { return f; }
+AIS V V_MULS(V a, float s)
+{
+    for (int i = 0; i < 16; i++) a.l[i] = a.l[i] * s;
+    return a;
+}
 AIS void V_STORE(float *p, V v)
 {
     for (int i = 0; i < 16; i++) p[i] = v.l[i];

@@ -126,6 +126,10 @@ extern "C" void kern_cuda_exec(kern_cuda_ctx *c, const kern_op *op, cudaStream_t
         fprintf(stderr, "graphswap: malformed %s op: check '%s' failed\n", op ? kern_op_name(op->kind) : "?", why);
         abort();
     }
+    if (op->kind == KOP_MATMUL && op->p[3] == KERN_DT_FP8) { /* nothing builds one for this backend yet */
+        fprintf(stderr, "graphswap: FP8 weights are not implemented on the CUDA backend\n");
+        abort();
+    }
     switch (op->kind) {
     case KOP_EMBED: kc_embed(c, op, s); break;
     case KOP_RMSNORM: kc_rmsnorm(c, op, s); break;
