@@ -102,13 +102,10 @@ __global__ void __launch_bounds__(SK_MAX_WARPS * 32)
     /* live rows of this tile; x (unless mapped) and out are addressed from the tile's first row */
     const int n = nall - row0 < RG * 8 ? nall - row0 : RG * 8;
     const bool mapped = GROUPED && grp.xmap;
-    if (GROUPED) {
-        w += (size_t)e * grp.wstride;
-        out += (size_t)r0g * (size_t)N;
-        if (!mapped) x += (size_t)r0g * (size_t)K;
-    }
-    if (!mapped) x += (size_t)row0 * (size_t)K;
-    out += (size_t)row0 * (size_t)N;
+    if (GROUPED) w += (size_t)e * grp.wstride;
+    const size_t first = (size_t)r0g + (size_t)row0; /* r0g is 0 ungrouped */
+    if (!mapped) x += first * (size_t)K;
+    out += first * (size_t)N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int f0 = strip * 16 + g, f1 = f0 + 8;
@@ -190,13 +187,10 @@ __global__ void __launch_bounds__(256) k_mm_simple(const float *__restrict__ x, 
     if (nall <= row0 || f >= N) return;
     const int n = nall - row0 < SIMPLE_TILE_ROWS ? nall - row0 : SIMPLE_TILE_ROWS; /* rows of this tile */
     const bool mapped = GROUPED && grp.xmap;
-    if (GROUPED) {
-        w += (size_t)e * grp.wstride;
-        out += (size_t)r0g * (size_t)N;
-        if (!mapped) x += (size_t)r0g * (size_t)K;
-    }
-    if (!mapped) x += (size_t)row0 * (size_t)K;
-    out += (size_t)row0 * (size_t)N;
+    if (GROUPED) w += (size_t)e * grp.wstride;
+    const size_t first = (size_t)r0g + (size_t)row0; /* r0g is 0 ungrouped */
+    if (!mapped) x += first * (size_t)K;
+    out += first * (size_t)N;
     const size_t wrow = (size_t)f * (size_t)K;
     for (int r0 = 0; r0 < n; r0 += 4) {
         float s[4] = {0.f, 0.f, 0.f, 0.f};
