@@ -555,7 +555,9 @@ int eng_weights_ckpt_visit(eng_engine *e, int draft, int with_data, int (*fn)(co
         if (d->alias) continue; /* (the fused expert tensors likewise: reported per expert) */
         const mdl_param *p = &m->params[d->param];
         const size_t n = (size_t)d->rows * (size_t)p->cols, es = mdl_dtype_size(p->dt);
-        eng_ckpt_tensor t = {.name = d->name, .dtype = hd, .ndim = d->ndim, .nbytes = n * mdl_dtype_size(hd)};
+        /* block-FP8 weights and their scales as the checkpoint stores them (F8_E4M3, F32) */
+        const mdl_dtype td = p->dt == MDL_DT_F8_E4M3 || p->is_scale ? p->dt : hd;
+        eng_ckpt_tensor t = {.name = d->name, .dtype = td, .ndim = d->ndim, .nbytes = n * mdl_dtype_size(td)};
         t.shape[0] = d->rows;
         t.shape[1] = d->ndim == 2 ? d->cols : 0;
         if (with_data) {
@@ -574,8 +576,8 @@ int eng_weights_ckpt_visit(eng_engine *e, int draft, int with_data, int (*fn)(co
             be->ops->download(be, buf, (const uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols * es, n * es);
             be->ops->synchronize(be);
             t.data = buf;
-            if (p->dt != hd) {
-                if (mdl_convert(cbuf, hd, buf, p->dt, n) != 0) {
+            if (p->dt != td) {
+                if (mdl_convert(cbuf, td, buf, p->dt, n) != 0) {
                     rc = -2;
                     break;
                 }

@@ -27,6 +27,9 @@ typedef enum {
 
 #define MDL_MAX_EOS 8
 
+/* mdl_config.fp8_skip bits: the projections of a layer kept unquantized */
+enum { MDL_FP8_SKIP_QKV = 1, MDL_FP8_SKIP_O = 2, MDL_FP8_SKIP_GATE_UP = 4, MDL_FP8_SKIP_DOWN = 8 };
+
 enum {
     MDL_GEN_TEMPERATURE = 1,
     MDL_GEN_TOP_P = 2,
@@ -77,6 +80,13 @@ typedef struct {
     int n_experts, experts_per_tok, moe_inter, norm_topk;
     int n_sparse;                   /* layers with sparse[l] */
     unsigned char sparse[MDL_MAX_LAYERS];
+    /* Block-FP8 checkpoints (quantization_config quant_method "fp8", fmt "e4m3", activation_scheme
+     * "dynamic", weight_block_size [fp8_b0, fp8_b1]: Qwen3-FP8, DeepSeek-V3): every projection
+     * (q/k/v, o, gate/up, down) stores X.weight as float8_e4m3fn and X.weight_scale_inv as f32 block
+     * scales, except the modules named in modules_to_not_convert / ignored_layers:
+     * fp8_skip[l] bits MDL_FP8_SKIP_* (embeddings, lm_head, norms and routers are never FP8) */
+    int fp8, fp8_b0, fp8_b1;
+    unsigned char fp8_skip[MDL_MAX_LAYERS];
     /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
     int is_drafter;
     int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */

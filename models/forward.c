@@ -95,6 +95,13 @@ static void emit_matmul(eng_tape *t, const mdl_model *m, const float *x, int K, 
     op.p[2] = rows;
     op.p[3] = m->wdt;
     op.p[4] = accumulate;
+    if (w->dt == MDL_DT_F8_E4M3) { /* block-FP8: codes + the scale table (kern.h KOP_MATMUL) */
+        const mdl_param *s = &m->params[w->scale];
+        op.p[3] = KERN_DT_FP8;
+        op.buf[5] = B(s->ptr, s->bytes);
+        op.p[5] = m->cfg.fp8_b0;
+        op.p[6] = m->cfg.fp8_b1;
+    }
     eng_tape_push(t, &op);
 }
 

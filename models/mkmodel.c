@@ -108,9 +108,10 @@ typedef struct {
     char name[192];
     int ndim;
     int64_t shape[3];
-    void *data; /* in the output dtype */
+    void *data; /* in the output dtype (dtype: the set's, or F8_E4M3 / F32 for FP8 codes and scales) */
     size_t bytes;
     int shard;
+    int fp8;    /* 0: the set's dtype; 1: F8_E4M3 codes; 2: F32 block scales */
 } gen_tensor;
 
 typedef struct {
@@ -156,6 +157,83 @@ static void gen(gen_set *g, const char *name, int64_t rows, int64_t cols, int ki
     mdl_convert(t->data, g->dt, f, MDL_DT_F32, n);
     free(f);
     g->n++;
+}
+
+/* f32 -> float8_e4m3fn, round to nearest even, saturating at +-448 (the finite codes 0x00 .. 0x7e are
+ * increasing in value: a binary search for the nearest) */
+static uint8_t e4m3_encode(float v)
+{
+    const uint8_t sign = v < 0 ? 0x80 : 0;
+    const float a = fabsf(v);
+    if (!(a < 448.0f)) return sign | 0x7e;
+    int lo = 0, hi = 0x7e; /* largest code with value <= a */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (kern_fp8_to_f32((uint8_t)mid) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    const float d0 = a - kern_fp8_to_f32((uint8_t)lo), d1 = kern_fp8_to_f32((uint8_t)(lo + 1)) - a;
+    const int c = d1 < d0 || (d1 == d0 && (lo & 1)) ? lo + 1 : lo;
+    return sign | (uint8_t)c;
+}
+
+/* Quantizes tensor i (a projection [rows, cols] in the set's dtype) to block FP8: its data becomes
+ * the codes (or, dequant, f32(q) * s back in the set's dtype) and, unless dequant, a tensor
+ * NAME_scale_inv of F32 block scales is appended. */
+static void quantize_fp8(gen_set *g, int i, int b0, int b1, int dequant)
+{
+    if (g->failed) return;
+    gen_tensor *t = &g->t[i];
+    const int64_t R = t->shape[0], C = t->shape[1], SR = (R + b0 - 1) / b0, SC = (C + b1 - 1) / b1;
+    const size_t n = (size_t)R * (size_t)C;
+    float *w = malloc(n * sizeof *w), *s = malloc((size_t)(SR * SC) * sizeof *s);
+    uint8_t *q = malloc(n);
+    if (!w || !s || !q || mdl_convert(w, MDL_DT_F32, t->data, g->dt, n) != 0) {
+        free(w), free(s), free(q);
+        g->failed = 1;
+        return;
+    }
+    for (int64_t br = 0; br < SR; br++)
+        for (int64_t bc = 0; bc < SC; bc++) {
+            float amax = 0.0f;
+            for (int64_t r = br * b0; r < R && r < (br + 1) * b0; r++)
+                for (int64_t c = bc * b1; c < C && c < (bc + 1) * b1; c++) amax = fmaxf(amax, fabsf(w[r * C + c]));
+            const float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
+            s[br * SC + bc] = sc;
+            for (int64_t r = br * b0; r < R && r < (br + 1) * b0; r++)
+                for (int64_t c = bc * b1; c < C && c < (bc + 1) * b1; c++) {
+                    const size_t k = (size_t)(r * C + c);
+                    q[k] = e4m3_encode(w[k] / sc);
+                    w[k] = kern_fp8_to_f32(q[k]) * sc; /* the dequantized weight (kern.h KOP_MATMUL) */
+                }
+        }
+    free(t->data);
+    if (dequant) {
+        t->data = malloc(t->bytes ? t->bytes : 1);
+        if (!t->data || mdl_convert(t->data, g->dt, w, MDL_DT_F32, n) != 0) g->failed = 1;
+        free(w), free(s), free(q);
+        return;
+    }
+    t->data = q;
+    t->bytes = n;
+    t->fp8 = 1;
+    free(w);
+    char name[192];
+    snprintf(name, sizeof name, "%.170s_scale_inv", t->name);
+    const mdl_dtype dt = g->dt;
+    const rng_t rng = g->rng; /* the slot's random fill must not shift the tensors after it */
+    g->dt = MDL_DT_F32;
+    gen(g, name, SR, SC, 1); /* a slot of the right size; overwritten below */
+    g->dt = dt;
+    g->rng = rng;
+    if (g->failed) {
+        free(s);
+        return;
+    }
+    gen_tensor *st = &g->t[g->n - 1];
+    memcpy(st->data, s, st->bytes);
+    st->fp8 = 2;
+    free(s);
 }
 
 static int write_json(const char *path, cJSON *j, char *err, size_t errlen)
@@ -345,6 +423,10 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             sparse[o->mlp_only[i]] = 0;
         }
     }
+    if (o->fp8_b0 > 0 && (drafter || o->arch == MDL_ARCH_QWEN3_MOE || o->fp8_b1 < 16 || (o->fp8_b1 & (o->fp8_b1 - 1)))) {
+        snprintf(err, errlen, "--fp8: dense targets only, with a column block that is a power of two >= 16");
+        return -1;
+    }
     gen_set g = {.rng = {.s = o->seed * 0x2545F4914F6CDD1Dull + 1}, .dt = o->dtype};
     const int64_t H = o->hidden, I = o->intermediate, hd = o->head_dim;
     char nm[160];
@@ -402,6 +484,12 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         G("mlp.down_proj.weight", H, I, 0);
 #undef G
     }
+    if (o->fp8_b0 > 0) /* block FP8: every projection of every layer */
+        for (int i = 0, n0 = g.n; i < n0; i++) {
+            const char *nm_i = g.t[i].name, *dot = strrchr(nm_i, '.');
+            if (dot && strcmp(dot, ".weight") == 0 && dot - nm_i > 5 && strncmp(dot - 5, "_proj", 5) == 0)
+                quantize_fp8(&g, i, o->fp8_b0, o->fp8_b1, o->fp8_dequant);
+        }
     snprintf(nm, sizeof nm, "%snorm.weight", pre);
     gen(&g, nm, H, 0, 1);
     if (!drafter && !o->tie) gen(&g, "lm_head.weight", o->vocab, H, 0);
@@ -448,7 +536,7 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             if (g.t[i].shard != s) continue;
             mdl_st_out *q = &outs[n++];
             q->name = g.t[i].name;
-            q->dtype = o->dtype;
+            q->dtype = g.t[i].fp8 == 1 ? MDL_DT_F8_E4M3 : g.t[i].fp8 == 2 ? MDL_DT_F32 : o->dtype;
             q->ndim = g.t[i].ndim;
             q->shape[0] = g.t[i].shape[0];
             q->shape[1] = g.t[i].shape[1];
@@ -519,6 +607,16 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         cJSON_AddItemToObject(cfg, "mlp_only_layers", cJSON_CreateIntArray(o->mlp_only, o->n_mlp_only));
         cJSON_AddNumberToObject(cfg, "router_aux_loss_coef", 0.001);
         cJSON_AddBoolToObject(cfg, "output_router_logits", 0);
+    }
+    if (o->fp8_b0 > 0 && !o->fp8_dequant) { /* as Qwen3-8B-FP8's config.json has it */
+        cJSON *qc = cJSON_AddObjectToObject(cfg, "quantization_config");
+        cJSON_AddStringToObject(qc, "activation_scheme", "dynamic");
+        cJSON_AddStringToObject(qc, "fmt", "e4m3");
+        cJSON_AddStringToObject(qc, "quant_method", "fp8");
+        const int bs[2] = {o->fp8_b0, o->fp8_b1};
+        cJSON_AddItemToObject(qc, "weight_block_size", cJSON_CreateIntArray(bs, 2));
+        cJSON *nc = cJSON_AddArrayToObject(qc, "modules_to_not_convert");
+        cJSON_AddItemToArray(nc, cJSON_CreateString("lm_head"));
     }
     if (o->arch != MDL_ARCH_LLAMA && o->arch != MDL_ARCH_DFLASH) { /* DSpark: a copy of the target's */
         cJSON_AddBoolToObject(cfg, "use_sliding_window", 0);

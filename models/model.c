@@ -47,6 +47,7 @@ typedef struct {
     mdl_model *m;
     int cap_params, cap_dests;
     int failed;
+    char why[256]; /* a refusal that is not out of memory (an FP8 shard off its block) */
 } builder;
 
 static int add_param(builder *b, const char *name, mdl_dtype dt, int64_t rows, int64_t cols)
@@ -68,6 +69,7 @@ static int add_param(builder *b, const char *name, mdl_dtype dt, int64_t rows, i
     p->rows = rows;
     p->cols = cols;
     p->bytes = (size_t)rows * (size_t)cols * mdl_dtype_size(dt);
+    p->scale = -1;
     return m->n_params++;
 }
 
@@ -127,6 +129,48 @@ static void add_fused(builder *b, const char *name, int param, int64_t d0, int c
     d->n_cover = n;
 }
 
+/* A projection matrix [rows, cols]: the model's matrix dtype W, or (fp8) F8_E4M3 codes plus a
+ * parameter of f32 block scales. */
+static int add_proj(builder *b, const char *rt, mdl_dtype W, int fp8, int64_t rows, int64_t cols)
+{
+    const mdl_config *c = &b->m->cfg;
+    const int p = add_param(b, rt, fp8 ? MDL_DT_F8_E4M3 : W, rows, cols);
+    if (p < 0 || !fp8) return p;
+    char srt[64];
+    snprintf(srt, sizeof srt, "%.56s.scale", rt);
+    const int s = add_param(b, srt, MDL_DT_F32, (rows + c->fp8_b0 - 1) / c->fp8_b0, (cols + c->fp8_b1 - 1) / c->fp8_b1);
+    if (s < 0) return -1;
+    b->m->params[s].is_scale = 1;
+    b->m->params[p].scale = s;
+    return p;
+}
+
+/* The destinations of checkpoint linear `base` (e.g. "model.layers.0.self_attn.k_proj"): rows
+ * [row0, row0 + rows) of projection p; with block scales also base.weight_scale_inv, rows
+ * [row0 / b0, ..) of p's scale table, which needs the shard to start on a block row and to end on
+ * one unless it ends the matrix. */
+static void add_linear(builder *b, const char *base, int p, int64_t row0, int64_t rows)
+{
+    if (p < 0) return;
+    char ck[192];
+    snprintf(ck, sizeof ck, "%s.weight", base);
+    add_dest(b, ck, p, row0, rows, 2, -1);
+    const int s = b->m->params[p].scale;
+    if (s < 0) return;
+    const int64_t b0 = b->m->cfg.fp8_b0;
+    if (row0 % b0 != 0 || (rows % b0 != 0 && row0 + rows != b->m->params[p].rows)) {
+        if (!b->why[0])
+            snprintf(b->why, sizeof b->why,
+                     "%s.weight: its %lld rows at row %lld of the stacked matrix are not whole FP8 scale blocks of "
+                     "%lld rows (weight_block_size)",
+                     base, (long long)rows, (long long)row0, (long long)b0);
+        b->failed = 1;
+        return;
+    }
+    snprintf(ck, sizeof ck, "%s.weight_scale_inv", base);
+    add_dest(b, ck, s, row0 / b0, (rows + b0 - 1) / b0, 2, -1);
+}
+
 static int dest_cmp(const void *a, const void *b)
 {
     return strcmp(((const mdl_dest *)a)->name, ((const mdl_dest *)b)->name);
@@ -161,15 +205,16 @@ static void build_table(builder *b)
     snprintf(rt, sizeof rt, "layers.%d." rtfmt, l)
         NAMES("input_layernorm.weight", "input_norm");
         L->input_norm = add_whole(b, ck, rt, F, H, 1);
+        const unsigned skip = c->fp8 ? c->fp8_skip[l] : 0xffu; /* projections kept unquantized */
         snprintf(rt, sizeof rt, "layers.%d.qkv", l);
-        L->qkv = add_param(b, rt, W, qkv_rows, H);
+        L->qkv = add_proj(b, rt, W, !(skip & MDL_FP8_SKIP_QKV), qkv_rows, H);
         const char *proj[3] = {"q_proj", "k_proj", "v_proj"};
         const int64_t r0[3] = {0, q_rows, q_rows + kv_rows}, nr[3] = {q_rows, kv_rows, kv_rows};
         /* I2: q, k and v are three disjoint row ranges of one stacked qkv parameter: each name is
          * written straight into its rows, nothing waits for the other two (any bucket, any order) */
         for (int i = 0; i < 3; i++) {
-            snprintf(ck, sizeof ck, "%slayers.%d.self_attn.%s.weight", pre, l, proj[i]);
-            add_dest(b, ck, L->qkv, r0[i], nr[i], 2, -1);
+            snprintf(ck, sizeof ck, "%slayers.%d.self_attn.%s", pre, l, proj[i]);
+            add_linear(b, ck, L->qkv, r0[i], nr[i]);
         }
         if (c->qkv_bias) {
             snprintf(rt, sizeof rt, "layers.%d.qkv_bias", l);
@@ -185,8 +230,9 @@ static void build_table(builder *b)
             NAMES("self_attn.k_norm.weight", "k_norm");
             L->k_norm = add_whole(b, ck, rt, F, hd, 1);
         }
-        NAMES("self_attn.o_proj.weight", "o_proj");
-        L->o = add_whole(b, ck, rt, W, H, q_rows);
+        NAMES("self_attn.o_proj", "o_proj");
+        L->o = add_proj(b, rt, W, !(skip & MDL_FP8_SKIP_O), H, q_rows);
+        add_linear(b, ck, L->o, 0, H);
         if (c->o_bias) {
             NAMES("self_attn.o_proj.bias", "o_bias");
             L->o_bias = add_whole(b, ck, rt, F, H, 1);
@@ -224,13 +270,14 @@ static void build_table(builder *b)
             continue;
         }
         snprintf(rt, sizeof rt, "layers.%d.gate_up", l);
-        L->gate_up = add_param(b, rt, W, 2 * I, H);
-        snprintf(ck, sizeof ck, "%slayers.%d.mlp.gate_proj.weight", pre, l);
-        add_dest(b, ck, L->gate_up, 0, I, 2, -1);
-        snprintf(ck, sizeof ck, "%slayers.%d.mlp.up_proj.weight", pre, l);
-        add_dest(b, ck, L->gate_up, I, I, 2, -1);
-        NAMES("mlp.down_proj.weight", "down_proj");
-        L->down = add_whole(b, ck, rt, W, H, I);
+        L->gate_up = add_proj(b, rt, W, !(skip & MDL_FP8_SKIP_GATE_UP), 2 * I, H);
+        snprintf(ck, sizeof ck, "%slayers.%d.mlp.gate_proj", pre, l);
+        add_linear(b, ck, L->gate_up, 0, I);
+        snprintf(ck, sizeof ck, "%slayers.%d.mlp.up_proj", pre, l);
+        add_linear(b, ck, L->gate_up, I, I);
+        NAMES("mlp.down_proj", "down_proj");
+        L->down = add_proj(b, rt, W, !(skip & MDL_FP8_SKIP_DOWN), H, I);
+        add_linear(b, ck, L->down, 0, H);
 #undef NAMES
     }
     snprintf(ck, sizeof ck, "%snorm.weight", pre);
@@ -282,8 +329,19 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
     m->wdt = cfg->dtype == MDL_DT_BF16 ? KERN_DT_BF16 : KERN_DT_F32;
     m->layer = calloc((size_t)cfg->layers, sizeof *m->layer);
     if (!m->layer) goto oom;
+    if (cfg->fp8 && strcmp(be->ops->name, "cpu") != 0) {
+        snprintf(err, errlen, "FP8 weights (quantization_config) run on the CPU backend only, not on %s",
+                 be->ops->name);
+        mdl_model_destroy(m);
+        return NULL;
+    }
     builder b = {.m = m};
     build_table(&b);
+    if (b.failed && b.why[0]) {
+        snprintf(err, errlen, "%s", b.why);
+        mdl_model_destroy(m);
+        return NULL;
+    }
     if (b.failed) goto oom;
     /* I2: sorted once for bsearch (mdl_model_find); build_table adds each checkpoint name once, so a
      * name has exactly one destination */
@@ -378,6 +436,29 @@ static void shape_str(const mdl_st_tensor *t, char *out, size_t cap)
     if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
+/* Block-FP8 values (host data): a NaN code in the weight (e4m3fn has no infinities; 0x7f / 0xff are
+ * NaN), or a scale that is not finite, not > 0 or not below KERN_FP8_SCALE_MAX (the kernels' bound),
+ * refuses the bucket naming the tensor and the element. */
+static int fp8_values_bad(const mdl_st_tensor *t, int is_scale, const char *what, char *err, size_t errlen)
+{
+    const uint8_t *q = t->data;
+    for (size_t k = 0; k < t->numel; k++) {
+        if (!is_scale) {
+            if (!kern_fp8_is_nan(q[k])) continue;
+            snprintf(err, errlen, "%s: tensor %s holds a NaN code (0x%02x) at element %zu", what, t->name, q[k], k);
+            return 1;
+        }
+        float f;
+        if (mdl_convert(&f, MDL_DT_F32, q + k * mdl_dtype_size(t->dtype), t->dtype, 1) != 0) return 1;
+        if (!(f > 0.0f && f < KERN_FP8_SCALE_MAX)) {
+            snprintf(err, errlen, "%s: tensor %s has scale %g at element %zu; FP8 block scales must be finite, > 0 "
+                     "and below %g", what, t->name, (double)f, k, (double)KERN_FP8_SCALE_MAX);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
                          size_t errlen)
 {
@@ -389,9 +470,11 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
                      mdl_arch_name(m->cfg.arch));
             return -1;
         }
-        if (!mdl_dtype_convertible(t[i].dtype)) {
-            snprintf(err, errlen, "%s: tensor %s has dtype %s; expected BF16, F16 or F32", what,
-                     t[i].name, mdl_dtype_name(t[i].dtype));
+        const mdl_param *p = &m->params[d->param];
+        if (p->dt == MDL_DT_F8_E4M3 ? t[i].dtype != MDL_DT_F8_E4M3 : !mdl_dtype_convertible(t[i].dtype)) {
+            snprintf(err, errlen, "%s: tensor %s has dtype %s; expected %s", what, t[i].name,
+                     mdl_dtype_name(t[i].dtype),
+                     p->dt == MDL_DT_F8_E4M3 ? "F8_E4M3 (this model's projections are block-FP8)" : "BF16, F16 or F32");
             return -1;
         }
         int ok = t[i].ndim == d->ndim &&
@@ -411,6 +494,8 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
                          t[i].name, got, (long long)d->rows, (long long)d->cols);
             return -1;
         }
+        if ((p->dt == MDL_DT_F8_E4M3 || p->is_scale) && fp8_values_bad(&t[i], p->is_scale, what, err, errlen))
+            return -1;
     }
     return 0;
 }

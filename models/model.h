@@ -15,6 +15,12 @@
  *   model.layers.N.mlp.experts.down_proj [E, H, I]     (transformers 5) -> all of layers.N.w2
  *   (the fused names are aliases covering every expert's parts: coverage stays per expert part, so
  *   either layout, or a mix across buckets, fills the same bytes)
+ *   block-FP8 (cfg.fp8): a projection X's X.weight (F8_E4M3) goes to its rows as above, and
+ *   X.weight_scale_inv [ceil(rows / b0), ceil(cols / b1)] to rows [row0 / b0, ..) of the stacked
+ *   parameter's scale table (a parameter of its own, e.g. layers.N.qkv.scale): weight and scale are
+ *   separate destinations with separate coverage, so they may arrive in any buckets and any order
+ *   (a shard whose rows do not start on a block, or end off one before the matrix ends, is refused
+ *   when the model is built)
  *   everything else                              -> one parameter of the same shape
  * Writing a tensor is a dtype-converting copy into its destination, in any order, in any bucket.
  * Matrices are stored in bf16 when the checkpoint's torch_dtype is bfloat16, else f32 (so f16 and
@@ -43,9 +49,12 @@
 typedef struct {
     char name[64];   /* runtime name, e.g. "layers.3.qkv" */
     void *ptr;       /* arena storage, never moves */
-    mdl_dtype dt;    /* storage dtype: BF16 or F32 */
+    mdl_dtype dt;    /* storage dtype: BF16 or F32; F8_E4M3 for the projections of a block-FP8 model */
     int64_t rows, cols; /* vectors: rows = n, cols = 1 */
     size_t bytes;
+    int scale;       /* F8_E4M3: the parameter holding its f32 block scales
+                        [ceil(rows / fp8_b0), ceil(cols / fp8_b1)]; -1 otherwise */
+    int is_scale;    /* this parameter is such a block-scale table */
 } mdl_param;
 
 typedef struct {

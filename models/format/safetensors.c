@@ -1070,6 +1070,11 @@ int mdl_dtype_convertible(mdl_dtype src_dt)
 
 int mdl_convert(void *dst, mdl_dtype dst_dt, const void *src, mdl_dtype src_dt, size_t n)
 {
+    if (dst_dt == src_dt && src_dt == MDL_DT_F8_E4M3) { /* FP8 codes are copied, never converted */
+        if (n && (!dst || !src)) return -1;
+        if (n) memcpy(dst, src, n);
+        return 0;
+    }
     if (!mdl_dtype_convertible(src_dt) || !mdl_dtype_convertible(dst_dt))
         return -1;
     if (n == 0)

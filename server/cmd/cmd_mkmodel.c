@@ -74,6 +74,10 @@ static const char help[] =
     "  --sparse-step N            decoder_sparse_step (default 1)\n"
     "  --mlp-only LIST            mlp_only_layers, comma-separated layer indices (dense layers)\n"
     "  --moe-fused                transformers 5's fused experts.gate_up_proj / experts.down_proj\n"
+    "  --fp8 ROWS,COLS            block-FP8 projections (F8_E4M3 weight + F32 weight_scale_inv per block,\n"
+    "                             a quantization_config), as Qwen3-FP8 checkpoints; dense targets only\n"
+    "  --fp8-dequantized          with --fp8: the same model with the projections dequantized (the\n"
+    "                             FP8 model's twin: no quantization_config)\n"
     "                             (default: one tensor per expert part; the same weights either way)\n"
     "\n"
     "Drafters (--arch dflash: z-lab DFlashDraftModel; --arch dspark: DeepSpec Qwen3DSparkModel) take\n"
@@ -113,7 +117,7 @@ int srv_cmd_mkmodel(int argc, char **argv)
     mdl_mkmodel_opts o;
     mdl_mkmodel_defaults(&o);
     const char *out = NULL, *arch = NULL, *dtype = NULL, *ids = NULL, *layout = NULL, *trunc = NULL;
-    const char *mlp_only = NULL;
+    const char *mlp_only = NULL, *fp8 = NULL;
     int tie = 0, no_tie = 0, no_tok = 0, no_conf = 0, layers_set = 0, no_norm_topk = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -160,11 +164,16 @@ int srv_cmd_mkmodel(int argc, char **argv)
             srv_arg_flag(argc, argv, &i, "--no-norm-topk", &no_norm_topk) ||
             srv_arg_int(argc, argv, &i, "--sparse-step", 1, 1024, &o.sparse_step) ||
             srv_arg_str(argc, argv, &i, "--mlp-only", &mlp_only) ||
-            srv_arg_flag(argc, argv, &i, "--moe-fused", &o.moe_fused))
+            srv_arg_flag(argc, argv, &i, "--moe-fused", &o.moe_fused) ||
+            srv_arg_str(argc, argv, &i, "--fp8", &fp8) ||
+            srv_arg_flag(argc, argv, &i, "--fp8-dequantized", &o.fp8_dequant))
             continue;
         srv_die_usage("mkmodel", argv[i]);
     }
     if (!out) srv_die("--out DIR is required");
+    if (fp8 && sscanf(fp8, "%d,%d", &o.fp8_b0, &o.fp8_b1) != 2) srv_die("--fp8 ROWS,COLS: the block size, e.g. 128,128");
+    if (fp8 && (o.fp8_b0 < 1 || o.fp8_b1 < 16)) srv_die("--fp8 ROWS,COLS: rows >= 1, columns a power of two >= 16");
+    if (o.fp8_dequant && !fp8) srv_die("--fp8-dequantized needs --fp8 ROWS,COLS");
     if (tie && no_tie) srv_die("--tie and --no-tie are exclusive");
     o.tie = !no_tie;
     o.tokenizer = !no_tok;

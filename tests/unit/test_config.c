@@ -663,6 +663,54 @@ static void test_generation_config(void **state)
     }
 }
 
+/* quantization_config: Qwen3-8B-FP8's (weight_block_size [128, 128], lm_head not converted) accepted;
+ * modules_to_not_convert by module and by prefix; every scheme graphswap does not run refused by name. */
+static void test_fp8(void **state)
+{
+    (void)state;
+#define QBASE "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"   \
+              "\"num_hidden_layers\":3,\"num_attention_heads\":4,\"vocab_size\":9,\"quantization_config\":"
+    static const char ok[] = QBASE "{\"activation_scheme\":\"dynamic\",\"fmt\":\"e4m3\",\"quant_method\":\"fp8\","
+                                   "\"weight_block_size\":[128,128],\"modules_to_not_convert\":[\"lm_head\","
+                                   "\"model.layers.1.mlp.down_proj\",\"model.layers.2\"]}}";
+    mdl_config c;
+    char err[256] = "";
+    if (mdl_config_parse(ok, strlen(ok), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(c.fp8, 1);
+    assert_int_equal(c.fp8_b0, 128);
+    assert_int_equal(c.fp8_b1, 128);
+    assert_int_equal(c.fp8_skip[0], 0);
+    assert_int_equal(c.fp8_skip[1], MDL_FP8_SKIP_DOWN);
+    assert_int_equal(c.fp8_skip[2], MDL_FP8_SKIP_QKV | MDL_FP8_SKIP_O | MDL_FP8_SKIP_GATE_UP | MDL_FP8_SKIP_DOWN);
+    assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
+    assert_int_equal(c.fp8, 0);
+    struct {
+        const char *json, *expect;
+    } bad[] = {
+        {QBASE "{\"quant_method\":\"awq\",\"bits\":4}}", "quant_method \"awq\" is not supported"},
+        {QBASE "{\"quant_method\":\"compressed-tensors\"}}", "compressed-tensors"},
+        {QBASE "{\"quant_method\":\"fp8\"}}", "weight_block_size"},
+        {QBASE "{\"quant_method\":\"fp8\",\"weight_block_size\":[128,100]}}", "power of two"},
+        {QBASE "{\"quant_method\":\"fp8\",\"weight_block_size\":[0,128]}}", "weight_block_size"},
+        {QBASE "{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\",\"weight_block_size\":[128,128]}}", "fmt"},
+        {QBASE "{\"quant_method\":\"fp8\",\"activation_scheme\":\"static\",\"weight_block_size\":[128,128]}}",
+         "activation_scheme"},
+        {QBASE "{\"quant_method\":\"fp8\",\"weight_block_size\":[128,128],\"ignored_layers\":"
+               "[\"model.layers.0.self_attn.k_proj\"]}}",
+         "layer 0's q_proj / k_proj / v_proj"},
+        {QBASE "{\"quant_method\":\"fp8\",\"weight_block_size\":[128,128],\"modules_to_not_convert\":"
+               "[\"model.layers.1.mlp.up_proj\"]}}",
+         "gate_proj / up_proj"},
+        {QBASE "7}", "quantization_config"},
+    };
+#undef QBASE
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        assert_int_equal(mdl_config_parse(bad[i].json, strlen(bad[i].json), &c, err, sizeof err), -1);
+        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -678,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

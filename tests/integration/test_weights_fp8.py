@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Block-FP8 checkpoints (Qwen3-FP8 / DeepSeek-V3 layout): cold load, logprobs, and FP8 + scale updates.
+
+Checkpoints (graphswap mkmodel --dtype f32 --fp8 16,32: every projection stored as X.weight
+float8_e4m3fn with X.weight_scale_inv float32 [ceil(rows / 16), ceil(cols / 32)] and a
+quantization_config {quant_method fp8, fmt e4m3, activation_scheme dynamic, weight_block_size [16, 32],
+modules_to_not_convert [lm_head]}, as Qwen3-8B-FP8's config.json has it): Q0 / Q1 (seeds 1 / 2) and their
+twins D0 / D1 (--fp8-dequantized: the same model with each projection's weight f32(q) * s in f32, no
+quantization_config).
+  - a server on Q0 and one on D0 give the same greedy tokens and the same prompt and sampled logprobs,
+    exactly (kern.h: an FP8 matmul is bitwise the f32 matmul over the dequantized weights), and Q0
+    differs from Q1;
+  - checksums by checkpoint name are exactly the checkpoint's tensors (every X.weight and
+    X.weight_scale_inv);
+  - the Q0 server takes Q1 in full updates (one tensor per bucket; mixed buckets with q / k / v and
+    each weight apart from its scale; all in one) and back: each time checksums and greedy tokens equal a
+    cold start on that checkpoint (hot == cold);
+  - a full update without one weight_scale_inv is refused at finish (422 naming it), then repaired;
+  - bad buckets, each answered 400 naming the tensor, nothing written: a NaN code (0x7f), a zero /
+    negative / NaN / 256 scale, a scale table of the wrong shape, a weight sent as BF16 instead of
+    F8_E4M3;
+  - a config with another quant_method, or FP8 without weight_block_size, fails start-up naming it.
+Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import numpy as np  # noqa: E402
+
+import ref_model as R  # noqa: E402
+import test_http_basic as H  # noqa: E402
+import test_weights_update as W  # noqa: E402
+
+FP8 = ["--dtype", "f32", "--fp8", "16,32", "--hidden", "64", "--intermediate", "96", "--layers", "2"]
+KSCALE = "model.layers.0.self_attn.k_proj.weight_scale_inv"
+
+
+def mk(C, binary, root, name, seed, dequant):
+    return H.mkmodel(C, binary, os.path.join(root, name), vocab=512,
+                     extra=FP8 + ["--seed", str(seed)] + (["--fp8-dequantized"] if dequant else []))
+
+
+def logprobs(srv, ids):
+    """Greedy completion with prompt and sampled logprobs (the whole choice, compared exactly)."""
+    r = H.post(srv, "/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                        "logprobs": 3, "prompt_logprobs": 2, "return_token_ids": True})
+    if r.status != 200:
+        return ("error", r.status, r.raw[:300])
+    ch = r.json["choices"][0]
+    return (ch.get("token_ids"), ch.get("logprobs"), ch.get("prompt_logprobs"))
+
+
+def snap(srv):
+    return {"target": W.checksums(srv, "target"), "gen": [W.greedy(srv, p) for p in W.PROMPTS]}
+
+
+def cold(C, binary, model):
+    srv = H.Server(C, binary, model)
+    try:
+        return snap(srv), [logprobs(srv, p) for p in W.PROMPTS]
+    finally:
+        srv.stop()
+        srv.kill()
+
+
+def full(C, srv, what, tensors, buckets, version):
+    return W.push(C, srv, what, tensors, buckets, {"mode": "full", "model": "target", "version": version})
+
+
+def raw(name, dtype, arr):
+    return R.RawTensor(name, dtype, arr.shape, R.encode_array(dtype, arr))
+
+
+def test_bad_buckets(C, srv, Q1):
+    base = W.checksums(srv, "target")
+    w = Q1["model.layers.1.mlp.down_proj.weight"]
+    s = Q1["model.layers.1.mlp.down_proj.weight_scale_inv"]
+    codes = np.frombuffer(w.data, dtype="u1").reshape(w.shape).copy()
+    nan = codes.copy()
+    nan[3, 5] = 0x7F
+    sc = np.frombuffer(s.data, dtype="<f4").reshape(s.shape).astype(np.float64)
+    table = [("a NaN code", raw(w.name, "F8_E4M3", nan), w.name)]
+    for what, v in (("a zero scale", 0.0), ("a negative scale", -0.5), ("a NaN scale", float("nan")),
+                    ("a scale of 256", 256.0)):
+        bad = sc.copy()
+        bad[0, 1] = v
+        table.append((what, raw(s.name, "F32", bad), s.name))
+    table.append(("a scale table of the wrong shape", raw(s.name, "F32", np.ones((s.shape[0] + 1, s.shape[1]))), s.name))
+    table.append(("a weight as BF16", raw(w.name, "BF16", np.zeros(w.shape)), w.name))
+    r = H.post(srv, "/v1/weights/begin", {"mode": "full", "model": "target"})
+    C.check(r.status == 200, "bad buckets: begin %r" % r)
+    for what, t, needle in table:
+        r = W.post_bucket(srv, W.st_encode([Q1["model.layers.0.mlp.up_proj.weight"], t]))
+        H.error_ok(C, "bad FP8 bucket: %s" % what, r, 400)
+        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        C.check(needle in msg, "bad FP8 bucket: %s: the message does not name %s: %r" % (what, needle, msg))
+    r = H.post(srv, "/v1/weights/abort", {})
+    C.check(r.status == 200 and r.json.get("state") == "ready", "abort after the bad buckets: %r" % r)
+    d = W.diff_sums(W.checksums(srv, "target"), base)
+    C.check(not d, "bad FP8 buckets wrote weights: %s" % d[:5])
+    H.healthy(C, srv, "after the bad FP8 buckets")
+
+
+def test_missing_scale(C, srv, Q0, Q1, ref0):
+    part = {n: t for n, t in Q1.items() if n != KSCALE}
+    r = H.post(srv, "/v1/weights/begin", {"mode": "full", "model": "target"})
+    names = sorted(part)
+    for b in (names[::2], names[1::2]):
+        r = W.post_bucket(srv, W.st_encode([part[n] for n in b]))
+        C.check(r.status == 200, "missing scale: bucket %r" % r)
+    r = H.post(srv, "/v1/weights/finish", {})
+    H.error_ok(C, "a full update without %s" % KSCALE, r, 422, KSCALE)
+    full(C, srv, "repair after the missing scale", Q0, W.make_buckets(list(Q0), "all", random.Random(1)), "repaired")
+    W.same(C, "repaired after the missing scale", snap(srv), ref0)
+
+
+def test_config_refusals(C, binary, root, q0):
+    for what, qc, needle in (("awq", {"quant_method": "awq", "bits": 4}, "awq"),
+                             ("per-tensor FP8", {"quant_method": "fp8", "activation_scheme": "dynamic"},
+                              "weight_block_size"),
+                             ("static activations", {"quant_method": "fp8", "activation_scheme": "static",
+                                                     "weight_block_size": [16, 32]}, "activation_scheme"),
+                             ("a block of 24 columns", {"quant_method": "fp8", "weight_block_size": [16, 24]},
+                              "weight_block_size")):
+        d = os.path.join(root, "bad-" + what.replace(" ", "-"))
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(q0, d)
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        cfg["quantization_config"] = qc
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+        p = subprocess.run([binary, "generate", "--model", d, "--prompt-ids", "1,2,3", "--max-tokens", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        err = p.stderr.decode(errors="replace")
+        C.check(p.returncode != 0 and needle in err and "quantization_config" in err,
+                "%s: exit %d, stderr %r" % (what, p.returncode, err[-300:]))
+
+
+def main():
+    C = H.Checker("weights_fp8")
+    binary = H.gs_bin(C)
+    tmp = H.scratch("weights_fp8")
+    root = os.path.realpath(os.path.join(tmp, "root"))
+    os.makedirs(root, exist_ok=True)
+    q0, q1 = mk(C, binary, root, "Q0", 1, False), mk(C, binary, root, "Q1", 2, False)
+    d0 = mk(C, binary, root, "D0", 1, True)
+    try:
+        Q0, Q1 = W.ckpt(q0), W.ckpt(q1)
+        C.check(Q0["model.layers.0.self_attn.q_proj.weight"].dtype == "F8_E4M3" and Q0[KSCALE].dtype == "F32" and
+                Q0["model.embed_tokens.weight"].dtype == "F32", "the FP8 checkpoint's dtypes")
+        (ref0, lp0), (ref1, _) = cold(C, binary, q0), cold(C, binary, q1)
+        (twin0, tlp0) = cold(C, binary, d0)
+        C.check(ref0["gen"] == twin0["gen"], "FP8 Q0 and its dequantized twin differ in greedy tokens")
+        C.check(lp0 == tlp0, "FP8 Q0 and its dequantized twin differ in logprobs: %r vs %r" %
+                (str(lp0)[:300], str(tlp0)[:300]))
+        C.check(lp0[0][1] is not None and lp0[0][2] is not None, "no logprobs returned: %r" % (lp0[0],))
+        C.check(ref0["gen"] != ref1["gen"], "Q0 and Q1 give the same greedy output")
+        rng = random.Random(26)
+        srv = H.Server(C, binary, q0, args=["--weights-root", root])
+        try:
+            r = H.get(srv, "/v1/weights/checksums?model=target&names=checkpoint")
+            names = set(((r.json or {}).get("tensors") or {}) if r.status == 200 else {})
+            C.check(names == set(Q0), "checksums by checkpoint name are not the checkpoint's tensors: %r" %
+                    sorted(names ^ set(Q0))[:10])
+            C.check(len([n for n in names if n.endswith("weight_scale_inv")]) == 2 * 7, "not 14 scale tables")
+            W.same(C, "FP8 server at Q0", snap(srv), ref0)
+            for i, kind in enumerate(("one", "mixed", "all")):
+                b = W.make_buckets(list(Q1), kind, rng)
+                if kind == "mixed":  # every weight apart from its scale too
+                    where = {n: j for j, bb in enumerate(b) for n in bb}
+                    for n in list(where):
+                        if n.endswith("_scale_inv") and where[n] == where[n[:-len("_scale_inv")]]:
+                            b[where[n]].remove(n)
+                            b.append([n])
+                    b = [bb for bb in b if bb]
+                full(C, srv, "Q0 -> Q1 (%s)" % kind, Q1, b, "q1-%d" % i)
+                W.same(C, "Q0 -> Q1 (%s)" % kind, snap(srv), ref1, version="q1-%d" % i)
+                full(C, srv, "Q1 -> Q0 (%s)" % kind, Q0, W.make_buckets(list(Q0), kind, rng), "q0-%d" % i)
+                W.same(C, "Q1 -> Q0 (%s)" % kind, snap(srv), ref0, version="q0-%d" % i)
+            test_missing_scale(C, srv, Q0, Q1, ref0)
+            test_bad_buckets(C, srv, Q1)
+            H.healthy(C, srv, "weights_fp8")
+        finally:
+            H.stop_clean(C, srv)
+        test_config_refusals(C, binary, root, q0)
+    finally:
+        H._kill_all()
+    return C.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
