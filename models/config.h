@@ -86,6 +86,9 @@ typedef struct {
      * scales, except the modules named in modules_to_not_convert / ignored_layers:
      * fp8_skip[l] bits MDL_FP8_SKIP_* (embeddings, lm_head, norms and routers are never FP8) */
     int fp8, fp8_b0, fp8_b1;
+    int fp8_online; /* serve --quantization fp8 on a bf16 / f16 / f32 checkpoint: each arriving
+                       projection is quantized block by block into its FP8 storage (no scale tensors
+                       in the checkpoint; mdl_fp8_quantize) */
     unsigned char fp8_skip[MDL_MAX_LAYERS];
     /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
     int is_drafter;

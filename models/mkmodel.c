@@ -159,24 +159,6 @@ static void gen(gen_set *g, const char *name, int64_t rows, int64_t cols, int ki
     g->n++;
 }
 
-/* f32 -> float8_e4m3fn, round to nearest even, saturating at +-448 (the finite codes 0x00 .. 0x7e are
- * increasing in value: a binary search for the nearest) */
-static uint8_t e4m3_encode(float v)
-{
-    const uint8_t sign = v < 0 ? 0x80 : 0;
-    const float a = fabsf(v);
-    if (!(a < 448.0f)) return sign | 0x7e;
-    int lo = 0, hi = 0x7e; /* largest code with value <= a */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (kern_fp8_to_f32((uint8_t)mid) <= a) lo = mid;
-        else hi = mid - 1;
-    }
-    const float d0 = a - kern_fp8_to_f32((uint8_t)lo), d1 = kern_fp8_to_f32((uint8_t)(lo + 1)) - a;
-    const int c = d1 < d0 || (d1 == d0 && (lo & 1)) ? lo + 1 : lo;
-    return sign | (uint8_t)c;
-}
-
 /* Quantizes tensor i (a projection [rows, cols] in the set's dtype) to block FP8: its data becomes
  * the codes (or, dequant, f32(q) * s back in the set's dtype) and, unless dequant, a tensor
  * NAME_scale_inv of F32 block scales is appended. */
@@ -193,20 +175,9 @@ static void quantize_fp8(gen_set *g, int i, int b0, int b1, int dequant)
         g->failed = 1;
         return;
     }
-    for (int64_t br = 0; br < SR; br++)
-        for (int64_t bc = 0; bc < SC; bc++) {
-            float amax = 0.0f;
-            for (int64_t r = br * b0; r < R && r < (br + 1) * b0; r++)
-                for (int64_t c = bc * b1; c < C && c < (bc + 1) * b1; c++) amax = fmaxf(amax, fabsf(w[r * C + c]));
-            const float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
-            s[br * SC + bc] = sc;
-            for (int64_t r = br * b0; r < R && r < (br + 1) * b0; r++)
-                for (int64_t c = bc * b1; c < C && c < (bc + 1) * b1; c++) {
-                    const size_t k = (size_t)(r * C + c);
-                    q[k] = e4m3_encode(w[k] / sc);
-                    w[k] = kern_fp8_to_f32(q[k]) * sc; /* the dequantized weight (kern.h KOP_MATMUL) */
-                }
-        }
+    mdl_fp8_quantize(w, R, C, b0, b1, q, s);
+    for (size_t k = 0; k < n; k++) /* the dequantized weight (kern.h KOP_MATMUL) */
+        w[k] = kern_fp8_to_f32(q[k]) * s[(k / (size_t)C / (size_t)b0) * (size_t)SC + (k % (size_t)C) / (size_t)b1];
     free(t->data);
     if (dequant) {
         t->data = malloc(t->bytes ? t->bytes : 1);

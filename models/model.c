@@ -158,15 +158,18 @@ static void add_linear(builder *b, const char *base, int p, int64_t row0, int64_
     const int s = b->m->params[p].scale;
     if (s < 0) return;
     const int64_t b0 = b->m->cfg.fp8_b0;
+    const int online = b->m->cfg.fp8_online; /* scales computed on arrival: no checkpoint name */
     if (row0 % b0 != 0 || (rows % b0 != 0 && row0 + rows != b->m->params[p].rows)) {
         if (!b->why[0])
             snprintf(b->why, sizeof b->why,
                      "%s.weight: its %lld rows at row %lld of the stacked matrix are not whole FP8 scale blocks of "
-                     "%lld rows (weight_block_size)",
-                     base, (long long)rows, (long long)row0, (long long)b0);
+                     "%lld rows (%s)",
+                     base, (long long)rows, (long long)row0, (long long)b0,
+                     online ? "--quantization-block" : "weight_block_size");
         b->failed = 1;
         return;
     }
+    if (online) return;
     snprintf(ck, sizeof ck, "%s.weight_scale_inv", base);
     add_dest(b, ck, s, row0 / b0, (rows + b0 - 1) / b0, 2, -1);
 }
@@ -459,6 +462,48 @@ static int fp8_values_bad(const mdl_st_tensor *t, int is_scale, const char *what
     return 0;
 }
 
+/* Online FP8: a NaN or infinite weight would make its block's scale meaningless: refused. */
+static int nonfinite_at(const mdl_st_tensor *t, const char *what, char *err, size_t errlen)
+{
+    const size_t es = mdl_dtype_size(t->dtype);
+    for (size_t k = 0; k < t->numel; k++) {
+        float f;
+        if (mdl_convert(&f, MDL_DT_F32, (const uint8_t *)t->data + k * es, t->dtype, 1) != 0 || !isfinite(f)) {
+            snprintf(err, errlen, "%s: tensor %s has a non-finite value at element %zu (--quantization fp8 cannot "
+                     "quantize it)", what, t->name, k);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Online FP8 (cfg.fp8_online): tensor t, rows [d->row0, ..) of FP8 projection p, quantized block by
+ * block (mdl_fp8_quantize: the blocks lie inside the shard, so order and splits do not matter) into
+ * the codes and the matching rows of p's scale table. */
+static void write_quantized(mdl_model *m, const mdl_dest *d, const mdl_st_tensor *t, int device_src)
+{
+    const mdl_param *p = &m->params[d->param], *sp = &m->params[p->scale];
+    const int b0 = m->cfg.fp8_b0, b1 = m->cfg.fp8_b1;
+    const size_t n = t->numel, sr = (size_t)((d->rows + b0 - 1) / b0), sn = sr * (size_t)sp->cols;
+    float *w = malloc(n * sizeof *w), *s = malloc(sn * sizeof *s);
+    uint8_t *q = malloc(n ? n : 1);
+    if (!w || !s || !q || mdl_convert(w, MDL_DT_F32, t->data, t->dtype, n) != 0) {
+        fprintf(stderr, "graphswap: out of memory quantizing %s\n", t->name); /* host memory for one tensor */
+        abort();
+    }
+    (void)device_src; /* the CPU backend's device memory is host memory (FP8 runs there only) */
+    mdl_fp8_quantize(w, d->rows, p->cols, b0, b1, q, s);
+    eng_backend *be = m->be;
+    if (be->ops->upload_convert(be, (uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols, MDL_DT_F8_E4M3, q,
+                                MDL_DT_F8_E4M3, n) != 0 ||
+        be->ops->upload_convert(be, (float *)sp->ptr + (size_t)(d->row0 / b0) * (size_t)sp->cols, MDL_DT_F32, s,
+                                MDL_DT_F32, sn) != 0) {
+        fprintf(stderr, "graphswap: bug: FP8 upload of %s failed\n", t->name);
+        abort();
+    }
+    free(w), free(s), free(q);
+}
+
 int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
                          size_t errlen)
 {
@@ -471,10 +516,11 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
             return -1;
         }
         const mdl_param *p = &m->params[d->param];
-        if (p->dt == MDL_DT_F8_E4M3 ? t[i].dtype != MDL_DT_F8_E4M3 : !mdl_dtype_convertible(t[i].dtype)) {
+        const int want_f8 = p->dt == MDL_DT_F8_E4M3 && !m->cfg.fp8_online; /* online: quantized on arrival */
+        if (want_f8 ? t[i].dtype != MDL_DT_F8_E4M3 : !mdl_dtype_convertible(t[i].dtype)) {
             snprintf(err, errlen, "%s: tensor %s has dtype %s; expected %s", what, t[i].name,
                      mdl_dtype_name(t[i].dtype),
-                     p->dt == MDL_DT_F8_E4M3 ? "F8_E4M3 (this model's projections are block-FP8)" : "BF16, F16 or F32");
+                     want_f8 ? "F8_E4M3 (this model's projections are block-FP8)" : "BF16, F16 or F32");
             return -1;
         }
         int ok = t[i].ndim == d->ndim &&
@@ -494,8 +540,8 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
                          t[i].name, got, (long long)d->rows, (long long)d->cols);
             return -1;
         }
-        if ((p->dt == MDL_DT_F8_E4M3 || p->is_scale) && fp8_values_bad(&t[i], p->is_scale, what, err, errlen))
-            return -1;
+        if ((want_f8 || p->is_scale) && fp8_values_bad(&t[i], p->is_scale, what, err, errlen)) return -1;
+        if (p->dt == MDL_DT_F8_E4M3 && !want_f8 && nonfinite_at(&t[i], what, err, errlen)) return -1;
     }
     return 0;
 }
@@ -509,7 +555,11 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
         const mdl_param *p = &m->params[d->param];
         size_t row_bytes = (size_t)p->cols * mdl_dtype_size(p->dt);
         uint8_t *dst = (uint8_t *)p->ptr + (size_t)d->row0 * row_bytes;
-        int rc = device_src ? m->be->ops->device_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel)
+        int rc = 0;
+        if (p->dt == MDL_DT_F8_E4M3 && t[i].dtype != MDL_DT_F8_E4M3)
+            write_quantized(m, d, &t[i], device_src);
+        else
+            rc = device_src ? m->be->ops->device_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel)
                             : m->be->ops->upload_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel);
         if (rc != 0) {
             /* unreachable after validation; a bug if it happens */

@@ -12,6 +12,7 @@
 #include "models/format/safetensors.h"
 
 #include "models/format/json_guard.h"
+#include "kernels/kern.h"
 
 #define ST_MAX_DEPTH 16 /* nesting of a header (see mdl_st_parse) */
 
@@ -1066,6 +1067,38 @@ static void cvt_to_f16(uint8_t *restrict d, const uint8_t *restrict s, mdl_dtype
 int mdl_dtype_convertible(mdl_dtype src_dt)
 {
     return src_dt == MDL_DT_BF16 || src_dt == MDL_DT_F16 || src_dt == MDL_DT_F32;
+}
+
+/* the finite e4m3fn codes 0x00 .. 0x7e are increasing in value: a binary search for the nearest */
+uint8_t mdl_fp8_encode(float v)
+{
+    const uint8_t sign = v < 0 ? 0x80 : 0;
+    const float a = fabsf(v);
+    if (!(a < 448.0f)) return sign | 0x7e;
+    int lo = 0, hi = 0x7e; /* largest code with value <= a */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (kern_fp8_to_f32((uint8_t)mid) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    const float d0 = a - kern_fp8_to_f32((uint8_t)lo), d1 = kern_fp8_to_f32((uint8_t)(lo + 1)) - a;
+    return sign | (uint8_t)(d1 < d0 || (d1 == d0 && (lo & 1)) ? lo + 1 : lo);
+}
+
+void mdl_fp8_quantize(const float *w, int64_t R, int64_t C, int b0, int b1, uint8_t *q, float *s)
+{
+    const int64_t SC = (C + b1 - 1) / b1;
+    for (int64_t br = 0; br * b0 < R; br++)
+        for (int64_t bc = 0; bc < SC; bc++) {
+            const int64_t r1 = (br + 1) * b0 < R ? (br + 1) * b0 : R, c1 = (bc + 1) * b1 < C ? (bc + 1) * b1 : C;
+            float amax = 0.0f;
+            for (int64_t r = br * b0; r < r1; r++)
+                for (int64_t c = bc * b1; c < c1; c++) amax = fmaxf(amax, fabsf(w[r * C + c]));
+            const float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
+            s[br * SC + bc] = sc;
+            for (int64_t r = br * b0; r < r1; r++)
+                for (int64_t c = bc * b1; c < c1; c++) q[r * C + c] = mdl_fp8_encode(w[r * C + c] / sc);
+        }
 }
 
 int mdl_convert(void *dst, mdl_dtype dst_dt, const void *src, mdl_dtype src_dt, size_t n)

@@ -91,5 +91,13 @@ int mdl_st_header(const mdl_st_out *t, size_t n, const char *const *meta, const 
  * pair. dst and src must not overlap. */
 int mdl_convert(void *dst, mdl_dtype dst_dt, const void *src, mdl_dtype src_dt, size_t n);
 int mdl_dtype_convertible(mdl_dtype src_dt); /* 1 for BF16, F16, F32 */
+/* f32 -> float8_e4m3fn, round to nearest even, saturating at +-448 (NaN becomes +-448: callers
+ * quantize finite weights) */
+uint8_t mdl_fp8_encode(float v);
+/* Block FP8 of w [rows, cols] (row-major f32) as checkpoints quantize it (DeepSeek / Qwen
+ * fp8_cast_bf16 in reverse): per [b0, b1] block s = amax / 448 (1 for an all-zero block),
+ * q = mdl_fp8_encode(w / s); q [rows, cols], s [ceil(rows / b0), ceil(cols / b1)]. Dequantized,
+ * a weight is kern_fp8_to_f32(q) * s. */
+void mdl_fp8_quantize(const float *w, int64_t rows, int64_t cols, int b0, int b1, uint8_t *q, float *s);
 
 #endif

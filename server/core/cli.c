@@ -173,6 +173,9 @@ const char srv_runtime_help[] =
     "  --gpu-memory-mb N      CUDA arena size (default: all free device memory but 2 GiB)\n"
     "  --threads N            CPU worker threads (default: all cores)\n"
     "  --checked              verify every baked plan pointer at replay (also GRAPHSWAP_CHECKED=1)\n"
+    "  --quantization fp8     CPU: store the projections of a bf16 / f16 / f32 checkpoint as block FP8\n"
+    "                         (e4m3 + f32 scales per --quantization-block ROWS,COLS, default 128,128),\n"
+    "                         quantized as each tensor arrives (cold load and every update); W8A16\n"
     "  --bf16-activations     CPU, bf16 weights: round each matmul's activations to bf16 and sum\n"
     "                         bf16 products in pairs as vdpbf16ps does (as llama.cpp does; about\n"
     "                         twice the prefill matmul rate on CPUs with AVX512_BF16, the same bits\n"
@@ -218,6 +221,22 @@ int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
             o->bf16_activations = KERN_BF16_ACT_OFF;
         else {
             fprintf(stderr, "graphswap: --bf16-activations= must be amx, pairs or off\n");
+            exit(2);
+        }
+        return 1;
+    }
+    if (srv_arg_str(argc, argv, i, "--quantization", &o->quantization)) {
+        if (strcmp(o->quantization, "fp8") != 0) {
+            fprintf(stderr, "graphswap: --quantization must be fp8 (online block FP8 of the projections)\n");
+            exit(2);
+        }
+        return 1;
+    }
+    const char *qb = NULL;
+    if (srv_arg_str(argc, argv, i, "--quantization-block", &qb)) {
+        if (sscanf(qb, "%d,%d", &o->quant_b0, &o->quant_b1) != 2 || o->quant_b0 < 1 || o->quant_b0 > 65536 ||
+            o->quant_b1 < 16 || o->quant_b1 > 65536 || (o->quant_b1 & (o->quant_b1 - 1))) {
+            fprintf(stderr, "graphswap: --quantization-block ROWS,COLS: rows >= 1, columns a power of two >= 16\n");
             exit(2);
         }
         return 1;
@@ -308,6 +327,21 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     }
     mdl_config cfg;
     if (mdl_config_load(o->model_dir, &cfg, err, errlen) != 0) return -1;
+    if (o->quantization) { /* online FP8: the checkpoint's projections quantized as they arrive */
+        if (cfg.fp8) {
+            snprintf(err, errlen, "--quantization fp8: %s is a block-FP8 checkpoint already (it loads as it is)",
+                     o->model_dir);
+            return -1;
+        }
+        if (cfg.is_drafter || cfg.arch == MDL_ARCH_QWEN3_MOE) {
+            snprintf(err, errlen, "--quantization fp8 is supported on dense targets only (not on %s)",
+                     mdl_arch_name(cfg.arch));
+            return -1;
+        }
+        cfg.fp8 = cfg.fp8_online = 1;
+        cfg.fp8_b0 = o->quant_b0 ? o->quant_b0 : 128;
+        cfg.fp8_b1 = o->quant_b1 ? o->quant_b1 : 128;
+    }
     if (o->backend && strcmp(o->backend, "cuda") == 0) {
         if (o->bf16_activations) {
             snprintf(err, errlen, "--bf16-activations is a CPU-backend option (the CUDA backend's "

@@ -19,7 +19,11 @@ quantization_config).
   - bad buckets, each answered 400 naming the tensor, nothing written: a NaN code (0x7f), a zero /
     negative / NaN / 256 scale, a scale table of the wrong shape, a weight sent as BF16 instead of
     F8_E4M3;
-  - a config with another quant_method, or FP8 without weight_block_size, fails start-up naming it.
+  - a config with another quant_method, or FP8 without weight_block_size, fails start-up naming it;
+  - online FP8 (serve --quantization fp8 --quantization-block 16,32) on a plain bf16 checkpoint P0 equals a
+    cold start on the block-FP8 checkpoint mkmodel writes from the same bf16 weights (same codes, same
+    scales: checksums of every parameter, greedy tokens); bf16 P1 pushed to it (shuffled, q / k / v apart)
+    equals FP8 Q1b's cold start, and P0 back equals Q0b again; a non-finite bf16 weight is refused (400).
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
@@ -143,6 +147,39 @@ def test_config_refusals(C, binary, root, q0):
                 "%s: exit %d, stderr %r" % (what, p.returncode, err[-300:]))
 
 
+def test_online(C, binary, root):
+    bf = ["--dtype", "bf16"] + [a for a in FP8[2:] if a not in ("--fp8", "16,32")]
+    mkq = lambda name, seed: H.mkmodel(C, binary, os.path.join(root, name), vocab=512,  # noqa: E731
+                                       extra=bf + ["--fp8", "16,32", "--seed", str(seed)])
+    mkp = lambda name, seed: H.mkmodel(C, binary, os.path.join(root, name), vocab=512,  # noqa: E731
+                                       extra=bf + ["--seed", str(seed)])
+    q0b, q1b, p0, p1 = mkq("Q0b", 1), mkq("Q1b", 2), mkp("P0", 1), mkp("P1", 2)
+    (want0, _), (want1, _) = cold(C, binary, q0b), cold(C, binary, q1b)
+    P0, P1 = W.ckpt(p0), W.ckpt(p1)
+    C.check(P0["model.layers.0.self_attn.q_proj.weight"].dtype == "BF16", "P0 is not bf16")
+    srv = H.Server(C, binary, p0, args=["--quantization", "fp8", "--quantization-block", "16,32"])
+    try:
+        W.same(C, "online FP8 on bf16 P0 vs block-FP8 Q0b", snap(srv), want0)
+        rng = random.Random(27)
+        full(C, srv, "bf16 P1 -> online FP8 (mixed)", P1, W.make_buckets(list(P1), "mixed", rng), "p1")
+        W.same(C, "bf16 P1 pushed to online FP8 vs Q1b", snap(srv), want1, version="p1")
+        full(C, srv, "bf16 P0 -> online FP8 (one per bucket)", P0, W.make_buckets(list(P0), "one", rng), "p0")
+        W.same(C, "bf16 P0 pushed back vs Q0b", snap(srv), want0, version="p0")
+        w = P1["model.layers.1.mlp.gate_proj.weight"]
+        arr = w.to_f64().copy()
+        arr[2, 3] = float("inf")
+        r = H.post(srv, "/v1/weights/begin", {"mode": "partial", "model": "target"})
+        r = W.post_bucket(srv, W.st_encode([raw(w.name, "BF16", arr)]))
+        H.error_ok(C, "online FP8: a non-finite weight", r, 400)
+        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        C.check(w.name in msg, "online FP8: the 400 does not name %s: %r" % (w.name, msg))
+        H.post(srv, "/v1/weights/abort", {})
+        W.same(C, "online FP8 after the refused bucket", snap(srv), want0)
+        H.healthy(C, srv, "online FP8")
+    finally:
+        H.stop_clean(C, srv)
+
+
 def main():
     C = H.Checker("weights_fp8")
     binary = H.gs_bin(C)
@@ -190,6 +227,7 @@ def main():
         finally:
             H.stop_clean(C, srv)
         test_config_refusals(C, binary, root, q0)
+        test_online(C, binary, root)
     finally:
         H._kill_all()
     return C.finish()
