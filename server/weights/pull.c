@@ -594,7 +594,7 @@ static pull_outcome check_layout(pull_job *p, pull_model *pm, const char *mn, sr
             srv_errf(e, 422, "url", "the source %s serves another model: %s tensor %s has shape %s there, %s here",
                      p->u.url, mn, t->name, a, b);
             o = PULL_FATAL;
-        } else if (!mdl_dtype_convertible(t->dtype)) {
+        } else if (!mdl_dtype_convertible(t->dtype) && t->dtype != MDL_DT_F8_E4M3) { /* FP8: the session checks it */
             srv_errf(e, 502, "url", "the source %s sent %s tensor %s as %s, which cannot be loaded", p->u.url, mn,
                      t->name, mdl_dtype_name(t->dtype));
             o = PULL_FATAL;

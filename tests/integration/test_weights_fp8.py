@@ -23,7 +23,9 @@ quantization_config).
   - online FP8 (serve --quantization fp8 --quantization-block 16,32) on a plain bf16 checkpoint P0 equals a
     cold start on the block-FP8 checkpoint mkmodel writes from the same bf16 weights (same codes, same
     scales: checksums of every parameter, greedy tokens); bf16 P1 pushed to it (shuffled, q / k / v apart)
-    equals FP8 Q1b's cold start, and P0 back equals Q0b again; a non-finite bf16 weight is refused (400).
+    equals FP8 Q1b's cold start, and P0 back equals Q0b again; a non-finite bf16 weight is refused (400);
+  - a replica started on Q0 joins with --weights-from the server at Q1 (FP8 codes and scales pulled as
+    stored) and equals a cold start on Q1.
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
@@ -32,6 +34,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -180,6 +183,20 @@ def test_online(C, binary, root):
         H.stop_clean(C, srv)
 
 
+def test_pull(C, binary, srv, want):
+    """A replica started on Q0 joins with --weights-from the FP8 server (at Q1): FP8 codes and scales
+    travel as they are stored, and the replica equals a cold start on Q1."""
+    b = H.Server(C, binary, want["dir"], args=["--weights-from", "http://127.0.0.1:%d" % srv.port,
+                                               "--weights-from-timeout", "120"])
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 60 and (H.get(b, "/health?ready=1").status != 200):
+            time.sleep(0.1)
+        W.same(C, "an FP8 replica joining with --weights-from", snap(b), want["snap"])
+    finally:
+        H.stop_clean(C, b)
+
+
 def main():
     C = H.Checker("weights_fp8")
     binary = H.gs_bin(C)
@@ -223,6 +240,8 @@ def main():
                 W.same(C, "Q1 -> Q0 (%s)" % kind, snap(srv), ref0, version="q0-%d" % i)
             test_missing_scale(C, srv, Q0, Q1, ref0)
             test_bad_buckets(C, srv, Q1)
+            full(C, srv, "Q0 -> Q1 before the pull", Q1, W.make_buckets(list(Q1), "all", rng), "q1-pull")
+            test_pull(C, binary, srv, {"dir": q0, "snap": ref1})
             H.healthy(C, srv, "weights_fp8")
         finally:
             H.stop_clean(C, srv)
