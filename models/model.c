@@ -480,7 +480,7 @@ static int nonfinite_at(const mdl_st_tensor *t, const char *what, char *err, siz
 /* Online FP8 (cfg.fp8_online): tensor t, rows [d->row0, ..) of FP8 projection p, quantized block by
  * block (mdl_fp8_quantize: the blocks lie inside the shard, so order and splits do not matter) into
  * the codes and the matching rows of p's scale table. */
-static void write_quantized(mdl_model *m, const mdl_dest *d, const mdl_st_tensor *t, int device_src)
+static void write_quantized(mdl_model *m, const mdl_dest *d, const mdl_st_tensor *t)
 {
     const mdl_param *p = &m->params[d->param], *sp = &m->params[p->scale];
     const int b0 = m->cfg.fp8_b0, b1 = m->cfg.fp8_b1;
@@ -491,7 +491,6 @@ static void write_quantized(mdl_model *m, const mdl_dest *d, const mdl_st_tensor
         fprintf(stderr, "graphswap: out of memory quantizing %s\n", t->name); /* host memory for one tensor */
         abort();
     }
-    (void)device_src; /* the CPU backend's device memory is host memory (FP8 runs there only) */
     mdl_fp8_quantize(w, d->rows, p->cols, b0, b1, q, s);
     eng_backend *be = m->be;
     if (be->ops->upload_convert(be, (uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols, MDL_DT_F8_E4M3, q,
@@ -557,7 +556,7 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
         uint8_t *dst = (uint8_t *)p->ptr + (size_t)d->row0 * row_bytes;
         int rc = 0;
         if (p->dt == MDL_DT_F8_E4M3 && t[i].dtype != MDL_DT_F8_E4M3)
-            write_quantized(m, d, &t[i], device_src);
+            write_quantized(m, d, &t[i]); /* CPU backend only: device memory is host memory */
         else
             rc = device_src ? m->be->ops->device_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel)
                             : m->be->ops->upload_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel);
