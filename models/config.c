@@ -359,109 +359,6 @@ int mdl_config_check_drafter(const mdl_config *t, const mdl_config *d, char *err
     return check_target_ids("drafter", d->target_ids, d->n_target_ids, t->layers, err, errlen);
 }
 
-/* Does the ignore list (modules_to_not_convert / ignored_layers) name module `mod` or a module
- * containing it ("model.layers.3" covers "model.layers.3.mlp.down_proj")? */
-static int fp8_ignored(const cJSON *list, const char *mod)
-{
-    const cJSON *e;
-    cJSON_ArrayForEach(e, list)
-    {
-        if (!cJSON_IsString(e)) continue;
-        const size_t n = strlen(e->valuestring);
-        if (n && strncmp(mod, e->valuestring, n) == 0 && (mod[n] == 0 || mod[n] == '.')) return 1;
-    }
-    return 0;
-}
-
-/* quantization_config: absent, or block FP8 (mdl_config.fp8). Every other scheme, and every FP8
- * variant whose math graphswap does not implement, is refused naming the field. */
-static int parse_quant(const cJSON *root, mdl_config *c, char *err, size_t errlen)
-{
-    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-    if (!q || cJSON_IsNull(q)) return 0;
-    const cJSON *qm = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
-    if (!cJSON_IsObject(q) || !cJSON_IsString(qm)) {
-        snprintf(err, errlen, "config.json: quantization_config must be an object with a quant_method");
-        return -1;
-    }
-    if (strcmp(qm->valuestring, "fp8") != 0) {
-        snprintf(err, errlen,
-                 "config.json: quantization_config quant_method \"%.40s\" is not supported (supported: \"fp8\" "
-                 "with weight_block_size)",
-                 qm->valuestring);
-        return -1;
-    }
-    if (c->is_drafter || c->arch == MDL_ARCH_QWEN3_MOE) {
-        snprintf(err, errlen, "config.json: FP8 quantization_config is supported on dense targets only (not on %s)",
-                 mdl_arch_name(c->arch));
-        return -1;
-    }
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(q, "fmt");
-    if (fmt && !(cJSON_IsString(fmt) && strcmp(fmt->valuestring, "e4m3") == 0)) {
-        snprintf(err, errlen, "config.json: quantization_config fmt must be \"e4m3\" (float8_e4m3fn weights)");
-        return -1;
-    }
-    const cJSON *as = cJSON_GetObjectItemCaseSensitive(q, "activation_scheme");
-    if (as && !(cJSON_IsString(as) && strcmp(as->valuestring, "dynamic") == 0)) {
-        snprintf(err, errlen,
-                 "config.json: quantization_config activation_scheme must be \"dynamic\" (static activation "
-                 "scales are not supported)");
-        return -1;
-    }
-    const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
-    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(bs, 0)) ||
-        !cJSON_IsNumber(cJSON_GetArrayItem(bs, 1))) {
-        snprintf(err, errlen,
-                 "config.json: quantization_config weight_block_size must be [rows, columns] (per-tensor FP8 "
-                 "is not supported)");
-        return -1;
-    }
-    const double b0 = cJSON_GetArrayItem(bs, 0)->valuedouble, b1 = cJSON_GetArrayItem(bs, 1)->valuedouble;
-    if (!(b0 >= 1 && b0 <= 65536 && b0 == (int)b0) || !(b1 >= 16 && b1 <= 65536 && b1 == (int)b1) ||
-        ((int)b1 & ((int)b1 - 1)) != 0) {
-        snprintf(err, errlen,
-                 "config.json: quantization_config weight_block_size [%g, %g]: rows must be >= 1 and columns a "
-                 "power of two >= 16",
-                 b0, b1);
-        return -1;
-    }
-    c->fp8 = 1;
-    c->fp8_b0 = (int)b0;
-    c->fp8_b1 = (int)b1;
-    const cJSON *lists[2] = {cJSON_GetObjectItemCaseSensitive(q, "modules_to_not_convert"),
-                             cJSON_GetObjectItemCaseSensitive(q, "ignored_layers")};
-    for (int li = 0; li < 2; li++) {
-        if (!lists[li] || cJSON_IsNull(lists[li])) continue;
-        if (!cJSON_IsArray(lists[li])) {
-            snprintf(err, errlen, "config.json: quantization_config %s must be a list of module names",
-                     li ? "ignored_layers" : "modules_to_not_convert");
-            return -1;
-        }
-        for (int l = 0; l < c->layers; l++) {
-            static const char *const part[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                                "mlp.down_proj"};
-            int hit[7];
-            for (int i = 0; i < 7; i++) {
-                char mod[96];
-                snprintf(mod, sizeof mod, "model.layers.%d.%s", l, part[i]);
-                hit[i] = fp8_ignored(lists[li], mod);
-            }
-            /* q / k / v and gate / up are one stacked matrix each: all of it FP8, or none */
-            if (hit[0] + hit[1] + hit[2] == 1 || hit[0] + hit[1] + hit[2] == 2 || hit[4] != hit[5]) {
-                snprintf(err, errlen,
-                         "config.json: quantization_config leaves only some of layer %d's %s unquantized (they are "
-                         "one stacked matrix: all or none)",
-                         l, hit[4] != hit[5] ? "gate_proj / up_proj" : "q_proj / k_proj / v_proj");
-                return -1;
-            }
-            c->fp8_skip[l] |= (unsigned char)((hit[0] ? MDL_FP8_SKIP_QKV : 0) | (hit[3] ? MDL_FP8_SKIP_O : 0) |
-                                              (hit[4] ? MDL_FP8_SKIP_GATE_UP : 0) | (hit[6] ? MDL_FP8_SKIP_DOWN : 0));
-        }
-    }
-    return 0;
-}
-
 int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
@@ -554,7 +451,7 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
     c->o_bias = c->arch != MDL_ARCH_QWEN2 && attn_bias;
     if (c->is_drafter && parse_drafter(root, c, err, errlen) != 0) goto out;
     if (c->arch == MDL_ARCH_QWEN3_MOE && parse_moe(root, c, err, errlen) != 0) goto out;
-    if (parse_quant(root, c, err, errlen) != 0) goto out;
+    if (mdl_config_parse_quant(root, c, err, errlen) != 0) goto out;
     rc = 0;
 out:
     cJSON_Delete(root);

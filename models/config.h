@@ -29,6 +29,8 @@ typedef enum {
 
 /* mdl_config.fp8_skip bits: the projections of a layer kept unquantized */
 enum { MDL_FP8_SKIP_QKV = 1, MDL_FP8_SKIP_O = 2, MDL_FP8_SKIP_GATE_UP = 4, MDL_FP8_SKIP_DOWN = 8 };
+/* mdl_config.fp8_scheme: what one scale of a projection covers */
+enum { MDL_FP8_BLOCK = 0, MDL_FP8_CHANNEL = 1, MDL_FP8_TENSOR = 2 };
 
 enum {
     MDL_GEN_TEMPERATURE = 1,
@@ -86,6 +88,15 @@ typedef struct {
      * scales, except the modules named in modules_to_not_convert / ignored_layers:
      * fp8_skip[l] bits MDL_FP8_SKIP_* (embeddings, lm_head, norms and routers are never FP8) */
     int fp8, fp8_b0, fp8_b1;
+    /* compressed-tensors FP8 (quant_method "compressed-tensors", format "float-quantized",
+     * llm-compressor's FP8 / FP8_DYNAMIC / FP8_BLOCK schemes): the scales are X.weight_scale, in the
+     * checkpoint's dtype, one per block (strategy "block"), per output row ("channel": [rows, 1]) or
+     * per tensor ("tensor": [1], one value per fused shard). Channel and tensor scales are stored as
+     * a block table of fp8_b0 = 1 row and fp8_b1 >= every projection's width (one column): a tensor
+     * scale is that shard's value in each of its rows, so no shard waits for another and nothing
+     * is requantized. */
+    int fp8_ct;     /* the scales are named X.weight_scale (else X.weight_scale_inv) */
+    int fp8_scheme; /* MDL_FP8_BLOCK, MDL_FP8_CHANNEL or MDL_FP8_TENSOR */
     int fp8_online; /* serve --quantization fp8 on a bf16 / f16 / f32 checkpoint: each arriving
                        projection is quantized block by block into its FP8 storage (no scale tensors
                        in the checkpoint; mdl_fp8_quantize) */

@@ -15,5 +15,8 @@ int mdl_config_parse_rope(const cJSON *root, mdl_config *c, char *err, size_t er
 /* use_sliding_window / sliding_window / max_window_layers / layer_types, torch_dtype / dtype.
  * Needs c->arch, layers and max_pos parsed. */
 int mdl_config_parse_attention(const cJSON *root, mdl_config *c, char *err, size_t errlen);
+/* quantization_config (models/config_quant.c): absent, block FP8 or compressed-tensors FP8 into
+ * c->fp8*. Needs the architecture and every dimension parsed. */
+int mdl_config_parse_quant(const cJSON *root, mdl_config *c, char *err, size_t errlen);
 
 #endif

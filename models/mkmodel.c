@@ -111,7 +111,8 @@ typedef struct {
     void *data; /* in the output dtype (dtype: the set's, or F8_E4M3 / F32 for FP8 codes and scales) */
     size_t bytes;
     int shard;
-    int fp8;    /* 0: the set's dtype; 1: F8_E4M3 codes; 2: F32 block scales */
+    int fp8;    /* 0: the set's dtype; 1: F8_E4M3 codes; 2: F32 block scales; 3: scales in the set's
+                   dtype (compressed-tensors) */
 } gen_tensor;
 
 typedef struct {
@@ -159,14 +160,17 @@ static void gen(gen_set *g, const char *name, int64_t rows, int64_t cols, int ki
     g->n++;
 }
 
-/* Quantizes tensor i (a projection [rows, cols] in the set's dtype) to block FP8: its data becomes
- * the codes (or, dequant, f32(q) * s back in the set's dtype) and, unless dequant, a tensor
- * NAME_scale_inv of F32 block scales is appended. */
-static void quantize_fp8(gen_set *g, int i, int b0, int b1, int dequant)
+/* Quantizes tensor i (a projection [rows, cols] in the set's dtype) to FP8: its data becomes the
+ * codes (or, dequant, f32(q) * s back in the set's dtype) and, unless dequant, a scale tensor is
+ * appended: NAME_scale_inv of F32 block scales, or (ct: compressed-tensors) NAME_scale in the set's
+ * dtype, per block, per row [rows, 1] or per tensor [1] (scheme). */
+static void quantize_fp8(gen_set *g, int i, int b0, int b1, int dequant, int ct, int scheme)
 {
     if (g->failed) return;
     gen_tensor *t = &g->t[i];
-    const int64_t R = t->shape[0], C = t->shape[1], SR = (R + b0 - 1) / b0, SC = (C + b1 - 1) / b1;
+    const int64_t R = t->shape[0], C = t->shape[1];
+    if (scheme != MDL_FP8_BLOCK) b0 = scheme == MDL_FP8_TENSOR ? (int)R : 1, b1 = (int)C;
+    const int64_t SR = (R + b0 - 1) / b0, SC = (C + b1 - 1) / b1;
     const size_t n = (size_t)R * (size_t)C;
     float *w = malloc(n * sizeof *w), *s = malloc((size_t)(SR * SC) * sizeof *s);
     uint8_t *q = malloc(n);
@@ -175,7 +179,7 @@ static void quantize_fp8(gen_set *g, int i, int b0, int b1, int dequant)
         g->failed = 1;
         return;
     }
-    mdl_fp8_quantize(w, R, C, b0, b1, q, s);
+    mdl_fp8_quantize(w, R, C, b0, b1, ct ? g->dt : MDL_DT_F32, q, s);
     for (size_t k = 0; k < n; k++) /* the dequantized weight (kern.h KOP_MATMUL) */
         w[k] = kern_fp8_to_f32(q[k]) * s[(k / (size_t)C / (size_t)b0) * (size_t)SC + (k % (size_t)C) / (size_t)b1];
     free(t->data);
@@ -190,11 +194,12 @@ static void quantize_fp8(gen_set *g, int i, int b0, int b1, int dequant)
     t->fp8 = 1;
     free(w);
     char name[192];
-    snprintf(name, sizeof name, "%.170s_scale_inv", t->name);
+    snprintf(name, sizeof name, "%.170s_scale%s", t->name, ct ? "" : "_inv");
     const mdl_dtype dt = g->dt;
     const rng_t rng = g->rng; /* the slot's random fill must not shift the tensors after it */
-    g->dt = MDL_DT_F32;
-    gen(g, name, SR, SC, 1); /* a slot of the right size; overwritten below */
+    if (!ct) g->dt = MDL_DT_F32;
+    /* a slot of the right size, overwritten below: [SR, SC], or [1] for a per-tensor scale */
+    gen(g, name, scheme == MDL_FP8_TENSOR ? 1 : SR, scheme == MDL_FP8_TENSOR ? 0 : SC, 1);
     g->dt = dt;
     g->rng = rng;
     if (g->failed) {
@@ -202,8 +207,8 @@ static void quantize_fp8(gen_set *g, int i, int b0, int b1, int dequant)
         return;
     }
     gen_tensor *st = &g->t[g->n - 1];
-    memcpy(st->data, s, st->bytes);
-    st->fp8 = 2;
+    if (mdl_convert(st->data, ct ? dt : MDL_DT_F32, s, MDL_DT_F32, (size_t)(SR * SC)) != 0) g->failed = 1;
+    st->fp8 = ct ? 3 : 2;
     free(s);
 }
 
@@ -459,7 +464,7 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         for (int i = 0, n0 = g.n; i < n0; i++) {
             const char *nm_i = g.t[i].name, *dot = strrchr(nm_i, '.');
             if (dot && strcmp(dot, ".weight") == 0 && dot - nm_i > 5 && strncmp(dot - 5, "_proj", 5) == 0)
-                quantize_fp8(&g, i, o->fp8_b0, o->fp8_b1, o->fp8_dequant);
+                quantize_fp8(&g, i, o->fp8_b0, o->fp8_b1, o->fp8_dequant, o->fp8_ct, o->fp8_scheme);
         }
     snprintf(nm, sizeof nm, "%snorm.weight", pre);
     gen(&g, nm, H, 0, 1);
@@ -579,7 +584,43 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         cJSON_AddNumberToObject(cfg, "router_aux_loss_coef", 0.001);
         cJSON_AddBoolToObject(cfg, "output_router_logits", 0);
     }
-    if (o->fp8_b0 > 0 && !o->fp8_dequant) { /* as Qwen3-8B-FP8's config.json has it */
+    if (o->fp8_b0 > 0 && !o->fp8_dequant && o->fp8_ct) { /* as llm-compressor writes it */
+        cJSON *qc = cJSON_AddObjectToObject(cfg, "quantization_config");
+        cJSON *groups = cJSON_AddObjectToObject(qc, "config_groups");
+        cJSON *g0 = cJSON_AddObjectToObject(groups, "group_0");
+        cJSON_AddStringToObject(g0, "format", "float-quantized");
+        cJSON *ia = cJSON_AddObjectToObject(g0, "input_activations");
+        cJSON_AddBoolToObject(ia, "dynamic", 1);
+        cJSON_AddNumberToObject(ia, "num_bits", 8);
+        cJSON_AddStringToObject(ia, "strategy", "token");
+        cJSON_AddBoolToObject(ia, "symmetric", 1);
+        cJSON_AddStringToObject(ia, "type", "float");
+        cJSON_AddNullToObject(g0, "output_activations");
+        cJSON *tg = cJSON_AddArrayToObject(g0, "targets");
+        cJSON_AddItemToArray(tg, cJSON_CreateString("Linear"));
+        cJSON *w = cJSON_AddObjectToObject(g0, "weights");
+        if (o->fp8_scheme == MDL_FP8_BLOCK) {
+            const int bs[2] = {o->fp8_b0, o->fp8_b1};
+            cJSON_AddItemToObject(w, "block_structure", cJSON_CreateIntArray(bs, 2));
+        } else {
+            cJSON_AddNullToObject(w, "block_structure");
+        }
+        cJSON_AddBoolToObject(w, "dynamic", 0);
+        cJSON_AddNullToObject(w, "group_size");
+        cJSON_AddNumberToObject(w, "num_bits", 8);
+        cJSON_AddStringToObject(w, "observer", "minmax");
+        cJSON_AddStringToObject(w, "strategy", o->fp8_scheme == MDL_FP8_BLOCK     ? "block"
+                                               : o->fp8_scheme == MDL_FP8_CHANNEL ? "channel"
+                                                                                  : "tensor");
+        cJSON_AddBoolToObject(w, "symmetric", 1);
+        cJSON_AddStringToObject(w, "type", "float");
+        cJSON_AddStringToObject(qc, "format", "float-quantized");
+        cJSON *ig = cJSON_AddArrayToObject(qc, "ignore");
+        cJSON_AddItemToArray(ig, cJSON_CreateString("lm_head"));
+        cJSON_AddNullToObject(qc, "kv_cache_scheme");
+        cJSON_AddStringToObject(qc, "quant_method", "compressed-tensors");
+        cJSON_AddStringToObject(qc, "quantization_status", "compressed");
+    } else if (o->fp8_b0 > 0 && !o->fp8_dequant) { /* as Qwen3-8B-FP8's config.json has it */
         cJSON *qc = cJSON_AddObjectToObject(cfg, "quantization_config");
         cJSON_AddStringToObject(qc, "activation_scheme", "dynamic");
         cJSON_AddStringToObject(qc, "fmt", "e4m3");

@@ -45,6 +45,10 @@ typedef struct {
      * fp8_dequant: write instead the same model with those weights dequantized (f32(q) * s, in
      * --dtype) and no quantization_config, the twin an FP8 model must match. */
     int fp8_b0, fp8_b1, fp8_dequant;
+    /* compressed-tensors FP8 instead (llm-compressor's layout): X.weight_scale in --dtype, per block
+     * (fp8_scheme MDL_FP8_BLOCK), per row [N, 1] (CHANNEL) or per tensor [1] (TENSOR; fp8_b0 > 0
+     * still marks FP8 on), and a compressed-tensors quantization_config */
+    int fp8_ct, fp8_scheme;
 } mdl_mkmodel_opts;
 
 void mdl_mkmodel_defaults(mdl_mkmodel_opts *o);

@@ -100,6 +100,7 @@ static int add_dest(builder *b, const char *name, int param, int64_t row0, int64
     d->ndim = ndim;
     d->cols = m->params[param].cols;
     d->d0 = 0;
+    d->bcast = 0;
     d->n_cover = 1;
     d->alias = cover >= 0;
     /* I3: one coverage slot per destination part (a qkv row range is its own part); an alias shares
@@ -141,6 +142,7 @@ static int add_proj(builder *b, const char *rt, mdl_dtype W, int fp8, int64_t ro
     const int s = add_param(b, srt, MDL_DT_F32, (rows + c->fp8_b0 - 1) / c->fp8_b0, (cols + c->fp8_b1 - 1) / c->fp8_b1);
     if (s < 0) return -1;
     b->m->params[s].is_scale = 1;
+    b->m->params[s].ckpt_dt = MDL_DT_F32;
     b->m->params[p].scale = s;
     return p;
 }
@@ -170,8 +172,11 @@ static void add_linear(builder *b, const char *base, int p, int64_t row0, int64_
         return;
     }
     if (online) return;
-    snprintf(ck, sizeof ck, "%s.weight_scale_inv", base);
-    add_dest(b, ck, s, row0 / b0, (rows + b0 - 1) / b0, 2, -1);
+    const mdl_config *c = &b->m->cfg;
+    snprintf(ck, sizeof ck, "%s.%s", base, c->fp8_ct ? "weight_scale" : "weight_scale_inv");
+    const int tensor = c->fp8_scheme == MDL_FP8_TENSOR;
+    if (add_dest(b, ck, s, row0 / b0, (rows + b0 - 1) / b0, tensor ? 1 : 2, -1) >= 0 && tensor)
+        b->m->dests[b->m->n_dests - 1].bcast = 1;
 }
 
 static int dest_cmp(const void *a, const void *b)
@@ -491,7 +496,7 @@ static void write_quantized(mdl_model *m, const mdl_dest *d, const mdl_st_tensor
         fprintf(stderr, "graphswap: out of memory quantizing %s\n", t->name); /* host memory for one tensor */
         abort();
     }
-    mdl_fp8_quantize(w, d->rows, p->cols, b0, b1, q, s);
+    mdl_fp8_quantize(w, d->rows, p->cols, b0, b1, MDL_DT_F32, q, s);
     eng_backend *be = m->be;
     if (be->ops->upload_convert(be, (uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols, MDL_DT_F8_E4M3, q,
                                 MDL_DT_F8_E4M3, n) != 0 ||
@@ -501,6 +506,31 @@ static void write_quantized(mdl_model *m, const mdl_dest *d, const mdl_st_tensor
         abort();
     }
     free(w), free(s), free(q);
+}
+
+/* A per-tensor scale (d->bcast): its one value into each of the shard's rows of the one-column scale
+ * table, from a stack buffer (no allocation per tensor). */
+static void write_bcast(mdl_model *m, const mdl_dest *d, const mdl_st_tensor *t, int device_src)
+{
+    const mdl_param *p = &m->params[d->param];
+    eng_backend *be = m->be;
+    float v, run[256];
+    const void *src = t->data;
+    if (device_src) { /* the one value from device memory (a GPU transport) */
+        be->ops->download(be, run, t->data, mdl_dtype_size(t->dtype));
+        be->ops->synchronize(be);
+        src = run;
+    }
+    int rc = mdl_convert(&v, MDL_DT_F32, src, t->dtype, 1);
+    for (int i = 0; i < 256; i++) run[i] = v;
+    for (int64_t r = 0; r < d->rows && rc == 0; r += 256) {
+        const int64_t n = d->rows - r < 256 ? d->rows - r : 256;
+        rc = be->ops->upload_convert(be, (float *)p->ptr + (size_t)(d->row0 + r), MDL_DT_F32, run, MDL_DT_F32, (size_t)n);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "graphswap: bug: FP8 scale write of %s failed\n", t->name);
+        abort();
+    }
 }
 
 int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n, const char *what, char *err,
@@ -524,11 +554,15 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
         }
         int ok = t[i].ndim == d->ndim &&
                  (d->ndim == 3 ? t[i].shape[0] == d->d0 && t[i].shape[1] == d->rows / d->d0 && t[i].shape[2] == d->cols
-                               : t[i].shape[0] == d->rows && (d->ndim == 1 || t[i].shape[1] == d->cols));
+                               : t[i].shape[0] == (d->bcast ? 1 : d->rows) && (d->ndim == 1 || t[i].shape[1] == d->cols));
+        if (d->bcast && t[i].ndim == 0) ok = 1; /* a 0-dim scalar scale, as some exporters write it */
         if (!ok) {
             char got[128];
             shape_str(&t[i], got, sizeof got);
-            if (d->ndim == 3)
+            if (d->bcast)
+                snprintf(err, errlen, "%s: tensor %s has shape %s; expected [1] (one per-tensor FP8 scale)", what,
+                         t[i].name, got);
+            else if (d->ndim == 3)
                 snprintf(err, errlen, "%s: tensor %s has shape %s; expected [%lld,%lld,%lld]", what, t[i].name,
                          got, (long long)d->d0, (long long)(d->rows / d->d0), (long long)d->cols);
             else if (d->ndim == 1)
@@ -557,6 +591,8 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
         int rc = 0;
         if (p->dt == MDL_DT_F8_E4M3 && t[i].dtype != MDL_DT_F8_E4M3)
             write_quantized(m, d, &t[i]); /* CPU backend only: device memory is host memory */
+        else if (d->bcast)
+            write_bcast(m, d, &t[i], device_src);
         else
             rc = device_src ? m->be->ops->device_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel)
                             : m->be->ops->upload_convert(m->be, dst, p->dt, t[i].data, t[i].dtype, t[i].numel);
@@ -566,6 +602,7 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
                     mdl_dtype_name(p->dt));
             abort();
         }
+        if (p->is_scale) m->params[d->param].ckpt_dt = t[i].dtype;
         /* I3: this part arrived in this session (covered is per session: begin zeroes it) */
         for (int c = 0; c < d->n_cover; c++) s->covered[d->cover + c] = 1;
         s->tensors++;

@@ -21,6 +21,9 @@
  *   separate destinations with separate coverage, so they may arrive in any buckets and any order
  *   (a shard whose rows do not start on a block, or end off one before the matrix ends, is refused
  *   when the model is built)
+ *   compressed-tensors FP8 (cfg.fp8_ct): the scale is X.weight_scale, [ceil(rows / b0), ceil(cols /
+ *   b1)] (strategy block), [rows, 1] (channel: the table has one column) or [1] (tensor: written into
+ *   each of its shard's rows of the one-column table, so the kernel applies each shard's own scale)
  *   everything else                              -> one parameter of the same shape
  * Writing a tensor is a dtype-converting copy into its destination, in any order, in any bucket.
  * Matrices are stored in bf16 when the checkpoint's torch_dtype is bfloat16, else f32 (so f16 and
@@ -55,6 +58,9 @@ typedef struct {
     int scale;       /* F8_E4M3: the parameter holding its f32 block scales
                         [ceil(rows / fp8_b0), ceil(cols / fp8_b1)]; -1 otherwise */
     int is_scale;    /* this parameter is such a block-scale table */
+    mdl_dtype ckpt_dt; /* a scale table: the dtype its tensors last arrived in (F32, or the BF16 /
+                          F16 of compressed-tensors checkpoints), so exports give them back as they
+                          came (exactly: every one of those values is an f32) */
 } mdl_param;
 
 typedef struct {
@@ -65,6 +71,9 @@ typedef struct {
     int64_t cols;
     int64_t d0;          /* ndim 3: the leading dimension (experts) */
     int cover, n_cover;  /* coverage slots [cover, cover + n_cover) */
+    int bcast;           /* a per-tensor FP8 scale (compressed-tensors strategy "tensor"): the
+                            checkpoint's one value, shape [1] (or []), fills rows [row0, row0 + rows)
+                            of the scale table (its shard's rows) */
     int alias;           /* another name of parts that have names of their own (the tied lm_head,
                             the fused expert tensors): not reported missing, not a checkpoint tensor
                             of its own in checksums and exports */

@@ -1085,7 +1085,7 @@ uint8_t mdl_fp8_encode(float v)
     return sign | (uint8_t)(d1 < d0 || (d1 == d0 && (lo & 1)) ? lo + 1 : lo);
 }
 
-void mdl_fp8_quantize(const float *w, int64_t R, int64_t C, int b0, int b1, uint8_t *q, float *s)
+void mdl_fp8_quantize(const float *w, int64_t R, int64_t C, int b0, int b1, mdl_dtype sdt, uint8_t *q, float *s)
 {
     const int64_t SC = (C + b1 - 1) / b1;
     for (int64_t br = 0; br * b0 < R; br++)
@@ -1094,7 +1094,12 @@ void mdl_fp8_quantize(const float *w, int64_t R, int64_t C, int b0, int b1, uint
             float amax = 0.0f;
             for (int64_t r = br * b0; r < r1; r++)
                 for (int64_t c = bc * b1; c < c1; c++) amax = fmaxf(amax, fabsf(w[r * C + c]));
-            const float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
+            float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
+            if (sdt != MDL_DT_F32) { /* the scale as its dtype stores it (nearest even) */
+                uint16_t h;
+                mdl_convert(&h, sdt, &sc, MDL_DT_F32, 1);
+                mdl_convert(&sc, MDL_DT_F32, &h, sdt, 1);
+            }
             s[br * SC + bc] = sc;
             for (int64_t r = br * b0; r < r1; r++)
                 for (int64_t c = bc * b1; c < c1; c++) q[r * C + c] = mdl_fp8_encode(w[r * C + c] / sc);

@@ -95,9 +95,12 @@ int mdl_dtype_convertible(mdl_dtype src_dt); /* 1 for BF16, F16, F32 */
  * quantize finite weights) */
 uint8_t mdl_fp8_encode(float v);
 /* Block FP8 of w [rows, cols] (row-major f32) as checkpoints quantize it (DeepSeek / Qwen
- * fp8_cast_bf16 in reverse): per [b0, b1] block s = amax / 448 (1 for an all-zero block),
- * q = mdl_fp8_encode(w / s); q [rows, cols], s [ceil(rows / b0), ceil(cols / b1)]. Dequantized,
- * a weight is kern_fp8_to_f32(q) * s. */
-void mdl_fp8_quantize(const float *w, int64_t rows, int64_t cols, int b0, int b1, uint8_t *q, float *s);
+ * fp8_cast_bf16 in reverse): per [b0, b1] block s = amax / 448 (1 for an all-zero block), rounded
+ * to sdt (F32, or the BF16 / F16 compressed-tensors stores its scales in; the codes are taken
+ * against the rounded scale), q = mdl_fp8_encode(w / s); q [rows, cols], s [ceil(rows / b0),
+ * ceil(cols / b1)]. Dequantized, a weight is kern_fp8_to_f32(q) * s. Channel scales are b0 = 1,
+ * b1 >= cols; a per-tensor scale b0 = rows, b1 >= cols. */
+void mdl_fp8_quantize(const float *w, int64_t rows, int64_t cols, int b0, int b1, mdl_dtype sdt, uint8_t *q,
+                      float *s);
 
 #endif

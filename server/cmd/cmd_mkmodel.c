@@ -74,11 +74,17 @@ static const char help[] =
     "  --sparse-step N            decoder_sparse_step (default 1)\n"
     "  --mlp-only LIST            mlp_only_layers, comma-separated layer indices (dense layers)\n"
     "  --moe-fused                transformers 5's fused experts.gate_up_proj / experts.down_proj\n"
+    "                             (default: one tensor per expert part; the same weights either way)\n"
+    "\n"
+    "FP8 (dense targets):\n"
     "  --fp8 ROWS,COLS            block-FP8 projections (F8_E4M3 weight + F32 weight_scale_inv per block,\n"
-    "                             a quantization_config), as Qwen3-FP8 checkpoints; dense targets only\n"
+    "                             quant_method fp8), as Qwen3-FP8 checkpoints\n"
+    "  --fp8 channel|tensor       compressed-tensors FP8 (llm-compressor's FP8_DYNAMIC / FP8): F8_E4M3\n"
+    "                             weight + weight_scale per output row [N, 1] or per tensor [1], the\n"
+    "                             scales in --dtype\n"
+    "  --fp8-compressed-tensors   with --fp8 ROWS,COLS: compressed-tensors' block strategy (FP8_BLOCK)\n"
     "  --fp8-dequantized          with --fp8: the same model with the projections dequantized (the\n"
     "                             FP8 model's twin: no quantization_config)\n"
-    "                             (default: one tensor per expert part; the same weights either way)\n"
     "\n"
     "Drafters (--arch dflash: z-lab DFlashDraftModel; --arch dspark: DeepSpec Qwen3DSparkModel) take\n"
     "their geometry from the target; --layers sets the drafter depth:\n"
@@ -166,14 +172,22 @@ int srv_cmd_mkmodel(int argc, char **argv)
             srv_arg_str(argc, argv, &i, "--mlp-only", &mlp_only) ||
             srv_arg_flag(argc, argv, &i, "--moe-fused", &o.moe_fused) ||
             srv_arg_str(argc, argv, &i, "--fp8", &fp8) ||
-            srv_arg_flag(argc, argv, &i, "--fp8-dequantized", &o.fp8_dequant))
+            srv_arg_flag(argc, argv, &i, "--fp8-dequantized", &o.fp8_dequant) ||
+            srv_arg_flag(argc, argv, &i, "--fp8-compressed-tensors", &o.fp8_ct))
             continue;
         srv_die_usage("mkmodel", argv[i]);
     }
     if (!out) srv_die("--out DIR is required");
-    if (fp8 && sscanf(fp8, "%d,%d", &o.fp8_b0, &o.fp8_b1) != 2) srv_die("--fp8 ROWS,COLS: the block size, e.g. 128,128");
-    if (fp8 && (o.fp8_b0 < 1 || o.fp8_b1 < 16)) srv_die("--fp8 ROWS,COLS: rows >= 1, columns a power of two >= 16");
-    if (o.fp8_dequant && !fp8) srv_die("--fp8-dequantized needs --fp8 ROWS,COLS");
+    if (fp8 && (strcmp(fp8, "channel") == 0 || strcmp(fp8, "tensor") == 0)) {
+        o.fp8_scheme = fp8[0] == 'c' ? MDL_FP8_CHANNEL : MDL_FP8_TENSOR;
+        o.fp8_ct = 1;
+        o.fp8_b0 = 1, o.fp8_b1 = 16; /* (unused: the scheme sets the blocks) */
+    } else if (fp8) {
+        if (sscanf(fp8, "%d,%d", &o.fp8_b0, &o.fp8_b1) != 2)
+            srv_die("--fp8 ROWS,COLS|channel|tensor: the block size, e.g. 128,128, or a compressed-tensors strategy");
+        if (o.fp8_b0 < 1 || o.fp8_b1 < 16) srv_die("--fp8 ROWS,COLS: rows >= 1, columns a power of two >= 16");
+    }
+    if ((o.fp8_dequant || o.fp8_ct) && !fp8) srv_die("--fp8-dequantized / --fp8-compressed-tensors need --fp8");
     if (tie && no_tie) srv_die("--tie and --no-tie are exclusive");
     o.tie = !no_tie;
     o.tokenizer = !no_tok;

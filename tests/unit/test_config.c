@@ -688,7 +688,7 @@ static void test_fp8(void **state)
         const char *json, *expect;
     } bad[] = {
         {QBASE "{\"quant_method\":\"awq\",\"bits\":4}}", "quant_method \"awq\" is not supported"},
-        {QBASE "{\"quant_method\":\"compressed-tensors\"}}", "compressed-tensors"},
+        {QBASE "{\"quant_method\":\"compressed-tensors\"}}", "config_groups"},
         {QBASE "{\"quant_method\":\"fp8\"}}", "weight_block_size"},
         {QBASE "{\"quant_method\":\"fp8\",\"weight_block_size\":[128,100]}}", "power of two"},
         {QBASE "{\"quant_method\":\"fp8\",\"weight_block_size\":[0,128]}}", "weight_block_size"},
@@ -711,6 +711,97 @@ static void test_fp8(void **state)
     }
 }
 
+/* compressed-tensors FP8 as llm-compressor writes it (FP8_DYNAMIC: channel; FP8: tensor; FP8_BLOCK:
+ * block), targets by class and by "re:" pattern (re.match: anchored at the start), ignore winning;
+ * every variant graphswap does not run refused naming the field. */
+static void test_fp8_compressed_tensors(void **state)
+{
+    (void)state;
+#define CBASE "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":200,"   \
+              "\"num_hidden_layers\":3,\"num_attention_heads\":4,\"head_dim\":16,\"vocab_size\":9,"              \
+              "\"quantization_config\":{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\","
+#define W8(strategy) "\"weights\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"" strategy "\",\"symmetric\":true," \
+                     "\"dynamic\":false,\"group_size\":null"
+#define DYN "\"input_activations\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"token\",\"dynamic\":true}"
+    mdl_config c;
+    char err[256] = "";
+    static const char channel[] = CBASE "\"config_groups\":{\"group_0\":{\"targets\":[\"Linear\"]," W8("channel") "},"
+                                        DYN ",\"output_activations\":null}},\"ignore\":[\"lm_head\","
+                                        "\"re:.*layers\\\\.2\\\\..*\",\"model.layers.1.mlp.down_proj\"],"
+                                        "\"kv_cache_scheme\":null,\"quantization_status\":\"compressed\"}}";
+    if (mdl_config_parse(channel, strlen(channel), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(c.fp8, 1);
+    assert_int_equal(c.fp8_ct, 1);
+    assert_int_equal(c.fp8_scheme, MDL_FP8_CHANNEL);
+    assert_int_equal(c.fp8_b0, 1);
+    assert_int_equal(c.fp8_b1, 256); /* one column block wider than the widest projection (200) */
+    assert_int_equal(c.fp8_skip[0], 0);
+    assert_int_equal(c.fp8_skip[1], MDL_FP8_SKIP_DOWN);
+    assert_int_equal(c.fp8_skip[2], MDL_FP8_SKIP_QKV | MDL_FP8_SKIP_O | MDL_FP8_SKIP_GATE_UP | MDL_FP8_SKIP_DOWN);
+    /* regex targets, weight-only (no input_activations), tensor strategy; "re:" matches from the
+     * start only: "mlp" alone matches nothing */
+    static const char tensor[] = CBASE "\"config_groups\":{\"g\":{\"targets\":[\"re:.*self_attn\\\\.[qkvo]_proj$\","
+                                       "\"re:mlp\"]," W8("tensor") "},\"input_activations\":null}}}}";
+    if (mdl_config_parse(tensor, strlen(tensor), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(c.fp8_scheme, MDL_FP8_TENSOR);
+    for (int l = 0; l < 3; l++) assert_int_equal(c.fp8_skip[l], MDL_FP8_SKIP_GATE_UP | MDL_FP8_SKIP_DOWN);
+    static const char block[] = CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("block")
+                                      ",\"block_structure\":[16,32]}," DYN "}},\"ignore\":[\"lm_head\"]}}";
+    if (mdl_config_parse(block, strlen(block), &c, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(c.fp8_scheme, MDL_FP8_BLOCK);
+    assert_int_equal(c.fp8_b0, 16);
+    assert_int_equal(c.fp8_b1, 32);
+    struct {
+        const char *json, *expect;
+    } bad[] = {
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("channel") "}}},\"ignore\":[]}}",
+         "quantizes lm_head"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("group") "}}},\"ignore\":[\"lm_head\"]}}",
+         "strategy group is not supported"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"],\"weights\":{\"num_bits\":4,\"type\":\"int\","
+               "\"strategy\":\"group\"}}},\"ignore\":[\"lm_head\"]}}",
+         "num_bits 8"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("tensor") "},\"input_activations\":"
+               "{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"tensor\",\"dynamic\":false}}},\"ignore\":[\"lm_head\"]}}",
+         "input_activations must be dynamic"},
+        {CBASE "\"config_groups\":{\"a\":{\"targets\":[\"re:.*self_attn.*\"]," W8("tensor") "}},\"b\":{\"targets\":"
+               "[\"re:.*mlp.*\"]," W8("channel") "}}},\"ignore\":[\"lm_head\"]}}",
+         "mix weight strategies"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("block") ",\"block_structure\":[16,24]}}},"
+               "\"ignore\":[\"lm_head\"]}}",
+         "block_structure"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("channel") "}}},\"ignore\":[\"lm_head\"],"
+               "\"kv_cache_scheme\":{\"num_bits\":8}}}",
+         "kv_cache_scheme"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("channel") "}}},\"ignore\":[\"lm_head\"],"
+               "\"quantization_status\":\"frozen\"}}",
+         "quantization_status"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"re:(unclosed\"]," W8("channel") "}}}}}",
+         "not a regular expression"},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"re:.*k_proj$\"]," W8("channel") "}}}}}",
+         "q_proj / k_proj / v_proj"},
+        {CBASE "\"config_groups\":{\"g\":{\"format\":\"int-quantized\",\"targets\":[\"Linear\"]," W8("channel")
+               "}}},\"ignore\":[\"lm_head\"]}}",
+         "format \"int-quantized\""},
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("channel") "}},\"output_activations\":"
+               "{\"num_bits\":8}}},\"ignore\":[\"lm_head\"]}}",
+         "output_activations"},
+        /* catastrophic backtracking is cut by the match limit, not run for ever */
+        {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"re:(.*)*(.*)*(.*)*(.*)*(.*)*_$\"]," W8("channel")
+               "}}},\"ignore\":[\"lm_head\"]}}",
+         "too complex"},
+    };
+#undef CBASE
+#undef W8
+#undef DYN
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        if (mdl_config_parse(bad[i].json, strlen(bad[i].json), &c, err, sizeof err) != -1)
+            fail_msg("case %zu (%s) was accepted", i, bad[i].expect);
+        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -727,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_fp8_compressed_tensors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,378 @@
+/* models/config_quant.c — config.json's quantization_config: block FP8 (quant_method "fp8", as
+ * Qwen3-FP8 and DeepSeek-V3 ship it) and compressed-tensors FP8 (quant_method "compressed-tensors",
+ * as llm-compressor writes its FP8, FP8_DYNAMIC and FP8_BLOCK schemes). Both end in the same model
+ * state (mdl_config.fp8*): which projections are FP8 (fp8_skip), what a scale covers (fp8_scheme,
+ * fp8_b0 x fp8_b1) and what the scale tensors are called (fp8_ct). Every other scheme, and every FP8
+ * variant whose math graphswap does not run, is refused naming the field. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+
+#include "models/config.h"
+#include "models/config_internal.h"
+
+#include <cjson/cJSON.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The projections of a layer, as checkpoint module names after "model.layers.N." */
+static const char *const proj_part[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                         "mlp.down_proj"};
+
+/* Which projections a scheme quantizes: quantized(mod, u) is 1 (FP8), 0 (kept), or -1 (refused,
+ * err written). */
+typedef int (*quantized_fn)(const char *mod, void *u, char *err, size_t errlen);
+
+/* fp8_skip from the predicate; q / k / v and gate / up are one stacked matrix each: all FP8 or none. */
+static int set_skips(mdl_config *c, quantized_fn quantized, void *u, char *err, size_t errlen)
+{
+    for (int l = 0; l < c->layers; l++) {
+        int hit[7];
+        for (int i = 0; i < 7; i++) {
+            char mod[96];
+            snprintf(mod, sizeof mod, "model.layers.%d.%s", l, proj_part[i]);
+            const int q = quantized(mod, u, err, errlen);
+            if (q < 0) return -1;
+            hit[i] = !q;
+        }
+        if (hit[0] + hit[1] + hit[2] == 1 || hit[0] + hit[1] + hit[2] == 2 || hit[4] != hit[5]) {
+            snprintf(err, errlen,
+                     "config.json: quantization_config leaves only some of layer %d's %s unquantized (they are "
+                     "one stacked matrix: all or none)",
+                     l, hit[4] != hit[5] ? "gate_proj / up_proj" : "q_proj / k_proj / v_proj");
+            return -1;
+        }
+        c->fp8_skip[l] = (unsigned char)((hit[0] ? MDL_FP8_SKIP_QKV : 0) | (hit[3] ? MDL_FP8_SKIP_O : 0) |
+                                         (hit[4] ? MDL_FP8_SKIP_GATE_UP : 0) | (hit[6] ? MDL_FP8_SKIP_DOWN : 0));
+    }
+    return 0;
+}
+
+/* ---- quant_method "fp8" --------------------------------------------------------------------------- */
+
+/* Does the list (modules_to_not_convert / ignored_layers) name module `mod` or a module containing
+ * it ("model.layers.3" covers "model.layers.3.mlp.down_proj")? */
+static int fp8_ignored(const cJSON *list, const char *mod)
+{
+    if (!list || cJSON_IsNull(list)) return 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list)
+    {
+        if (!cJSON_IsString(e)) continue;
+        const size_t n = strlen(e->valuestring);
+        if (n && strncmp(mod, e->valuestring, n) == 0 && (mod[n] == 0 || mod[n] == '.')) return 1;
+    }
+    return 0;
+}
+
+static int fp8_quantized(const char *mod, void *u, char *err, size_t errlen)
+{
+    (void)err, (void)errlen;
+    const cJSON *const *lists = u;
+    return !fp8_ignored(lists[0], mod) && !fp8_ignored(lists[1], mod);
+}
+
+static int parse_fp8(const cJSON *q, mdl_config *c, char *err, size_t errlen)
+{
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(q, "fmt");
+    if (fmt && !(cJSON_IsString(fmt) && strcmp(fmt->valuestring, "e4m3") == 0)) {
+        snprintf(err, errlen, "config.json: quantization_config fmt must be \"e4m3\" (float8_e4m3fn weights)");
+        return -1;
+    }
+    const cJSON *as = cJSON_GetObjectItemCaseSensitive(q, "activation_scheme");
+    if (as && !(cJSON_IsString(as) && strcmp(as->valuestring, "dynamic") == 0)) {
+        snprintf(err, errlen,
+                 "config.json: quantization_config activation_scheme must be \"dynamic\" (static activation "
+                 "scales are not supported)");
+        return -1;
+    }
+    const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(bs, 0)) ||
+        !cJSON_IsNumber(cJSON_GetArrayItem(bs, 1))) {
+        snprintf(err, errlen,
+                 "config.json: quantization_config weight_block_size must be [rows, columns] (per-tensor FP8 "
+                 "is not supported)");
+        return -1;
+    }
+    const double b0 = cJSON_GetArrayItem(bs, 0)->valuedouble, b1 = cJSON_GetArrayItem(bs, 1)->valuedouble;
+    if (!(b0 >= 1 && b0 <= 65536 && b0 == (int)b0) || !(b1 >= 16 && b1 <= 65536 && b1 == (int)b1) ||
+        ((int)b1 & ((int)b1 - 1)) != 0) {
+        snprintf(err, errlen,
+                 "config.json: quantization_config weight_block_size [%g, %g]: rows must be >= 1 and columns a "
+                 "power of two >= 16",
+                 b0, b1);
+        return -1;
+    }
+    c->fp8 = 1;
+    c->fp8_scheme = MDL_FP8_BLOCK;
+    c->fp8_b0 = (int)b0;
+    c->fp8_b1 = (int)b1;
+    const cJSON *lists[2] = {cJSON_GetObjectItemCaseSensitive(q, "modules_to_not_convert"),
+                             cJSON_GetObjectItemCaseSensitive(q, "ignored_layers")};
+    for (int li = 0; li < 2; li++)
+        if (lists[li] && !cJSON_IsNull(lists[li]) && !cJSON_IsArray(lists[li])) {
+            snprintf(err, errlen, "config.json: quantization_config %s must be a list of module names",
+                     li ? "ignored_layers" : "modules_to_not_convert");
+            return -1;
+        }
+    return set_skips(c, fp8_quantized, (void *)lists, err, errlen);
+}
+
+/* ---- quant_method "compressed-tensors" ------------------------------------------------------------ */
+
+/* Target matching as compressed-tensors does it (src/compressed_tensors/utils/match.py, commit
+ * 0186d7ae2fe9, match_name / _match_class): a target "re:PAT" matches a module whose name PAT
+ * matches from its first character (Python re.match: anchored at the start, not the end); any
+ * other target matches the module of exactly that name, or by class name ("Linear": every
+ * projection, lm_head and the MoE router are nn.Linear). Patterns come from an untrusted file:
+ * PCRE2 with a match limit, so a pathological pattern fails instead of running for ever. */
+static int ct_match_one(const char *target, const char *mod, const char *cls, char *err, size_t errlen)
+{
+    if (strncmp(target, "re:", 3) != 0) return strcmp(target, mod) == 0 || strcmp(target, cls) == 0;
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(target + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &ec, &eo, NULL);
+    if (!re) {
+        snprintf(err, errlen, "config.json: quantization_config target \"%.80s\" is not a regular expression",
+                 target);
+        return -1;
+    }
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    pcre2_match_context *mc = pcre2_match_context_create(NULL);
+    int rc = -1;
+    if (md && mc) {
+        pcre2_set_match_limit(mc, 100000);
+        pcre2_set_depth_limit(mc, 1000);
+        const int m = pcre2_match(re, (PCRE2_SPTR)mod, strlen(mod), 0, 0, md, mc);
+        if (m >= 0) rc = 1;
+        else if (m == PCRE2_ERROR_NOMATCH) rc = 0;
+        else
+            snprintf(err, errlen, "config.json: quantization_config target \"%.80s\" could not be matched (%s)",
+                     target, m == PCRE2_ERROR_MATCHLIMIT || m == PCRE2_ERROR_DEPTHLIMIT ? "too complex" : "error");
+    } else {
+        snprintf(err, errlen, "out of memory");
+    }
+    pcre2_match_context_free(mc);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return rc;
+}
+
+/* 1 when a string of list matches the module, 0 when none does, -1 on a bad pattern */
+static int ct_match(const cJSON *list, const char *mod, const char *cls, char *err, size_t errlen)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list)
+    {
+        const int r = ct_match_one(e->valuestring, mod, cls, err, errlen);
+        if (r != 0) return r;
+    }
+    return 0;
+}
+
+typedef struct {
+    const cJSON *groups, *ignore;
+} ct_ctx;
+
+/* A Linear module is FP8 when a group targets it and the ignore list does not name it
+ * (match_named_modules: ignore wins). */
+static int ct_quantized(const char *mod, void *u, char *err, size_t errlen)
+{
+    const ct_ctx *x = u;
+    int hit = 0;
+    const cJSON *g;
+    cJSON_ArrayForEach(g, x->groups)
+    {
+        const int r = ct_match(cJSON_GetObjectItemCaseSensitive(g, "targets"), mod, "Linear", err, errlen);
+        if (r < 0) return -1;
+        hit |= r;
+    }
+    if (!hit) return 0;
+    const int ig = x->ignore ? ct_match(x->ignore, mod, "Linear", err, errlen) : 0;
+    return ig < 0 ? -1 : !ig;
+}
+
+static int is_str(const cJSON *o, const char *key, const char *want)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) && strcmp(v->valuestring, want) == 0;
+}
+
+static int absent(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return !v || cJSON_IsNull(v);
+}
+
+static int is_list_of_strings(const cJSON *v)
+{
+    if (!cJSON_IsArray(v)) return 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) if (!cJSON_IsString(e)) return 0;
+    return 1;
+}
+
+/* One config group: 8-bit float symmetric weights with static (stored) scales per channel, per tensor
+ * or per block, and activations left alone or dynamically quantized (graphswap runs W8A16: f32
+ * activations, as SGLang's CPU backend runs FP8). scheme / b0 / b1 out. */
+static int ct_group(const char *gname, const cJSON *g, const cJSON *q, int *scheme, int *b0, int *b1, char *err,
+                    size_t errlen)
+{
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(g, "weights");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(g, "format");
+    if (!fmt || cJSON_IsNull(fmt)) fmt = cJSON_GetObjectItemCaseSensitive(q, "format");
+    if (!cJSON_IsObject(g) || !is_list_of_strings(cJSON_GetObjectItemCaseSensitive(g, "targets"))) {
+        snprintf(err, errlen, "config.json: quantization_config config_groups.%.40s needs a targets list", gname);
+        return -1;
+    }
+    if (!(cJSON_IsString(fmt) && strcmp(fmt->valuestring, "float-quantized") == 0)) {
+        snprintf(err, errlen,
+                 "config.json: compressed-tensors config_groups.%.40s format %s%.40s%s is not supported (supported: "
+                 "\"float-quantized\" FP8)",
+                 gname, cJSON_IsString(fmt) ? "\"" : "", cJSON_IsString(fmt) ? fmt->valuestring : "(none)",
+                 cJSON_IsString(fmt) ? "\"" : "");
+        return -1;
+    }
+    const cJSON *nb = cJSON_GetObjectItemCaseSensitive(w, "num_bits");
+    const cJSON *sym = cJSON_GetObjectItemCaseSensitive(w, "symmetric");
+    const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(w, "dynamic");
+    if (!cJSON_IsObject(w) || !cJSON_IsNumber(nb) || nb->valuedouble != 8 || !is_str(w, "type", "float") ||
+        (sym && !cJSON_IsTrue(sym)) || (dyn && !cJSON_IsFalse(dyn))) {
+        snprintf(err, errlen,
+                 "config.json: compressed-tensors config_groups.%.40s weights must be num_bits 8, type \"float\", "
+                 "symmetric, not dynamic (FP8 e4m3 with stored scales)",
+                 gname);
+        return -1;
+    }
+    if (is_str(w, "strategy", "channel") || is_str(w, "strategy", "tensor")) {
+        *scheme = is_str(w, "strategy", "channel") ? MDL_FP8_CHANNEL : MDL_FP8_TENSOR;
+        *b0 = *b1 = 0;
+    } else if (is_str(w, "strategy", "block")) {
+        const cJSON *bs = cJSON_GetObjectItemCaseSensitive(w, "block_structure");
+        const double r = cJSON_GetArraySize(bs) == 2 && cJSON_IsNumber(cJSON_GetArrayItem(bs, 0))
+                             ? cJSON_GetArrayItem(bs, 0)->valuedouble : 0;
+        const double k = cJSON_GetArraySize(bs) == 2 && cJSON_IsNumber(cJSON_GetArrayItem(bs, 1))
+                             ? cJSON_GetArrayItem(bs, 1)->valuedouble : 0;
+        if (!cJSON_IsArray(bs) || !(r >= 1 && r <= 65536 && r == (int)r) || !(k >= 16 && k <= 65536 && k == (int)k) ||
+            ((int)k & ((int)k - 1)) != 0) {
+            snprintf(err, errlen,
+                     "config.json: compressed-tensors config_groups.%.40s block_structure must be [rows, columns], "
+                     "rows >= 1 and columns a power of two >= 16",
+                     gname);
+            return -1;
+        }
+        *scheme = MDL_FP8_BLOCK;
+        *b0 = (int)r;
+        *b1 = (int)k;
+    } else {
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(w, "strategy");
+        snprintf(err, errlen,
+                 "config.json: compressed-tensors config_groups.%.40s weights strategy %.40s is not supported "
+                 "(supported: channel, tensor, block)",
+                 gname, cJSON_IsString(s) ? s->valuestring : "(none)");
+        return -1;
+    }
+    const cJSON *ia = cJSON_GetObjectItemCaseSensitive(g, "input_activations");
+    if (ia && !cJSON_IsNull(ia)) {
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(ia, "dynamic");
+        /* dynamic per-token / per-tensor FP8 activations: W8A16 here (no input_scale tensors) */
+        if (!cJSON_IsObject(ia) || !cJSON_IsTrue(d)) {
+            snprintf(err, errlen,
+                     "config.json: compressed-tensors config_groups.%.40s input_activations must be dynamic (static "
+                     "activation scales, input_scale, are not supported)",
+                     gname);
+            return -1;
+        }
+    }
+    if (!absent(g, "output_activations")) {
+        snprintf(err, errlen, "config.json: compressed-tensors config_groups.%.40s output_activations are not supported",
+                 gname);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_ct(const cJSON *q, mdl_config *c, char *err, size_t errlen)
+{
+    const cJSON *groups = cJSON_GetObjectItemCaseSensitive(q, "config_groups");
+    if (!cJSON_IsObject(groups) || !groups->child) {
+        snprintf(err, errlen, "config.json: compressed-tensors quantization_config needs config_groups");
+        return -1;
+    }
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(q, "quantization_status");
+    if (st && !is_str(q, "quantization_status", "compressed")) {
+        snprintf(err, errlen,
+                 "config.json: compressed-tensors quantization_status must be \"compressed\" (the weights stored "
+                 "as FP8 codes and scales)");
+        return -1;
+    }
+    if (!absent(q, "kv_cache_scheme")) {
+        snprintf(err, errlen, "config.json: compressed-tensors kv_cache_scheme is not supported (FP8 KV cache)");
+        return -1;
+    }
+    const cJSON *ignore = cJSON_GetObjectItemCaseSensitive(q, "ignore");
+    if (ignore && !cJSON_IsNull(ignore) && !is_list_of_strings(ignore)) {
+        snprintf(err, errlen, "config.json: compressed-tensors ignore must be a list of module names");
+        return -1;
+    }
+    int scheme = -1, b0 = 0, b1 = 0;
+    const cJSON *g;
+    cJSON_ArrayForEach(g, groups)
+    {
+        int s, r, k;
+        if (ct_group(g->string, g, q, &s, &r, &k, err, errlen) != 0) return -1;
+        if (scheme >= 0 && (s != scheme || r != b0 || k != b1)) {
+            snprintf(err, errlen,
+                     "config.json: compressed-tensors config_groups mix weight strategies or block sizes (one "
+                     "scheme for every FP8 projection is supported)");
+            return -1;
+        }
+        scheme = s, b0 = r, b1 = k;
+    }
+    ct_ctx x = {groups, ignore && !cJSON_IsNull(ignore) ? ignore : NULL};
+    /* lm_head is a Linear too: graphswap keeps it unquantized, so it must be ignored if targeted */
+    const int lm = ct_quantized("lm_head", &x, err, errlen);
+    if (lm < 0) return -1;
+    if (lm) {
+        snprintf(err, errlen, "config.json: compressed-tensors quantizes lm_head (an FP8 lm_head is not supported)");
+        return -1;
+    }
+    c->fp8 = 1;
+    c->fp8_ct = 1;
+    c->fp8_scheme = scheme;
+    if (scheme == MDL_FP8_BLOCK) {
+        c->fp8_b0 = b0, c->fp8_b1 = b1;
+    } else { /* one scale per row: a block of 1 row and one column block wider than any projection */
+        const int wide[3] = {c->hidden, c->intermediate, c->heads * c->head_dim};
+        int w = 16;
+        for (int i = 0; i < 3; i++)
+            while (w < wide[i]) w *= 2;
+        c->fp8_b0 = 1, c->fp8_b1 = w;
+    }
+    return set_skips(c, ct_quantized, &x, err, errlen);
+}
+
+int mdl_config_parse_quant(const cJSON *root, mdl_config *c, char *err, size_t errlen)
+{
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (!q || cJSON_IsNull(q)) return 0;
+    const cJSON *qm = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    if (!cJSON_IsObject(q) || !cJSON_IsString(qm)) {
+        snprintf(err, errlen, "config.json: quantization_config must be an object with a quant_method");
+        return -1;
+    }
+    const int ct = strcmp(qm->valuestring, "compressed-tensors") == 0;
+    if (strcmp(qm->valuestring, "fp8") != 0 && !ct) {
+        snprintf(err, errlen,
+                 "config.json: quantization_config quant_method \"%.40s\" is not supported (supported: \"fp8\" "
+                 "with weight_block_size, \"compressed-tensors\" FP8)",
+                 qm->valuestring);
+        return -1;
+    }
+    if (c->is_drafter || c->arch == MDL_ARCH_QWEN3_MOE) {
+        snprintf(err, errlen, "config.json: FP8 quantization_config is supported on dense targets only (not on %s)",
+                 mdl_arch_name(c->arch));
+        return -1;
+    }
+    return ct ? parse_ct(q, c, err, errlen) : parse_fp8(q, c, err, errlen);
+}
