@@ -427,12 +427,38 @@ class Graphswap:
 # to bf16 in each matmul, vdpbf16ps where the CPU has AVX512_BF16: what llama.cpp does for BF16)
 # "bf16amx": the same, graphswap with --bf16-activations=amx (TDPBF16PS's order: natively where the
 # CPU has AMX, an exact emulation elsewhere, so time it only on an AMX machine)
-GS_FLAGS = {"f32": (), "bf16": (), "bf16x": ("--bf16-activations",), "bf16amx": ("--bf16-activations=amx",)}
+# "fp8": graphswap on a block-FP8 checkpoint (Qwen3-FP8 layout, W8A16), llama.cpp on the Q8_0 GGUF
+# hf_to_gguf.py writes from the same checkpoint (dequantized f32(code) * scale, then Q8_0)
+GS_FLAGS = {"f32": (), "bf16": (), "bf16x": ("--bf16-activations",), "bf16amx": ("--bf16-activations=amx",),
+            "fp8": ()}
 # bf16x check tolerances in nats (see CHECKS below and README.md: the engines' bf16 rounding differs)
 BF16X_MAX_TOL = 0.5
 BF16X_MEDIAN_TOL = 0.05
 BF16X_TIE_TOL = 0.05
-FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16", "bf16amx": "bf16"}
+# fp8 check tolerances in nats against llama.cpp's Q8_0 GGUF. llama.cpp's Q8_0 matmul is W8A8: the
+# weights are Q8_0 (d = amax / 127 per 32, so a per-element RMS error of d / sqrt(12), ~0.5% of a
+# block's RMS for Gaussian-like rows whose amax over 32 is ~2.1 sigma) and each matmul's activations
+# are quantized to Q8_0 too (vec_dot_type Q8_0), about as much again; bf16x's activation rounding is
+# ~2^-8 / sqrt(12) ~ 0.11%, and gives ~0.01 nats on the dense model, so Q8_0 should land ~6x higher,
+# ~0.06 nats. Measured on the dense model (12 layers, 16 positions, max over graphswap's top-20 per
+# position): graphswap FP8 / Q8_0 of the same weights median 0.090, max 0.123; graphswap bf16 /
+# Q8_0 of the bf16 weights (Q8_0 alone, no FP8 grid) median 0.085, max 0.113 -- so this is Q8_0's
+# own rounding, not an FP8 effect. Wrong weights, graphswap FP8 / Q8_0 of the bf16 weights FP8 was
+# quantized from (off by e4m3's rounding, ~4x Q8_0's): median 0.32, max 0.43. So the median bound sits
+# between the two (1.7x the Q8_0 noise, half the wrong-weights figure), the max bound at 2.5x the
+# observed max and still under the wrong-weights max; a tie is a top-1 / top-2 gap within ~2x the
+# per-token noise (the two tokens' errors can have opposite signs). The exactness of the weights
+# themselves is the fp8f32 check's job (tolerance 1e-3; measured 2.5e-6); a Q8_0 layout or rounding
+# bug (d / qs swapped, blocks out of order) is off by nats.
+Q8_MAX_TOL = 0.3
+Q8_MEDIAN_TOL = 0.15
+Q8_TIE_TOL = 0.2
+FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16", "bf16amx": "bf16", "fp8": "fp8"}
+# the fp8 checkpoint: the bf16 model's geometry and seed, projections block-FP8 (mkmodel --fp8)
+FP8_BLOCK = "128,128"
+MKMODEL_DTYPE = {"f32": ["--dtype", "f32"], "bf16": ["--dtype", "bf16"],
+                 "fp8": ["--dtype", "bf16", "--fp8", FP8_BLOCK]}
+GGUF_OUTTYPE = {"f32": "f32", "bf16": "bf16", "fp8": "q8_0"}
 
 
 def ensure_checkpoints(a) -> dict[str, dict]:
@@ -448,7 +474,7 @@ def ensure_checkpoints(a) -> dict[str, dict]:
         else:
             stem = checkpoint_stem(a)
             ck = work / f"{stem}-{dt}"
-            args = mkmodel_geometry(a) + ["--dtype", dt]
+            args = mkmodel_geometry(a) + MKMODEL_DTYPE[dt]
             stamp = work / f"{stem}-{dt}.mkmodel.json"
             ok = (ck / "config.json").is_file() and stamp.is_file() and \
                 json.loads(stamp.read_text()) == args and \
@@ -462,9 +488,15 @@ def ensure_checkpoints(a) -> dict[str, dict]:
                 if p.returncode != 0:
                     die(f"`{' '.join(cmd)}` failed:\n{p.stdout}\n{p.stderr}")
                 stamp.write_text(json.dumps(args))
-        gguf = work / f"{ck.name}-{dt}.gguf" if given else work / f"{ck.name}.gguf"
-        convert_gguf(a, ck, gguf, dt)
+        suffix = "-q8_0" if dt == "fp8" else ""
+        gguf = work / f"{ck.name}-{dt}{suffix}.gguf" if given else work / f"{ck.name}{suffix}.gguf"
+        convert_gguf(a, ck, gguf, GGUF_OUTTYPE[dt])
         out[dt] = {"checkpoint": str(ck), "gguf": str(gguf)}
+        if dt == "fp8" and (a.check or not a.no_check):
+            # the fp8f32 check (below): the dequantized FP8 weights as an F32 GGUF (exact)
+            g32 = work / (f"{ck.name}-{dt}-asf32.gguf" if given else f"{ck.name}-asf32.gguf")
+            convert_gguf(a, ck, g32, "f32")
+            out[dt]["gguf_as_f32"] = str(g32)
         if dt == "bf16" and "bf16" in a.dtypes and (a.check or not a.no_check):
             # the bf16 check (below): the same bf16 weights widened exactly to an F32 GGUF
             g32 = gguf.with_name(gguf.stem + "-asf32.gguf")
@@ -581,19 +613,29 @@ CHECKS = {
               "gguf", "bf16x_max_tol", "bf16x_median_tol", "bf16x_tie_tol"),
     "bf16amx": ("BF16 checkpoint, graphswap --bf16-activations=amx / the BF16 GGUF (llama.cpp's bf16 matmuls)",
                 "gguf", "bf16x_max_tol", "bf16x_median_tol", "bf16x_tie_tol"),
+    "fp8f32": ("block-FP8 checkpoint (W8A16) / its dequantized weights as an F32 GGUF",
+               "gguf_as_f32", "logprob_tol", None, "tie_tol"),
+    "fp8": ("block-FP8 checkpoint (W8A16) / Q8_0 of its dequantized weights (the GGUF that is timed)",
+            "gguf", "q8_max_tol", "q8_median_tol", "q8_tie_tol"),
 }
+# --dtypes entry -> the checks it runs: fp8 first checks that llama.cpp gets exactly graphswap's
+# weights (fp8f32), then that the Q8_0 GGUF is within Q8_0's rounding of them (fp8)
+CHECK_RUNS = {"fp8": ("fp8f32", "fp8")}
 
 
 def correctness_checks(a, gs: "Graphswap", models: dict) -> dict:
     """One check per --dtypes entry (each at most once); ok when all pass."""
     res = {}
     for dt in a.dtypes:
-        res[dt] = correctness_check(a, gs, models, dt)
+        for name in CHECK_RUNS.get(dt, (dt,)):
+            res[name] = correctness_check(a, gs, models, dt, name)
     return {"ok": all(r["ok"] for r in res.values()), "by_dtype": res}
 
 
-def correctness_check(a, gs: "Graphswap", models: dict, dt: str) -> dict:
-    what, gguf_key, tol_attr, med_attr, tie_attr = CHECKS[dt]
+def correctness_check(a, gs: "Graphswap", models: dict, dt: str, name: str | None = None) -> dict:
+    """The check CHECKS[name] (default: the --dtypes entry dt's own) on dt's checkpoint."""
+    name = name or dt
+    what, gguf_key, tol_attr, med_attr, tie_attr = CHECKS[name]
     m = models[dt]
     tol, tie_tol = getattr(a, tol_attr), getattr(a, tie_attr)
     med_tol = getattr(a, med_attr) if med_attr else None
@@ -619,7 +661,7 @@ def correctness_check(a, gs: "Graphswap", models: dict, dt: str) -> dict:
     llama_tokens = [s["llama_argmax"] for s in steps]
     ok_tokens = not mismatches or tie
     ok_lp = max_dlp is not None and max_dlp <= tol and (med_tol is None or med_dlp <= med_tol)
-    out = {"dtype": dt, "what": what, "checkpoint": m["checkpoint"], "gguf": m[gguf_key],
+    out = {"dtype": dt, "check": name, "what": what, "checkpoint": m["checkpoint"], "gguf": m[gguf_key],
            "graphswap_flags": list(GS_FLAGS[dt]), "prompt_ids": prompt, "graphswap_tokens": gs_tokens,
            "llama_tokens_teacher_forced": llama_tokens, "first_mismatch": first_mismatch,
            "mismatches": mismatches, "mismatch_is_near_tie": tie if mismatches else None,
@@ -628,7 +670,7 @@ def correctness_check(a, gs: "Graphswap", models: dict, dt: str) -> dict:
            "min_top1_top2_gap": min(s["llama_gap_top1_top2"] for s in steps),
            "tokens_match": first_mismatch is None, "ok": ok_tokens and ok_lp,
            "llama_config": "KV cache f32, flash attention off", "steps": steps}
-    print(f"correctness check {dt} ({what}; greedy, {n} tokens after a {len(prompt)}-token prompt; "
+    print(f"correctness check {name} ({what}; greedy, {n} tokens after a {len(prompt)}-token prompt; "
           "llama.cpp with an f32 KV cache and flash attention off):")
     print(f"  graphswap  : {gs_tokens}")
     print(f"  llama.cpp  : {llama_tokens}")
@@ -879,6 +921,12 @@ def write_outputs(a, doc: dict, rows, final: bool):
     if "bf16amx" in c["dtypes"]:
         md.append("- dtype bf16amx: the same, graphswap with --bf16-activations=amx (activations rounded to "
                   "bf16, summed in Intel AMX's TDPBF16PS order; native only where the CPU has AMX)")
+    if "fp8" in c["dtypes"]:
+        md.append(f"- dtype fp8: graphswap on a block-FP8 checkpoint ({' '.join(MKMODEL_DTYPE['fp8'])}: every "
+                  "projection F8_E4M3 with an f32 scale per 128x128 block, embeddings / lm_head / norms bf16; "
+                  "W8A16, f32 activations), llama.cpp on the Q8_0 GGUF of the same weights (hf_to_gguf.py "
+                  "--outtype q8_0: f32(code) x scale, then Q8_0 for every matrix, token_embd and output "
+                  "included, norms F32, as llama.cpp's own converter does)")
     md.append("")
     chk = doc.get("check")
     if chk:
@@ -968,7 +1016,8 @@ def main() -> int:
                     help="timed prefills per repetition, median taken, after a warm-up (default 3)")
     ap.add_argument("--dtypes", default="f32,bf16,bf16x",
                     help="f32, bf16, bf16x (the BF16 checkpoint, graphswap with --bf16-activations), "
-                         "bf16amx (the same with --bf16-activations=amx); default the first three")
+                         "bf16amx (the same with --bf16-activations=amx), fp8 (a block-FP8 checkpoint "
+                         "against llama.cpp's Q8_0 of the same weights); default the first three")
     ap.add_argument("--arch", choices=["qwen3", "qwen3_moe"], default="qwen3",
                     help="random checkpoints to make: dense Qwen3 (default) or Qwen3-MoE (same attention "
                          "and embeddings, every FFN a MoE: --experts, --experts-per-tok, --moe-intermediate)")
@@ -983,6 +1032,8 @@ def main() -> int:
                          "(experts.gate_up_proj / down_proj; the same weights, separate checkpoint names)")
     ap.add_argument("--checkpoint-f32", help="use this F32 checkpoint instead of making one")
     ap.add_argument("--checkpoint-bf16", help="use this BF16 checkpoint instead of making one")
+    ap.add_argument("--checkpoint-fp8", help="use this block-FP8 checkpoint (quantization_config fp8) "
+                                             "instead of making one")
     ap.add_argument("--kv-type", choices=["f16", "f32", "bf16"], default="f16",
                     help="llama.cpp KV cache type for the timings (default f16, llama.cpp's default)")
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
@@ -999,6 +1050,12 @@ def main() -> int:
                     help=f"bf16x check: median over the positions (default {BF16X_MEDIAN_TOL:g})")
     ap.add_argument("--bf16x-tie-tol", type=float, default=BF16X_TIE_TOL,
                     help=f"bf16x check: tie tolerance (default {BF16X_TIE_TOL:g})")
+    ap.add_argument("--q8-max-tol", type=float, default=Q8_MAX_TOL,
+                    help=f"fp8 check (Q8_0 GGUF): max |d logprob| over the positions (default {Q8_MAX_TOL:g})")
+    ap.add_argument("--q8-median-tol", type=float, default=Q8_MEDIAN_TOL,
+                    help=f"fp8 check (Q8_0 GGUF): median over the positions (default {Q8_MEDIAN_TOL:g})")
+    ap.add_argument("--q8-tie-tol", type=float, default=Q8_TIE_TOL,
+                    help=f"fp8 check (Q8_0 GGUF): tie tolerance (default {Q8_TIE_TOL:g})")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess (default 1800)")
     ap.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
     ap.add_argument("--selftest", action="store_true", help="test the graphswap output parsers and exit")
@@ -1007,7 +1064,10 @@ def main() -> int:
         return selftest()
     a.dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
     if not a.dtypes or any(d not in GS_FLAGS for d in a.dtypes):
-        die("--dtypes takes a list of f32, bf16, bf16x, bf16amx")
+        die("--dtypes takes a list of f32, bf16, bf16x, bf16amx, fp8")
+    if "fp8" in a.dtypes and a.arch != "qwen3" and not a.checkpoint_fp8:
+        die("--dtypes fp8 makes dense checkpoints only (graphswap mkmodel --fp8 quantizes dense targets); "
+            "use --arch qwen3 or --checkpoint-fp8 DIR")
     if a.tokens < 4:
         die("--tokens must be >= 4 (two untimed steps)")
     if a.reps < 1 or a.prefill_reps < 1 or a.threads < 1:
@@ -1037,7 +1097,9 @@ def main() -> int:
                       "prefill": a.prefill, "prefill_reps": a.prefill_reps, "dtypes": a.dtypes,
                       "kv_type": a.kv_type, "flash_attn": a.flash_attn, "models": models,
                       "arch": a.arch,
-                      "mkmodel": None if (a.checkpoint_f32 or a.checkpoint_bf16) else mkmodel_geometry(a),
+                      "mkmodel": None if (a.checkpoint_f32 or a.checkpoint_bf16 or a.checkpoint_fp8)
+                      else mkmodel_geometry(a),
+                      "mkmodel_dtype": {d: MKMODEL_DTYPE[FILE_DTYPE[d]] for d in a.dtypes},
                       "model_summary": summaries,
                       "decode_prompt_tokens": P_DECODE,
                       "graphswap_commands": {

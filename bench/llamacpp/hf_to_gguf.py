@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Convert a Hugging Face Qwen3 / Qwen3-MoE checkpoint folder to a GGUF file for llama.cpp.
 
-    python hf_to_gguf.py CHECKPOINT_DIR OUT.gguf [--outtype auto|f32|bf16]
+    python hf_to_gguf.py CHECKPOINT_DIR OUT.gguf [--outtype auto|f32|bf16|q8_0]
+    python hf_to_gguf.py --selftest          # Q8_0 against ggml's own quantize_row_q8_0_ref
 
 Reads config.json, model.safetensors (or the shards listed in model.safetensors.index.json),
 tokenizer.json (byte-level BPE) and tokenizer_config.json. Needs only numpy and the `gguf`
@@ -12,6 +13,23 @@ Weights: --outtype auto keeps the checkpoint's dtype (bf16 stays bf16, anything 
 f32); f32 / bf16 force one type for the matrices (bf16 by round-to-nearest-even from f32).
 1-D tensors (the RMSNorm weights) are always written as f32, as llama.cpp's converter does.
 Qwen3 uses NEOX-style RoPE in llama.cpp, so q/k rows are written unpermuted.
+
+--outtype q8_0: GGML Q8_0 for every matrix, token_embd and output included, as llama.cpp's own
+convert_hf_to_gguf.py --outtype q8_0 does by default (conversion/base.py ModelBase.prepare_tensors
+at llama.cpp 0c1e570: 1-D tensors and *_norm.weight F32, FFN_GATE_INP (the MoE router) F32, every
+other .weight the file type's Q8_0, token_embd / output special-cased only for TQ1_0 / TQ2_0; a
+row length that is no multiple of 32 falls back to F16 there and here). The quantizer is written
+here (q8_0_quantize) to the definition in ggml/src/ggml-quants.c quantize_row_q8_0_ref and
+ggml/src/ggml-common.h block_q8_0 (same commit); --selftest checks it bit for bit against the
+quantize_row_q8_0_ref that llama-cpp-python's libggml-base exports.
+
+Block-FP8 checkpoints (config.json quantization_config {quant_method fp8, fmt e4m3,
+weight_block_size [R, C]}: X.weight F8_E4M3 + X.weight_scale_inv F32 [ceil(rows/R), ceil(cols/C)],
+the Qwen3-FP8 layout) are read as llama.cpp's converter reads them (conversion/base.py
+dequant_simple): each weight dequantized to f32(code) * scale of its block, one f32 multiply,
+which is exactly the matrix graphswap's FP8 matmul computes with (kern.h KOP_MATMUL) and what
+`graphswap mkmodel --dtype f32 --fp8 R,C --fp8-dequantized` writes. So `--outtype q8_0` on an FP8
+checkpoint is Q8_0 of the very weights graphswap serves, and `--outtype f32` their exact F32 twin.
 
 Qwen3ForCausalLM -> GGUF architecture `qwen3`; Qwen3MoeForCausalLM -> `qwen3moe`. The MoE part
 matches llama.cpp's own converter and loader field by field, as vendored in llama-cpp-python
@@ -60,6 +78,7 @@ ST_DTYPES = {
     "BF16": (np.uint16, True),
     "F64": (np.float64, False),
 }
+F8 = "F8_E4M3"  # block-FP8 weight codes (with X.weight_scale_inv); read through fp8_weight()
 
 # Hugging Face per-layer suffix -> GGUF per-block name (llama.cpp's qwen3 tensor set)
 LAYER_MAP = {
@@ -124,10 +143,22 @@ class SafetensorsFile:
     def names(self):
         return list(self.header)
 
+    def raw_u8(self, name: str) -> np.ndarray:
+        """An F8_E4M3 tensor's codes, as uint8 with the checkpoint's shape."""
+        info = self.header[name]
+        b, e = info["data_offsets"]
+        shape = tuple(int(s) for s in info["shape"])
+        if e - b != (int(np.prod(shape)) if shape else 1):
+            die(f"{self.path}: tensor {name}: {e - b} bytes for shape {shape} F8_E4M3")
+        return self.mm[self.data_start + b:self.data_start + e].reshape(shape)
+
     def get(self, name: str) -> tuple[np.ndarray, bool]:
         """(array with the checkpoint's shape, is_bf16); bf16 comes back as raw uint16."""
         info = self.header[name]
         dt = info["dtype"]
+        if dt == F8:
+            die(f"{self.path}: tensor {name} is F8_E4M3 but config.json has no fp8 quantization_config "
+                f"with weight_block_size (or the tensor has no {name}_scale_inv)")
         if dt not in ST_DTYPES:
             die(f"{self.path}: tensor {name} has unsupported dtype {dt}")
         npdt, is_bf16 = ST_DTYPES[dt]
@@ -189,6 +220,125 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     if nan.any():
         rounded = np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
     return rounded
+
+
+def _e4m3_table() -> np.ndarray:
+    """float8_e4m3fn code -> float32 (exact): sign, 4 exponent bits (bias 7), 3 mantissa bits;
+    exponent 0 is subnormal (m/8 * 2^-6); S.1111.111 (0x7f / 0xff) is NaN, there is no infinity."""
+    t = np.empty(256, dtype=np.float32)
+    for c in range(256):
+        e, m = (c >> 3) & 15, c & 7
+        v = (m / 8.0) * 2.0 ** -6 if e == 0 else (1.0 + m / 8.0) * 2.0 ** (e - 7)
+        t[c] = -v if c & 0x80 else v
+    t[0x7F] = t[0xFF] = np.nan
+    return t
+
+
+E4M3 = _e4m3_table()
+
+
+def fp8_dequantize(codes: np.ndarray, scale: np.ndarray, block: tuple[int, int], name: str) -> np.ndarray:
+    """f32(code) * scale[row // R, col // C] in float32 (one rounding, as graphswap's FP8 matmul and
+    llama.cpp's dequant_simple). codes [rows, cols] uint8, scale [ceil(rows/R), ceil(cols/C)] f32."""
+    if codes.ndim != 2:
+        die(f"{name}: F8_E4M3 weight of shape {list(codes.shape)}; only 2-D projections are supported")
+    R, C = block
+    rows, cols = codes.shape
+    want = (-(-rows // R), -(-cols // C))
+    if tuple(scale.shape) != want:
+        die(f"{name}_scale_inv: shape {list(scale.shape)}, expected {list(want)} for blocks {R}x{C}")
+    s = np.asarray(scale, dtype=np.float32)
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        die(f"{name}_scale_inv: a scale is not finite and positive")
+    w = E4M3[codes]
+    if np.isnan(w).any():
+        die(f"{name}: NaN code (0x7f / 0xff) in an F8_E4M3 weight")
+    full = np.repeat(np.repeat(s, R, axis=0), C, axis=1)[:rows, :cols]
+    return np.multiply(w, full, dtype=np.float32)
+
+
+# ---------------------------------------------------------------- GGML Q8_0
+#
+# Written to the definition in ggml (llama.cpp commit 0c1e570, as vendored in llama-cpp-python
+# 0.3.36): ggml/src/ggml-common.h `block_q8_0` = { ggml_half d; int8_t qs[QK8_0 = 32]; }, 34 bytes
+# with no padding, blocks consecutive along a row (ne0); ggml/src/ggml-quants.c
+# `quantize_row_q8_0_ref`: per block of 32, amax = max |x| (f32), d = amax / 127 (f32 division),
+# id = 1/d (0 when d == 0), q = roundf(x * id) (f32 product; roundf: half away from zero), and the
+# block stores d converted to f16 (round to nearest even) -- q is computed with the f32 id, not
+# with the f16-rounded d.
+
+QK8_0 = 32
+Q8_0_BLOCK_BYTES = 2 + QK8_0
+
+
+def q8_0_quantize(x: np.ndarray) -> np.ndarray:
+    """float32 [..., K] (K % 32 == 0) -> GGML Q8_0 bytes, uint8 [..., K / 32 * 34]."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape[-1] % QK8_0:
+        raise ValueError(f"row length {x.shape[-1]} is not a multiple of {QK8_0}")
+    if not np.all(np.isfinite(x)):
+        die("Q8_0: a non-finite weight")
+    blk = x.reshape(-1, QK8_0)
+    amax = np.abs(blk).max(axis=1)
+    d = np.divide(amax, np.float32(127), dtype=np.float32)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1), d, out=inv, where=d != 0)
+    v = np.multiply(blk, inv[:, None], dtype=np.float32)
+    # roundf: floor(|v|) + (fraction >= 0.5), sign restored; |v| - floor(|v|) is exact here
+    a = np.abs(v)
+    fl = np.floor(a)
+    r = fl + (a - fl >= np.float32(0.5))
+    q = np.copysign(r, v).astype(np.int8)
+    out = np.empty((blk.shape[0], Q8_0_BLOCK_BYTES), dtype=np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // QK8_0 * Q8_0_BLOCK_BYTES)
+
+
+def q8_0_dequantize(b: np.ndarray) -> np.ndarray:
+    blk = np.ascontiguousarray(b).reshape(-1, Q8_0_BLOCK_BYTES)
+    d = blk[:, :2].copy().view("<f2").astype(np.float32)
+    q = blk[:, 2:].view(np.int8).astype(np.float32)
+    return (q * d).reshape(*b.shape[:-1], b.shape[-1] // Q8_0_BLOCK_BYTES * QK8_0)
+
+
+def selftest() -> int:
+    """q8_0_quantize bit for bit against ggml's quantize_row_q8_0_ref (ctypes, from the
+    llama-cpp-python install setup.sh makes) on random rows and edge cases."""
+    import ctypes
+    rng = np.random.default_rng(7)
+    rows = [rng.standard_normal(4096).astype(np.float32),
+            (rng.standard_normal(4096) * 1e-3).astype(np.float32),
+            np.zeros(64, np.float32),                                      # d = 0 blocks
+            np.array([127, 0.5, -0.5, 1.5, -2.5, 126.5, -126.5] + [0] * 25, np.float32),  # halves
+            np.array([1e-7] * 16 + [-3e-8] * 16, np.float32),               # f16-subnormal d
+            (rng.integers(-300, 300, 4096) / 2).astype(np.float32)]          # many exact .5 ties
+    got = [q8_0_quantize(r) for r in rows]
+    for i, (r, g) in enumerate(zip(rows, got)):  # round trip: d/2 plus 127 x the f16 rounding of d
+        d = np.abs(r).reshape(-1, 32).max(1) / np.float32(127)
+        bound = 0.5 * d + 127 * np.abs(d - d.astype(np.float16).astype(np.float32)) + 1e-12
+        if not np.all(np.abs(q8_0_dequantize(g) - r).reshape(-1, 32) <= bound[:, None] * (1 + 1e-5)):
+            print(f"hf_to_gguf.py selftest: row {i}: Q8_0 round trip off by more than d/2")
+            return 1
+    try:
+        import llama_cpp
+    except ImportError:
+        print("hf_to_gguf.py selftest: no llama_cpp; checked the round trip only")
+        return 0
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).resolve().parent / "lib" / "libggml-base.so"))
+    f = lib.quantize_row_q8_0_ref
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    f.restype = None
+    for i, (r, g) in enumerate(zip(rows, got)):
+        ref = np.zeros(r.size // QK8_0 * Q8_0_BLOCK_BYTES, np.uint8)
+        f(r.ctypes.data, ref.ctypes.data, r.size)
+        if not np.array_equal(ref, g):
+            bad = int(np.argmax(ref != g))
+            print(f"hf_to_gguf.py selftest: row {i}: Q8_0 differs from ggml quantize_row_q8_0_ref at byte {bad}")
+            return 1
+    print(f"hf_to_gguf.py selftest: Q8_0 bit-identical to ggml quantize_row_q8_0_ref "
+          f"({sum(r.size for r in rows)} values, {len(rows)} rows)")
+    return 0
 
 
 def to_f32(arr: np.ndarray, is_bf16: bool) -> np.ndarray:
@@ -394,15 +544,46 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
 
     if "model.embed_tokens.weight" not in where:
         die("checkpoint has no model.embed_tokens.weight")
-    emb, _ = where["model.embed_tokens.weight"].get("model.embed_tokens.weight")
-    n_vocab = int(emb.shape[0])
+    n_vocab = int(where["model.embed_tokens.weight"].header["model.embed_tokens.weight"]["shape"][0])
     if cfg.get("vocab_size") and int(cfg["vocab_size"]) != n_vocab:
         die(f"config vocab_size {cfg['vocab_size']} != embedding rows {n_vocab}")
 
     src_dtypes = {where[n].header[n]["dtype"] for n in where}
     if outtype == "auto":
         outtype = "bf16" if src_dtypes == {"BF16"} else "f32"
-    ftype = gguf.LlamaFileType.MOSTLY_BF16 if outtype == "bf16" else gguf.LlamaFileType.ALL_F32
+    ftype = {"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}.get(
+        outtype, gguf.LlamaFileType.ALL_F32)
+
+    # block-FP8 (Qwen3-FP8 layout): X.weight F8_E4M3 + X.weight_scale_inv, dequantized on reading
+    qc = cfg.get("quantization_config") or {}
+    fp8_block = None
+    if qc:
+        if qc.get("quant_method") != "fp8":
+            die(f"quantization_config quant_method {qc.get('quant_method')!r}: only fp8 (block FP8) is supported")
+        if qc.get("fmt", "e4m3") != "e4m3":
+            die(f"quantization_config fmt {qc.get('fmt')!r}: only e4m3 is supported")
+        wbs = qc.get("weight_block_size")
+        if not (isinstance(wbs, list) and len(wbs) == 2 and all(isinstance(x, int) and x > 0 for x in wbs)):
+            die(f"quantization_config weight_block_size {wbs!r}: need [rows, cols]")
+        fp8_block = (wbs[0], wbs[1])
+    elif F8 in src_dtypes:
+        die("F8_E4M3 tensors but no quantization_config in config.json")
+    scales = {n for n in where if n.endswith(".weight_scale_inv")}
+    for n in sorted(scales):
+        w8 = n[:-len("_scale_inv")]
+        if fp8_block is None or w8 not in where or where[w8].header[w8]["dtype"] != F8:
+            die(f"{n}: a scale without an F8_E4M3 {w8} (or no fp8 quantization_config)")
+    for n in where:
+        if where[n].header[n]["dtype"] == F8 and n + "_scale_inv" not in where:
+            die(f"{n}: F8_E4M3 without {n}_scale_inv")
+
+    def get(n) -> tuple[np.ndarray, bool]:
+        """(array, is_bf16) of a checkpoint tensor; an FP8 weight comes back dequantized (f32)."""
+        f = where[n]
+        if f.header[n]["dtype"] == F8:
+            sc, sb = where[n + "_scale_inv"].get(n + "_scale_inv")
+            return fp8_dequantize(f.raw_u8(n), to_f32(sc, sb), fp8_block, n), False
+        return f.get(n)
 
     layer_map = dict(LAYER_MAP)
     if is_moe:
@@ -416,7 +597,7 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
     plan: list[tuple[str, tuple]] = []
     experts: dict[int, dict] = {}  # layer -> {"per": {(part, e): name}, "fused": {part: name}}
     for name in where:
-        if name.endswith("rotary_emb.inv_freq"):
+        if name.endswith("rotary_emb.inv_freq") or name in scales:
             continue
         if name in TOP_MAP:
             if name == "lm_head.weight" and tied:
@@ -543,14 +724,14 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
     def load(how) -> tuple[np.ndarray, bool, str]:
         """(array in the GGUF's numpy shape, is_bf16, source description)"""
         if how[0] == "one":
-            arr, b = where[how[1]].get(how[1])
+            arr, b = get(how[1])
             return arr, b, how[1]
         if how[0] == "stack":
-            parts = [where[n].get(n) for n in how[1]]
+            parts = [get(n) for n in how[1]]
             if len({b for _, b in parts}) != 1:
                 die(f"{how[1][0]} ...: experts of one layer in different dtypes")
             return np.stack([a for a, _ in parts], axis=0), parts[0][1], re.sub(r"\.experts\.0\.", ".experts.*.", how[1][0])
-        arr, b = where[how[1]].get(how[1])  # fused gate_up [E, 2I, H]: gate rows first
+        arr, b = get(how[1])  # fused gate_up [E, 2I, H]: gate rows first
         half = arr.shape[1] // 2
         sl = arr[:, :half, :] if how[2] == "gate" else arr[:, half:, :]
         return np.ascontiguousarray(sl), b, f"{how[1]}[:, {':' + str(half) if how[2] == 'gate' else str(half) + ':'}]"
@@ -560,15 +741,23 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
         arr, is_bf16, what = load(how)
         # 1-D (norms) and the MoE router are always F32 (llama.cpp conversion/base.py prepare_tensors)
         if arr.ndim <= 1 or outtype == "f32" or g_name.endswith("ffn_gate_inp.weight"):
-            data = to_f32(arr, is_bf16)
+            data, kind = to_f32(arr, is_bf16), "f32"
+            w.add_tensor(g_name, data)
+        elif outtype == "q8_0" and arr.shape[-1] % QK8_0 == 0:
+            # every other matrix, token_embd and output included (llama.cpp's converter's default)
+            data, kind = q8_0_quantize(to_f32(arr, is_bf16)), "q8_0"
+            w.add_tensor(g_name, data, raw_dtype=gguf.GGMLQuantizationType.Q8_0)  # byte shape
+        elif outtype == "q8_0":  # llama.cpp: QuantError -> F16
+            print(f"hf_to_gguf.py: warning: {g_name}: row length {arr.shape[-1]} is not a multiple of 32, "
+                  "writing F16 (as llama.cpp's converter does)", file=sys.stderr)
+            data, kind = to_f32(arr, is_bf16).astype(np.float16), "f16"
             w.add_tensor(g_name, data)
         else:
-            data = to_bf16(arr, is_bf16)
+            data, kind = to_bf16(arr, is_bf16), "bf16"
             w.add_tensor(g_name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
         total += data.nbytes
         if not quiet:
-            kind = "f32" if data.dtype == np.float32 else "bf16"
-            print(f"  {what:52s} -> {g_name:28s} {kind:4s} {list(data.shape)}")
+            print(f"  {what:52s} -> {g_name:28s} {kind:4s} {list(arr.shape)}")
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -582,14 +771,22 @@ def convert(src: Path, out: Path, outtype: str, pre_override: str | None, quiet:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Hugging Face Qwen3 / Qwen3-MoE checkpoint -> GGUF (llama.cpp qwen3 / qwen3moe)")
-    ap.add_argument("model_dir", type=Path, help="checkpoint folder (config.json + safetensors + tokenizer.json)")
-    ap.add_argument("outfile", type=Path, help="GGUF file to write")
-    ap.add_argument("--outtype", choices=["auto", "f32", "bf16"], default="auto",
-                    help="matrix dtype (default auto: bf16 for a bf16 checkpoint, else f32)")
+    ap.add_argument("model_dir", type=Path, nargs="?",
+                    help="checkpoint folder (config.json + safetensors + tokenizer.json)")
+    ap.add_argument("outfile", type=Path, nargs="?", help="GGUF file to write")
+    ap.add_argument("--outtype", choices=["auto", "f32", "bf16", "q8_0"], default="auto",
+                    help="matrix dtype (default auto: bf16 for a bf16 checkpoint, else f32; q8_0: GGML "
+                         "Q8_0 for every matrix incl. token_embd / output, as llama.cpp's converter)")
+    ap.add_argument("--selftest", action="store_true",
+                    help="check the Q8_0 quantizer against ggml's quantize_row_q8_0_ref and exit")
     ap.add_argument("--pre", default=None,
                     help="override tokenizer.ggml.pre (default: detected from tokenizer.json, e.g. qwen2)")
     ap.add_argument("-q", "--quiet", action="store_true", help="do not list the tensors")
     a = ap.parse_args(argv)
+    if a.selftest:
+        return selftest()
+    if a.model_dir is None or a.outfile is None:
+        ap.error("CHECKPOINT_DIR and OUT.gguf are required")
     if not (a.model_dir / "config.json").is_file():
         die(f"{a.model_dir}: no config.json")
     a.outfile.parent.mkdir(parents=True, exist_ok=True)
