@@ -345,7 +345,7 @@ static inline KERN_HD float kern_row_penalized_logit(float x, int32_t i, const k
     return kern_penalized_logit(x, has, b, pen, c, ex, rep, freq, pres);
 }
 
-#define KERN_MAX_BUFS 8
+#define KERN_MAX_BUFS 10 /* KOP_MOE_FFN with FP8 experts uses slots 0 .. 9 */
 #define KERN_MAX_P 8
 
 typedef struct {

@@ -169,6 +169,7 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 5, bytes3(v, p[6], 1, 4), 4);
         need_buf(v, 6, bytes3(v, p[5], 1, 4), 4);
         need_buf(v, 7, 4, 4);
+        unused_from(v, 8);
         break;
     }
     case KOP_SILU_MUL: {
@@ -239,6 +240,7 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 5, 4, 4);
         need_buf(v, 6, bytes3(v, (int64_t)rows, 1, 4), 4);
         need_buf(v, 7, 4, 4);
+        unused_from(v, 8);
         break;
     }
     case KOP_SAMPLE: {
@@ -256,6 +258,7 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         else if (v->op->buf[6].ptr || v->op->buf[6].bytes) buf_fail(v, 6, "is set but p[3] or p[4] is 0", __LINE__);
         if (p[3] > 0 && p[5] > 0) need_buf(v, 7, bytes3(v, 1 + 2 * (int64_t)p[5], 1, 4), 4);
         else if (v->op->buf[7].ptr || v->op->buf[7].bytes) buf_fail(v, 7, "is set but p[3] or p[5] is 0", __LINE__);
+        unused_from(v, 8);
         break;
     }
     case KOP_MOE_ROUTE: {
@@ -283,6 +286,7 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 5, xb, 4);
         need_buf(v, 6, 4, 4);
         need_buf(v, 7, kern_moe_scratch_bytes(p[2], p[3], p[0], p[1], p[4]), 64);
+        unused_from(v, 8);
         REQ(disjoint(&op->buf[0], xb, &op->buf[5], xb));
         break;
     }
