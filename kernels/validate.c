@@ -275,7 +275,12 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
     }
     case KOP_MOE_FFN: {
         if (!REQ(p[0] > 0 && p[1] > 0 && p[2] > 0 && p[2] <= KERN_MAX_EXPERTS && p[3] >= 1 && p[3] <= p[2])) break;
-        if (!REQ(p[4] >= 0 && is_dtype(p[5]))) break;
+        const int fp8 = p[5] == KERN_DT_FP8;
+        if (!REQ(p[4] >= 0 && (is_dtype(p[5]) || fp8))) break;
+        /* FP8: b0 divides I and H (no scale block spans two experts' matrices or gate and up), b1 a
+         * power of two >= 16 (KOP_MATMUL's) */
+        if (fp8 && !REQ(p[6] >= 1 && p[1] % p[6] == 0 && p[0] % p[6] == 0)) break;
+        if (fp8 && !REQ(p[7] >= 16 && (p[7] & (p[7] - 1)) == 0)) break;
         size_t ds = kern_dtype_size((kern_dtype)p[5]);
         size_t xb = bytes3(v, p[4], p[0], 4), kb = bytes3(v, p[4], p[3], 4);
         need_buf(v, 0, xb, 4);
@@ -286,7 +291,11 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 5, xb, 4);
         need_buf(v, 6, 4, 4);
         need_buf(v, 7, kern_moe_scratch_bytes(p[2], p[3], p[0], p[1], p[4]), 64);
-        unused_from(v, 8);
+        if (fp8) { /* S13 [E*2I / b0, ceil(H / b1)], S2 [E*H / b0, ceil(I / b1)] */
+            need_buf(v, 8, bytes3(v, (int64_t)p[2] * 2 * (p[1] / p[6]), ((int64_t)p[0] + p[7] - 1) / p[7], 4), 4);
+            need_buf(v, 9, bytes3(v, (int64_t)p[2] * (p[0] / p[6]), ((int64_t)p[1] + p[7] - 1) / p[7], 4), 4);
+        }
+        unused_from(v, fp8 ? 10 : 8);
         REQ(disjoint(&op->buf[0], xb, &op->buf[5], xb));
         break;
     }
