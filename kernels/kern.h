@@ -23,7 +23,7 @@
 typedef enum {
     KERN_DT_F32 = 0,
     KERN_DT_BF16 = 1,
-    KERN_DT_FP8 = 2, /* float8_e4m3fn codes with block scales: KOP_MATMUL weights only (see there) */
+    KERN_DT_FP8 = 2, /* float8_e4m3fn codes with block scales: KOP_MATMUL and KOP_MOE_FFN weights only */
 } kern_dtype;
 
 static inline size_t kern_dtype_size(kern_dtype dt) { return dt == KERN_DT_BF16 ? 2 : dt == KERN_DT_FP8 ? 1 : 4; }
@@ -186,9 +186,21 @@ typedef enum {
      * each expert's gate rows then up rows (transformers 5's gate_up_proj [E, 2I, H]); W2 [E*H, I]
      * (down_proj [E, H, I]). The scratch is the backend's (rows grouped by expert, their activations):
      * at least kern_moe_scratch_bytes(E, k, H, I, max_rows) bytes, 64-byte aligned.
+     * FP8 experts (wdt KERN_DT_FP8, block-FP8 as Qwen3-MoE-FP8 checkpoints store each expert's
+     * gate_proj / up_proj / down_proj): W13 and W2 hold float8_e4m3fn codes (never a NaN code), buf 8
+     * the scales S13 f32 [E*2I / b0, ceil(H / b1)] of W13 and buf 9 S2 f32 [E*H / b0, ceil(I / b1)]
+     * of W2 (each scale finite, > 0 and < KERN_FP8_SCALE_MAX), p 6 b0 >= 1 with I % b0 == 0 and
+     * H % b0 == 0 (every expert's gate, up and down matrix starts on a block row: the loader refuses
+     * other shapes), p 7 b1 a power of two >= 16. Expert e's gate and up scales are rows
+     * e*2I/b0 .. of S13, its down scales rows e*H/b0 .. of S2: weight (n, k) of W13 (or W2) is
+     * kern_fp8_to_f32(code) * S[n / b0][k / b1] with n its row in the stacked matrix, one rounded f32
+     * multiply, and every dot product is bitwise the KOP_MATMUL FP8 row of that weight, so the whole
+     * op is bitwise the f32-weight KOP_MOE_FFN over the dequantized weights (every ISA, every row
+     * count). The bf16-activation modes do not apply to FP8 (f32 activations), as in KOP_MATMUL.
      * buf: 0 h f32[max_rows, H], 1 W13 (wdt), 2 W2 (wdt), 3 ids i32[max_rows*k], 4 wts f32[max_rows*k],
-     *      5 out f32[max_rows, H] (disjoint from h), 6 n_rows, 7 scratch
-     * p: 0 H, 1 I, 2 E, 3 k, 4 max_rows, 5 wdt                                                      */
+     *      5 out f32[max_rows, H] (disjoint from h), 6 n_rows, 7 scratch, 8 S13 (FP8 only),
+     *      9 S2 (FP8 only)
+     * p: 0 H, 1 I, 2 E, 3 k, 4 max_rows, 5 wdt, 6 b0 (FP8 only), 7 b1 (FP8 only)                    */
     KOP_MOE_FFN,
     KOP_COUNT
 } kern_op_kind;
@@ -345,7 +357,7 @@ static inline KERN_HD float kern_row_penalized_logit(float x, int32_t i, const k
     return kern_penalized_logit(x, has, b, pen, c, ex, rep, freq, pres);
 }
 
-#define KERN_MAX_BUFS 8
+#define KERN_MAX_BUFS 10 /* KOP_MOE_FFN with FP8 experts uses slots 0 .. 9 */
 #define KERN_MAX_P 8
 
 typedef struct {

@@ -169,6 +169,7 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 5, bytes3(v, p[6], 1, 4), 4);
         need_buf(v, 6, bytes3(v, p[5], 1, 4), 4);
         need_buf(v, 7, 4, 4);
+        unused_from(v, 8);
         break;
     }
     case KOP_SILU_MUL: {
@@ -239,6 +240,7 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 5, 4, 4);
         need_buf(v, 6, bytes3(v, (int64_t)rows, 1, 4), 4);
         need_buf(v, 7, 4, 4);
+        unused_from(v, 8);
         break;
     }
     case KOP_SAMPLE: {
@@ -256,6 +258,7 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         else if (v->op->buf[6].ptr || v->op->buf[6].bytes) buf_fail(v, 6, "is set but p[3] or p[4] is 0", __LINE__);
         if (p[3] > 0 && p[5] > 0) need_buf(v, 7, bytes3(v, 1 + 2 * (int64_t)p[5], 1, 4), 4);
         else if (v->op->buf[7].ptr || v->op->buf[7].bytes) buf_fail(v, 7, "is set but p[3] or p[5] is 0", __LINE__);
+        unused_from(v, 8);
         break;
     }
     case KOP_MOE_ROUTE: {
@@ -272,7 +275,12 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
     }
     case KOP_MOE_FFN: {
         if (!REQ(p[0] > 0 && p[1] > 0 && p[2] > 0 && p[2] <= KERN_MAX_EXPERTS && p[3] >= 1 && p[3] <= p[2])) break;
-        if (!REQ(p[4] >= 0 && is_dtype(p[5]))) break;
+        const int fp8 = p[5] == KERN_DT_FP8;
+        if (!REQ(p[4] >= 0 && (is_dtype(p[5]) || fp8))) break;
+        /* FP8: b0 divides I and H (no scale block spans two experts' matrices or gate and up), b1 a
+         * power of two >= 16 (KOP_MATMUL's) */
+        if (fp8 && !REQ(p[6] >= 1 && p[1] % p[6] == 0 && p[0] % p[6] == 0)) break;
+        if (fp8 && !REQ(p[7] >= 16 && (p[7] & (p[7] - 1)) == 0)) break;
         size_t ds = kern_dtype_size((kern_dtype)p[5]);
         size_t xb = bytes3(v, p[4], p[0], 4), kb = bytes3(v, p[4], p[3], 4);
         need_buf(v, 0, xb, 4);
@@ -283,6 +291,11 @@ int kern_validate(const kern_op *op, char *why, size_t whylen)
         need_buf(v, 5, xb, 4);
         need_buf(v, 6, 4, 4);
         need_buf(v, 7, kern_moe_scratch_bytes(p[2], p[3], p[0], p[1], p[4]), 64);
+        if (fp8) { /* S13 [E*2I / b0, ceil(H / b1)], S2 [E*H / b0, ceil(I / b1)] */
+            need_buf(v, 8, bytes3(v, (int64_t)p[2] * 2 * (p[1] / p[6]), ((int64_t)p[0] + p[7] - 1) / p[7], 4), 4);
+            need_buf(v, 9, bytes3(v, (int64_t)p[2] * (p[0] / p[6]), ((int64_t)p[1] + p[7] - 1) / p[7], 4), 4);
+        }
+        unused_from(v, fp8 ? 10 : 8);
         REQ(disjoint(&op->buf[0], xb, &op->buf[5], xb));
         break;
     }

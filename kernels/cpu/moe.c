@@ -7,7 +7,8 @@
  * is never touched: at batch 1 a step reads k experts' weights, not E. Every dot product is a
  * KOP_MATMUL row (the same simd mm_cols: the same bits whatever the group's size), and each row's
  * weighted sum runs over its slots in their order, so a row's result does not depend on which
- * experts the other rows chose (batch invariance).
+ * experts the other rows chose (batch invariance). FP8 experts take the same path: each mm_cols call
+ * gets the expert's first scale row, as a KOP_MATMUL over that expert's matrix would.
  *
  * Phases of KOP_MOE_FFN (each a parallel region; the grouping is a serial pass over n*k entries):
  *   group   posof[r*k + j] = the row's place in its expert's group; xg[place] = h[r]
@@ -112,6 +113,10 @@ typedef struct {
     float *out;
     int H, I, E, k, n, bf16, bf16x, amx;
     size_t es; /* weight element size */
+    /* FP8 experts (kern.h): the scale tables (NULL otherwise), b0, log2 b1, and scales per block row
+     * of W13 (ceil(H / b1)) and of W2 (ceil(I / b1)) */
+    const float *s13, *s2;
+    int fb0, fsh, fsk13, fsk2;
     /* scratch */
     float *xg, *gu, *act, *yg;
     int32_t *posof, *offs;
@@ -121,10 +126,14 @@ typedef struct {
     atomic_int next;
 } ffn_task;
 
-static void mm(const ffn_task *t, const float *x, const void *w, float *out, int K, int N, int M, int c0, int c1)
+/* out[r, c0 .. c1) = x[r, :] . w[c, :] for r < M, w one expert's [N, K] matrix; fs its first scale
+ * row (FP8: column c's scales at fs + (c / b0) * fsk, as KOP_MATMUL's with w as its whole W), else
+ * NULL */
+static void mm(const ffn_task *t, const float *x, const void *w, const float *fs, int fsk, float *out, int K, int N,
+               int M, int c0, int c1)
 {
     kern_mm_args a = {.x = x, .w = w, .bias = NULL, .out = out, .K = K, .N = N, .M = M, .bf16 = t->bf16,
-                      .accumulate = 0, .xb = NULL};
+                      .accumulate = 0, .fs = fs, .fb0 = t->fb0, .fsh = t->fsh, .fsk = fsk, .xb = NULL};
     if (t->amx) t->simd->mm_cols_amx(&a, c0, c1); /* the "amx" order, as KOP_MATMUL */
     else if (t->bf16x) t->simd->mm_cols_bf16x(&a, c0, c1);
     else t->simd->mm_cols(&a, c0, c1);
@@ -143,9 +152,11 @@ static void gate_up_run(void *ctx, int tid, int nt)
         const int c0 = c * t->chunk, c1 = c0 + t->chunk < I ? c0 + t->chunk : I;
         const int r0 = t->offs[e], M = t->offs[e + 1] - r0;
         const uint8_t *w = (const uint8_t *)t->w13 + (size_t)e * 2 * (size_t)I * (size_t)H * t->es;
+        /* FP8: expert e's block rows start at e*2I / b0 (I % b0 == 0: no block spans two experts) */
+        const float *fs = t->s13 ? t->s13 + (size_t)e * 2 * (size_t)(I / t->fb0) * (size_t)t->fsk13 : NULL;
         float *gu = t->gu + (size_t)r0 * 2 * (size_t)I;
-        mm(t, t->xg + (size_t)r0 * (size_t)H, w, gu, H, 2 * I, M, c0, c1);
-        mm(t, t->xg + (size_t)r0 * (size_t)H, w, gu, H, 2 * I, M, I + c0, I + c1);
+        mm(t, t->xg + (size_t)r0 * (size_t)H, w, fs, t->fsk13, gu, H, 2 * I, M, c0, c1);
+        mm(t, t->xg + (size_t)r0 * (size_t)H, w, fs, t->fsk13, gu, H, 2 * I, M, I + c0, I + c1);
         for (int r = 0; r < M; r++) {
             const float *g = gu + (size_t)r * 2 * (size_t)I;
             float *a = t->act + ((size_t)r0 + (size_t)r) * (size_t)I;
@@ -167,7 +178,9 @@ static void down_run(void *ctx, int tid, int nt)
         const int c0 = c * t->chunk, c1 = c0 + t->chunk < H ? c0 + t->chunk : H;
         const int r0 = t->offs[e], M = t->offs[e + 1] - r0;
         const uint8_t *w = (const uint8_t *)t->w2 + (size_t)e * (size_t)H * (size_t)I * t->es;
-        mm(t, t->act + (size_t)r0 * (size_t)I, w, t->yg + (size_t)r0 * (size_t)H, I, H, M, c0, c1);
+        /* FP8: expert e's block rows start at e*H / b0 (H % b0 == 0) */
+        const float *fs = t->s2 ? t->s2 + (size_t)e * (size_t)(H / t->fb0) * (size_t)t->fsk2 : NULL;
+        mm(t, t->act + (size_t)r0 * (size_t)I, w, fs, t->fsk2, t->yg + (size_t)r0 * (size_t)H, I, H, M, c0, c1);
     }
 }
 
@@ -232,6 +245,14 @@ void kern_cpu_moe_ffn(kern_pool *pool, const kern_op *op)
         .amx = p[5] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_AMX,
         .es = kern_dtype_size((kern_dtype)p[5]),
     };
+    if (p[5] == KERN_DT_FP8) { /* kern.h: b0 = p 6 divides I and H, b1 = p 7 a power of two */
+        t.s13 = op->buf[8].ptr;
+        t.s2 = op->buf[9].ptr;
+        t.fb0 = p[6];
+        t.fsh = __builtin_ctz((unsigned)p[7]);
+        t.fsk13 = (H + p[7] - 1) / p[7];
+        t.fsk2 = (I + p[7] - 1) / p[7];
+    }
     t.xg = (float *)s;
     s += R64(nr * (size_t)H * 4);
     t.gu = (float *)s;

@@ -9,7 +9,12 @@
  *   - batch invariance: a row's output alone equals its output among rows that chose other experts;
  *   - every ISA and 1 / 2 / 3 threads give the same bits;
  *   - an expert no live row chose is never read (its weights are NaN), rows past n_rows untouched;
- *   - a malformed expert id aborts (a bug: the route op writes ids in range).
+ *   - a malformed expert id aborts (a bug: the route op writes ids in range);
+ *   - FP8 experts (wdt KERN_DT_FP8: e4m3 codes plus block scales S13 / S2): bitwise the f32-weight op
+ *     over the dequantized weights (kern_fp8_to_f32(q) * s, one f32 multiply, computed here), E 1 .. 8,
+ *     k 1 .. E, b0 1 / 16 / 32, b1 16 / 32 / 64 with partial column blocks, 1 / 3 / 17 rows, every ISA,
+ *     1 and 2 threads; an unchosen expert's NaN scales are never read; validate refuses bad b0 / b1 and
+ *     missing or short scale tables.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -141,6 +146,8 @@ typedef struct {
     int H, I, E, k, rows;
     kern_dtype dt;
     void *w13, *w2;
+    float *s13, *s2; /* FP8: the scale tables (buf 8 / 9), b0 and b1 (p 6 / 7); NULL / 0 otherwise */
+    int b0, b1;
     float *h;
     int32_t *ids;
     float *wts;
@@ -189,6 +196,16 @@ static void ffn_free(ffn_case *c)
     free(c->w13), free(c->w2), free(c->h), free(c->ids), free(c->wts), free(c->scratch);
 }
 
+/* FP8 scale tables: S13 [E*2I / b0, ceil(H / b1)], S2 [E*H / b0, ceil(I / b1)] (kern.h) */
+static size_t fp8_s13_floats(const ffn_case *c)
+{
+    return (size_t)c->E * 2 * (size_t)(c->I / c->b0) * (size_t)((c->H + c->b1 - 1) / c->b1);
+}
+static size_t fp8_s2_floats(const ffn_case *c)
+{
+    return (size_t)c->E * (size_t)(c->H / c->b0) * (size_t)((c->I + c->b1 - 1) / c->b1);
+}
+
 /* KOP_MOE_FFN on rows [0, n) of c into out (out starts as a copy of base). */
 static void ffn_run(const ffn_case *c, kern_pool *pool, int n, const float *base, float *out)
 {
@@ -205,6 +222,11 @@ static void ffn_run(const ffn_case *c, kern_pool *pool, int n, const float *base
     op.buf[6] = B(&nr, 4);
     op.buf[7] = B(c->scratch, kern_moe_scratch_bytes(c->E, c->k, c->H, c->I, c->rows));
     op.p[0] = c->H, op.p[1] = c->I, op.p[2] = c->E, op.p[3] = c->k, op.p[4] = c->rows, op.p[5] = c->dt;
+    if (c->dt == KERN_DT_FP8) {
+        op.buf[8] = B(c->s13, fp8_s13_floats(c) * 4);
+        op.buf[9] = B(c->s2, fp8_s2_floats(c) * 4);
+        op.p[6] = c->b0, op.p[7] = c->b1;
+    }
     kern_cpu_exec(pool, &op);
 }
 
@@ -400,6 +422,209 @@ static void test_ffn_bad_id_aborts(void **state)
     expect_ffn_abort(3, 2); /* row 1's second slot = its first */
 }
 
+/* ---- FP8 experts --------------------------------------------------------------------------------------- */
+
+/* A random e4m3 code, never a NaN code (0x7f / 0xff) */
+static uint8_t rnd_e4m3(void)
+{
+    uint8_t q;
+    do q = (uint8_t)rnd_u64();
+    while ((q & 0x7f) == 0x7f);
+    return q;
+}
+
+/* Dequantizes one stacked matrix [rows, K] of codes q with scales s [rows / b0, ceil(K / b1)] into
+ * deq: kern_fp8_to_f32(q) * s, one rounded f32 multiply (the contract's weight). */
+static void fp8_deq(float *deq, const uint8_t *q, const float *s, size_t rows, int K, int b0, int b1)
+{
+    const size_t sk = (size_t)((K + b1 - 1) / b1);
+    for (size_t n = 0; n < rows; n++)
+        for (int k = 0; k < K; k++) {
+            const float w = kern_fp8_to_f32(q[n * (size_t)K + (size_t)k]);
+            const float sc = s[n / (size_t)b0 * sk + (size_t)(k / b1)];
+            deq[n * (size_t)K + (size_t)k] = w * sc;
+        }
+}
+
+/* q: an FP8 case (codes, scales in (2^-20, 2^7): a different scale per block); f: its f32 twin
+ * over the dequantized weights, sharing h, ids, wts and the scratch (free q's weights, then f). */
+static void ffn_fp8_init(ffn_case *q, ffn_case *f, int H, int I, int E, int k, int rows, int b0, int b1)
+{
+    ffn_init(f, H, I, E, k, rows, KERN_DT_F32);
+    *q = *f;
+    q->dt = KERN_DT_FP8, q->b0 = b0, q->b1 = b1;
+    const size_t n13 = (size_t)E * 2 * I * H, n2 = (size_t)E * H * I;
+    q->w13 = xalloc(n13);
+    q->w2 = xalloc(n2);
+    q->s13 = xalloc(fp8_s13_floats(q) * 4);
+    q->s2 = xalloc(fp8_s2_floats(q) * 4);
+    for (size_t i = 0; i < n13; i++) ((uint8_t *)q->w13)[i] = rnd_e4m3();
+    for (size_t i = 0; i < n2; i++) ((uint8_t *)q->w2)[i] = rnd_e4m3();
+    for (size_t i = 0; i < fp8_s13_floats(q); i++) q->s13[i] = ldexpf(rnd_f(1.0f, 2.0f), (int)(rnd_u64() % 26) - 19);
+    for (size_t i = 0; i < fp8_s2_floats(q); i++) q->s2[i] = ldexpf(rnd_f(1.0f, 2.0f), (int)(rnd_u64() % 26) - 19);
+    fp8_deq(f->w13, q->w13, q->s13, (size_t)E * 2 * I, H, b0, b1);
+    fp8_deq(f->w2, q->w2, q->s2, (size_t)E * H, I, b0, b1);
+}
+
+static void ffn_fp8_free(ffn_case *q, ffn_case *f)
+{
+    free(q->w13), free(q->w2), free(q->s13), free(q->s2);
+    ffn_free(f);
+}
+
+static void test_ffn_fp8_dequantized(void **state)
+{
+    (void)state;
+    /* H, I, E, k, b0, b1: every shape but the last (whole blocks) has H or I (or both) not a multiple
+     * of b1 (a partial column block), several a k tail (K % 16 != 0) too */
+    static const int shapes[][6] = {
+        {48, 32, 1, 1, 16, 32},  {40, 24, 2, 1, 1, 16},  {64, 96, 4, 2, 32, 64}, {96, 80, 8, 3, 16, 64},
+        {33, 17, 6, 6, 1, 32},   {160, 64, 8, 8, 32, 64}, {32, 48, 5, 2, 16, 32}, {200, 16, 7, 4, 1, 64},
+        {64, 32, 3, 3, 32, 16},
+    };
+    static const int row_counts[] = {1, 3, 17};
+    kern_isa isas[TEST_ISA_CAP];
+    const int nisa = isa_list_of(isas, 1);
+    kern_cpu_set_min_parallel_work(0);
+    kern_pool *p2 = kern_pool_create(2);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+            const int *sh = shapes[si], rows = row_counts[ri];
+            ffn_case q, f;
+            ffn_fp8_init(&q, &f, sh[0], sh[1], sh[2], sh[3], rows, sh[4], sh[5]);
+            const size_t n = (size_t)rows * q.H;
+            float *base = xalloc(n * 4), *ref = xalloc(n * 4), *got = xalloc(n * 4);
+            fill(base, n, -2, 2);
+            assert_int_equal(kern_simd_force(KERN_ISA_SCALAR), 0);
+            ffn_run(&f, NULL, rows, base, ref); /* f32 over the dequantized weights, scalar, 1 thread */
+            for (size_t i = 0; i < n; i++)
+                if (!isfinite(ref[i])) fail_msg("shape %zu rows %d: reference not finite at %zu", si, rows, i);
+            for (int ii = 0; ii < nisa; ii++)
+                for (int threads = 1; threads <= 2; threads++) {
+                    assert_int_equal(kern_simd_force(isas[ii]), 0);
+                    ffn_run(&q, threads == 2 ? p2 : NULL, rows, base, got);
+                    for (size_t i = 0; i < n; i++)
+                        if (fbits(got[i]) != fbits(ref[i]))
+                            fail_msg("H %d I %d E %d k %d b %dx%d rows %d isa %d threads %d: out[%zu] %.9g, f32 over "
+                                     "the dequantized weights %.9g",
+                                     q.H, q.I, q.E, q.k, q.b0, q.b1, rows, (int)isas[ii], threads, i, (double)got[i],
+                                     (double)ref[i]);
+                }
+            kern_simd_force(isas[nisa - 1]);
+            free(base), free(ref), free(got);
+            ffn_fp8_free(&q, &f);
+        }
+    kern_pool_destroy(p2);
+}
+
+/* The scale rows of experts no live row chose are NaN: the output has none (never read), and the
+ * output equals the run with those scales intact. */
+static void test_ffn_fp8_unread_experts(void **state)
+{
+    (void)state;
+    ffn_case q, f;
+    ffn_fp8_init(&q, &f, 64, 48, 8, 2, 4, 16, 32);
+    const size_t n = (size_t)q.rows * q.H;
+    float *base = xalloc(n * 4), *want = xalloc(n * 4), *got = xalloc(n * 4);
+    fill(base, n, -1, 1);
+    kern_pool *pool = kern_pool_create(2);
+    ffn_run(&q, pool, 2, base, want);
+    int used[KERN_MAX_EXPERTS] = {0};
+    for (int i = 0; i < 2 * q.k; i++) used[q.ids[i]] = 1; /* rows 0, 1 live */
+    const size_t r13 = (size_t)2 * (q.I / q.b0) * ((q.H + q.b1 - 1) / q.b1), r2 = (size_t)(q.H / q.b0) * ((q.I + q.b1 - 1) / q.b1);
+    for (int e = 0; e < q.E; e++) {
+        if (used[e]) continue;
+        for (size_t i = 0; i < r13; i++) q.s13[(size_t)e * r13 + i] = NAN;
+        for (size_t i = 0; i < r2; i++) q.s2[(size_t)e * r2 + i] = NAN;
+    }
+    ffn_run(&q, pool, 2, base, got);
+    for (size_t i = 0; i < n; i++) assert_false(isnan(got[i]));
+    assert_memory_equal(got, want, n * 4);
+    kern_pool_destroy(pool);
+    free(base), free(want), free(got);
+    ffn_fp8_free(&q, &f);
+}
+
+/* kern_validate: an FP8 MoE FFN with bad b0 / b1 or missing / short scale tables is malformed. */
+static void test_validate_fp8(void **state)
+{
+    (void)state;
+    char why[160];
+    ffn_case q, f;
+    ffn_fp8_init(&q, &f, 48, 32, 4, 2, 2, 16, 32); /* S13 [4*64/16, 2], S2 [4*48/16, 1] */
+    float *out = xalloc((size_t)q.rows * q.H * 4);
+    int32_t nr = 2;
+    kern_op op = {.kind = KOP_MOE_FFN};
+    op.buf[0] = B(q.h, (size_t)q.rows * q.H * 4);
+    op.buf[1] = B(q.w13, (size_t)q.E * 2 * q.I * q.H);
+    op.buf[2] = B(q.w2, (size_t)q.E * q.H * q.I);
+    op.buf[3] = B(q.ids, (size_t)q.rows * q.k * 4);
+    op.buf[4] = B(q.wts, (size_t)q.rows * q.k * 4);
+    op.buf[5] = B(out, (size_t)q.rows * q.H * 4);
+    op.buf[6] = B(&nr, 4);
+    op.buf[7] = B(q.scratch, kern_moe_scratch_bytes(q.E, q.k, q.H, q.I, q.rows));
+    op.buf[8] = B(q.s13, fp8_s13_floats(&q) * 4);
+    op.buf[9] = B(q.s2, fp8_s2_floats(&q) * 4);
+    assert_int_equal(fp8_s13_floats(&q), 4 * 4 * 2);
+    assert_int_equal(fp8_s2_floats(&q), 4 * 3 * 1);
+    op.p[0] = q.H, op.p[1] = q.I, op.p[2] = q.E, op.p[3] = q.k, op.p[4] = q.rows, op.p[5] = KERN_DT_FP8;
+    op.p[6] = 16, op.p[7] = 32;
+    if (kern_validate(&op, why, sizeof why) != 0) fail_msg("valid FP8 op refused: %s", why);
+    const kern_op good = op;
+    /* b0 */
+    op.p[6] = 0;
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[6] = -16;
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[6] = 3; /* divides neither I 32 nor H 48... */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[6] = 32; /* divides I 32, not H 48 */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[6] = 24; /* divides H 48, not I 32 */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op = good;
+    /* b1 */
+    op.p[7] = 0;
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[7] = 8; /* below 16 */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[7] = 24; /* not a power of two */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.p[7] = 64; /* a larger b1 is fine: fewer scale columns (the tables are big enough) */
+    if (kern_validate(&op, why, sizeof why) != 0) fail_msg("b1 64 refused: %s", why);
+    op = good;
+    /* the scale tables: missing, one float short */
+    op.buf[8] = B(NULL, 0);
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op = good;
+    op.buf[9] = B(NULL, 0);
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op = good;
+    op.buf[8].bytes -= 4;
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op = good;
+    op.buf[9].bytes -= 4;
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op = good;
+    op.p[6] = 8; /* b0 8: twice the scale rows, the tables too small */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op = good;
+    op.buf[1].bytes -= 1; /* W13 one code short */
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op = good;
+    /* f32 weights: slots 8 and 9 must be unused */
+    op.p[5] = KERN_DT_F32, op.p[6] = op.p[7] = 0;
+    op.buf[1] = B(f.w13, (size_t)f.E * 2 * f.I * f.H * 4);
+    op.buf[2] = B(f.w2, (size_t)f.E * f.H * f.I * 4);
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.buf[8] = B(NULL, 0);
+    assert_int_equal(kern_validate(&op, why, sizeof why), -1);
+    op.buf[9] = B(NULL, 0);
+    if (kern_validate(&op, why, sizeof why) != 0) fail_msg("f32 op refused: %s", why);
+    free(out);
+    ffn_fp8_free(&q, &f);
+}
+
 static void test_validate(void **state)
 {
     (void)state;
@@ -447,6 +672,8 @@ int main(void)
         cmocka_unit_test(test_route_ties),      cmocka_unit_test(test_ffn_composed),
         cmocka_unit_test(test_ffn_invariance),  cmocka_unit_test(test_ffn_unread_experts),
         cmocka_unit_test(test_ffn_bad_id_aborts), cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_ffn_fp8_dequantized), cmocka_unit_test(test_ffn_fp8_unread_experts),
+        cmocka_unit_test(test_validate_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
