@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <pcre2.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The projections of a layer, as checkpoint module names after "model.layers.N." */
@@ -23,18 +24,59 @@ static const char *const proj_part[7] = {"self_attn.q_proj", "self_attn.k_proj",
  * err written). */
 typedef int (*quantized_fn)(const char *mod, void *u, char *err, size_t errlen);
 
+/* A sparse layer's experts (Qwen3-MoE): hit[4..6] as for a dense layer's gate / up / down, from
+ * every expert's parts; the experts' gate and up rows are one stacked matrix (w13), their down rows
+ * another (w2), and KOP_MOE_FFN reads both in one dtype, so every part is FP8 or none is. The router (mlp.gate) is never FP8: vLLM's
+ * and SGLang's Qwen3-MoE build it unquantized, so FP8 checkpoints keep it in bf16; a
+ * compressed-tensors config that targets it (check_router) is refused. */
+static int expert_skips(const mdl_config *c, int l, quantized_fn quantized, void *u, int check_router, int *hit,
+                        char *err, size_t errlen)
+{
+    static const char *const part[3] = {"gate_proj", "up_proj", "down_proj"};
+    char mod[128];
+    int first[3] = {-1, -1, -1};
+    for (int e = 0; e < c->n_experts; e++)
+        for (int k = 0; k < 3; k++) {
+            snprintf(mod, sizeof mod, "model.layers.%d.mlp.experts.%d.%s", l, e, part[k]);
+            const int q = quantized(mod, u, err, errlen);
+            if (q < 0) return -1;
+            if (first[k] < 0) first[k] = q;
+            if (q != first[k] || q != first[0]) {
+                snprintf(err, errlen,
+                         "config.json: quantization_config quantizes only some of layer %d's experts' projections "
+                         "(%s: the experts' gate / up / down are stacked matrices that one kernel reads, all FP8 "
+                         "or none)",
+                         l, mod);
+                return -1;
+            }
+        }
+    hit[4] = hit[5] = !first[0];
+    hit[6] = !first[2];
+    snprintf(mod, sizeof mod, "model.layers.%d.mlp.gate", l);
+    const int r = check_router ? quantized(mod, u, err, errlen) : 0;
+    if (r < 0) return -1;
+    if (r) {
+        snprintf(err, errlen, "config.json: quantization_config quantizes the router %s (an FP8 router is not supported)",
+                 mod);
+        return -1;
+    }
+    return 0;
+}
+
 /* fp8_skip from the predicate; q / k / v and gate / up are one stacked matrix each: all FP8 or none. */
-static int set_skips(mdl_config *c, quantized_fn quantized, void *u, char *err, size_t errlen)
+static int set_skips(mdl_config *c, quantized_fn quantized, void *u, int check_router, char *err, size_t errlen)
 {
     for (int l = 0; l < c->layers; l++) {
         int hit[7];
         for (int i = 0; i < 7; i++) {
+            if (c->sparse[l] && i >= 4) break; /* the experts' parts instead (below) */
             char mod[96];
             snprintf(mod, sizeof mod, "model.layers.%d.%s", l, proj_part[i]);
             const int q = quantized(mod, u, err, errlen);
             if (q < 0) return -1;
             hit[i] = !q;
         }
+        if (c->sparse[l] && expert_skips(c, l, quantized, u, check_router, hit, err, errlen) != 0) return -1;
         if (hit[0] + hit[1] + hit[2] == 1 || hit[0] + hit[1] + hit[2] == 2 || hit[4] != hit[5]) {
             snprintf(err, errlen,
                      "config.json: quantization_config leaves only some of layer %d's %s unquantized (they are "
@@ -115,7 +157,7 @@ static int parse_fp8(const cJSON *q, mdl_config *c, char *err, size_t errlen)
                      li ? "ignored_layers" : "modules_to_not_convert");
             return -1;
         }
-    return set_skips(c, fp8_quantized, (void *)lists, err, errlen);
+    return set_skips(c, fp8_quantized, (void *)lists, 0, err, errlen);
 }
 
 /* ---- quant_method "compressed-tensors" ------------------------------------------------------------ */
@@ -125,70 +167,102 @@ static int parse_fp8(const cJSON *q, mdl_config *c, char *err, size_t errlen)
  * matches from its first character (Python re.match: anchored at the start, not the end); any
  * other target matches the module of exactly that name, or by class name ("Linear": every
  * projection, lm_head and the MoE router are nn.Linear). Patterns come from an untrusted file:
- * PCRE2 with a match limit, so a pathological pattern fails instead of running for ever. */
-static int ct_match_one(const char *target, const char *mod, const char *cls, char *err, size_t errlen)
+ * each is compiled once, and matched under PCRE2 limits, so a pathological one fails instead of
+ * running for ever. */
+typedef struct {
+    const char *s;   /* the target or ignore string */
+    pcre2_code *re;  /* "re:" patterns; NULL for names */
+    int ignore;      /* from the ignore list */
+} ct_pat;
+
+typedef struct {
+    ct_pat *p;
+    int n;
+    pcre2_match_data *md;
+    pcre2_match_context *mc;
+} ct_ctx;
+
+static void ct_free(ct_ctx *x)
 {
-    if (strncmp(target, "re:", 3) != 0) return strcmp(target, mod) == 0 || strcmp(target, cls) == 0;
-    int ec;
-    PCRE2_SIZE eo;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(target + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &ec, &eo, NULL);
-    if (!re) {
-        snprintf(err, errlen, "config.json: quantization_config target \"%.80s\" is not a regular expression",
-                 target);
-        return -1;
-    }
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
-    pcre2_match_context *mc = pcre2_match_context_create(NULL);
-    int rc = -1;
-    if (md && mc) {
-        pcre2_set_match_limit(mc, 100000);
-        pcre2_set_depth_limit(mc, 1000);
-        const int m = pcre2_match(re, (PCRE2_SPTR)mod, strlen(mod), 0, 0, md, mc);
-        if (m >= 0) rc = 1;
-        else if (m == PCRE2_ERROR_NOMATCH) rc = 0;
-        else
-            snprintf(err, errlen, "config.json: quantization_config target \"%.80s\" could not be matched (%s)",
-                     target, m == PCRE2_ERROR_MATCHLIMIT || m == PCRE2_ERROR_DEPTHLIMIT ? "too complex" : "error");
-    } else {
-        snprintf(err, errlen, "out of memory");
-    }
-    pcre2_match_context_free(mc);
-    pcre2_match_data_free(md);
-    pcre2_code_free(re);
-    return rc;
+    for (int i = 0; i < x->n; i++) pcre2_code_free(x->p[i].re);
+    free(x->p);
+    pcre2_match_data_free(x->md);
+    pcre2_match_context_free(x->mc);
 }
 
-/* 1 when a string of list matches the module, 0 when none does, -1 on a bad pattern */
-static int ct_match(const cJSON *list, const char *mod, const char *cls, char *err, size_t errlen)
+static int ct_add(ct_ctx *x, const cJSON *list, int ignore, char *err, size_t errlen)
 {
     const cJSON *e;
     cJSON_ArrayForEach(e, list)
     {
-        const int r = ct_match_one(e->valuestring, mod, cls, err, errlen);
-        if (r != 0) return r;
+        ct_pat *p = &x->p[x->n++];
+        p->s = e->valuestring;
+        p->ignore = ignore;
+        p->re = NULL;
+        if (strncmp(p->s, "re:", 3) != 0) continue;
+        int ec;
+        PCRE2_SIZE eo;
+        p->re = pcre2_compile((PCRE2_SPTR)(p->s + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &ec, &eo, NULL);
+        if (!p->re) {
+            snprintf(err, errlen, "config.json: quantization_config %s \"%.80s\" is not a regular expression",
+                     ignore ? "ignore entry" : "target", p->s);
+            return -1;
+        }
     }
     return 0;
 }
 
-typedef struct {
-    const cJSON *groups, *ignore;
-} ct_ctx;
+/* Every target of every group and every ignore entry, compiled. */
+static int ct_init(ct_ctx *x, const cJSON *groups, const cJSON *ignore, char *err, size_t errlen)
+{
+    memset(x, 0, sizeof *x);
+    int n = ignore ? cJSON_GetArraySize(ignore) : 0;
+    const cJSON *g;
+    cJSON_ArrayForEach(g, groups) n += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(g, "targets"));
+    x->p = calloc((size_t)n + 1, sizeof *x->p);
+    x->mc = pcre2_match_context_create(NULL);
+    x->md = pcre2_match_data_create(1, NULL);
+    if (!x->p || !x->mc || !x->md) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pcre2_set_match_limit(x->mc, 100000);
+    pcre2_set_depth_limit(x->mc, 1000);
+    cJSON_ArrayForEach(g, groups) if (ct_add(x, cJSON_GetObjectItemCaseSensitive(g, "targets"), 0, err, errlen)) return -1;
+    return ignore ? ct_add(x, ignore, 1, err, errlen) : 0;
+}
+
+/* 1 when an entry of the kind (target / ignore) matches the module, 0 when none does, -1 when a
+ * pattern hit the match limits */
+static int ct_match(const ct_ctx *x, int ignore, const char *mod, const char *cls, char *err, size_t errlen)
+{
+    for (int i = 0; i < x->n; i++) {
+        const ct_pat *p = &x->p[i];
+        if (p->ignore != ignore) continue;
+        if (!p->re) {
+            if (strcmp(p->s, mod) == 0 || strcmp(p->s, cls) == 0) return 1;
+            continue;
+        }
+        const int m = pcre2_match(p->re, (PCRE2_SPTR)mod, strlen(mod), 0, 0, x->md, x->mc);
+        if (m >= 0) return 1;
+        if (m != PCRE2_ERROR_NOMATCH) {
+            snprintf(err, errlen, "config.json: quantization_config %s \"%.80s\" could not be matched (%s)",
+                     ignore ? "ignore entry" : "target", p->s,
+                     m == PCRE2_ERROR_MATCHLIMIT || m == PCRE2_ERROR_DEPTHLIMIT ? "too complex" : "error");
+            return -1;
+        }
+    }
+    return 0;
+}
 
 /* A Linear module is FP8 when a group targets it and the ignore list does not name it
  * (match_named_modules: ignore wins). */
 static int ct_quantized(const char *mod, void *u, char *err, size_t errlen)
 {
     const ct_ctx *x = u;
-    int hit = 0;
-    const cJSON *g;
-    cJSON_ArrayForEach(g, x->groups)
-    {
-        const int r = ct_match(cJSON_GetObjectItemCaseSensitive(g, "targets"), mod, "Linear", err, errlen);
-        if (r < 0) return -1;
-        hit |= r;
-    }
-    if (!hit) return 0;
-    const int ig = x->ignore ? ct_match(x->ignore, mod, "Linear", err, errlen) : 0;
+    const int hit = ct_match(x, 0, mod, "Linear", err, errlen);
+    if (hit <= 0) return hit;
+    const int ig = ct_match(x, 1, mod, "Linear", err, errlen);
     return ig < 0 ? -1 : !ig;
 }
 
@@ -329,12 +403,14 @@ static int parse_ct(const cJSON *q, mdl_config *c, char *err, size_t errlen)
         }
         scheme = s, b0 = r, b1 = k;
     }
-    ct_ctx x = {groups, ignore && !cJSON_IsNull(ignore) ? ignore : NULL};
+    ct_ctx x;
+    int rc = ct_init(&x, groups, ignore && !cJSON_IsNull(ignore) ? ignore : NULL, err, errlen);
     /* lm_head is a Linear too: graphswap keeps it unquantized, so it must be ignored if targeted */
-    const int lm = ct_quantized("lm_head", &x, err, errlen);
-    if (lm < 0) return -1;
-    if (lm) {
-        snprintf(err, errlen, "config.json: compressed-tensors quantizes lm_head (an FP8 lm_head is not supported)");
+    const int lm = rc ? -1 : ct_quantized("lm_head", &x, err, errlen);
+    if (lm != 0) {
+        if (lm > 0)
+            snprintf(err, errlen, "config.json: compressed-tensors quantizes lm_head (an FP8 lm_head is not supported)");
+        ct_free(&x);
         return -1;
     }
     c->fp8 = 1;
@@ -343,13 +419,15 @@ static int parse_ct(const cJSON *q, mdl_config *c, char *err, size_t errlen)
     if (scheme == MDL_FP8_BLOCK) {
         c->fp8_b0 = b0, c->fp8_b1 = b1;
     } else { /* one scale per row: a block of 1 row and one column block wider than any projection */
-        const int wide[3] = {c->hidden, c->intermediate, c->heads * c->head_dim};
+        const int wide[4] = {c->hidden, c->intermediate, c->heads * c->head_dim, c->moe_inter};
         int w = 16;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             while (w < wide[i]) w *= 2;
         c->fp8_b0 = 1, c->fp8_b1 = w;
     }
-    return set_skips(c, ct_quantized, &x, err, errlen);
+    rc = set_skips(c, ct_quantized, &x, 1, err, errlen);
+    ct_free(&x);
+    return rc;
 }
 
 int mdl_config_parse_quant(const cJSON *root, mdl_config *c, char *err, size_t errlen)
@@ -369,8 +447,8 @@ int mdl_config_parse_quant(const cJSON *root, mdl_config *c, char *err, size_t e
                  qm->valuestring);
         return -1;
     }
-    if (c->is_drafter || c->arch == MDL_ARCH_QWEN3_MOE) {
-        snprintf(err, errlen, "config.json: FP8 quantization_config is supported on dense targets only (not on %s)",
+    if (c->is_drafter) {
+        snprintf(err, errlen, "config.json: FP8 quantization_config is supported on targets only (not on %s)",
                  mdl_arch_name(c->arch));
         return -1;
     }

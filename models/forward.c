@@ -235,6 +235,14 @@ static void emit_layer(eng_tape *t, const mdl_model *m, int l, const layer_io *i
         op.p[3] = K;
         op.p[4] = rows;
         op.p[5] = m->wdt;
+        if (m->params[L->w13].dt == MDL_DT_F8_E4M3) { /* FP8 experts: codes + scale tables (kern.h) */
+            const mdl_param *s13 = &m->params[m->params[L->w13].scale], *s2 = &m->params[m->params[L->w2].scale];
+            op.p[5] = KERN_DT_FP8;
+            op.buf[8] = B(s13->ptr, s13->bytes);
+            op.buf[9] = B(s2->ptr, s2->bytes);
+            op.p[6] = c->fp8_b0;
+            op.p[7] = c->fp8_b1;
+        }
         eng_tape_push(t, &op);
         return;
     }

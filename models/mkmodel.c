@@ -399,8 +399,9 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             sparse[o->mlp_only[i]] = 0;
         }
     }
-    if (o->fp8_b0 > 0 && (drafter || o->arch == MDL_ARCH_QWEN3_MOE || o->fp8_b1 < 16 || (o->fp8_b1 & (o->fp8_b1 - 1)))) {
-        snprintf(err, errlen, "--fp8: dense targets only, with a column block that is a power of two >= 16");
+    if (o->fp8_b0 > 0 && (drafter || o->moe_fused || o->fp8_b1 < 16 || (o->fp8_b1 & (o->fp8_b1 - 1)))) {
+        snprintf(err, errlen, "--fp8: targets only (experts one tensor per part, not --moe-fused), with a column "
+                              "block that is a power of two >= 16");
         return -1;
     }
     gen_set g = {.rng = {.s = o->seed * 0x2545F4914F6CDD1Dull + 1}, .dt = o->dtype};
@@ -617,6 +618,8 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         cJSON_AddStringToObject(qc, "format", "float-quantized");
         cJSON *ig = cJSON_AddArrayToObject(qc, "ignore");
         cJSON_AddItemToArray(ig, cJSON_CreateString("lm_head"));
+        if (o->arch == MDL_ARCH_QWEN3_MOE) /* the routers, as llm-compressor's MoE recipes keep them */
+            cJSON_AddItemToArray(ig, cJSON_CreateString("re:.*mlp\\.gate$"));
         cJSON_AddNullToObject(qc, "kv_cache_scheme");
         cJSON_AddStringToObject(qc, "quant_method", "compressed-tensors");
         cJSON_AddStringToObject(qc, "quantization_status", "compressed");

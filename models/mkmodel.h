@@ -39,7 +39,8 @@ typedef struct {
     int experts, experts_per_tok, moe_inter, norm_topk, sparse_step, moe_fused;
     int n_mlp_only;
     int mlp_only[MDL_MAX_LAYERS];
-    /* Block FP8 (fp8_b0 > 0; dense targets): every projection (q/k/v/o/gate/up/down) quantized as
+    /* Block FP8 (fp8_b0 > 0; targets, Qwen3-MoE experts one tensor per part): every projection
+     * (q/k/v/o/gate/up/down, each expert's) quantized as
      * real FP8 checkpoints are, per [fp8_b0, fp8_b1] block s = amax / 448 and q = e4m3(w / s) to
      * nearest even; written as X.weight F8_E4M3 + X.weight_scale_inv F32 with a quantization_config.
      * fp8_dequant: write instead the same model with those weights dequantized (f32(q) * s, in

@@ -252,29 +252,36 @@ static void build_table(builder *b)
             const int64_t E = c->n_experts, MI = c->moe_inter;
             NAMES("mlp.gate.weight", "router");
             L->router = add_whole(b, ck, rt, W, E, H);
+            const int f8 = !(skip & MDL_FP8_SKIP_GATE_UP); /* (the config keeps w13 and w2 alike) */
             snprintf(rt, sizeof rt, "layers.%d.w13", l);
-            L->w13 = add_param(b, rt, W, E * 2 * MI, H);
+            L->w13 = add_proj(b, rt, W, f8, E * 2 * MI, H);
             snprintf(rt, sizeof rt, "layers.%d.w2", l);
-            L->w2 = add_param(b, rt, W, E * H, MI);
+            L->w2 = add_proj(b, rt, W, f8, E * H, MI);
             L->gate_up = L->down = -1;
             /* slots: every expert's gate, then every up, then every down (so each fused tensor
-             * covers one contiguous run of them) */
+             * covers one contiguous run of them). FP8 experts go through add_linear: each part must
+             * start on a block row (as KOP_MOE_FFN needs), and a checkpoint's parts bring their
+             * scales, destinations of their own between the weights' slots, so such a model has no
+             * fused-layout aliases (FP8 checkpoints name the experts one by one) */
+            const int scales = f8 && !c->fp8_online;
             int base = -1;
-            const char *part[2] = {"gate_proj", "up_proj"};
-            for (int k = 0; k < 2; k++)
+            static const char *const part[3] = {"gate_proj", "up_proj", "down_proj"};
+            for (int k = 0; k < 3; k++)
                 for (int64_t e = 0; e < E; e++) {
-                    snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.%lld.%s.weight", pre, l, (long long)e, part[k]);
-                    int cv = add_dest(b, ck, L->w13, e * 2 * MI + k * MI, MI, 2, -1);
-                    if (base < 0) base = cv;
+                    const int first = b->m->n_dests, pw = k < 2 ? L->w13 : L->w2;
+                    const int64_t row0 = k < 2 ? e * 2 * MI + k * MI : e * H, nr = k < 2 ? MI : H;
+                    snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.%lld.%s%s", pre, l, (long long)e, part[k],
+                             f8 ? "" : ".weight");
+                    if (f8) add_linear(b, ck, pw, row0, nr);
+                    else add_dest(b, ck, pw, row0, nr, 2, -1);
+                    if (base < 0 && b->m->n_dests > first) base = b->m->dests[first].cover;
                 }
-            for (int64_t e = 0; e < E; e++) {
-                snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.%lld.down_proj.weight", pre, l, (long long)e);
-                add_dest(b, ck, L->w2, e * H, H, 2, -1);
+            if (!scales) {
+                snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.gate_up_proj", pre, l);
+                add_fused(b, ck, L->w13, E, base, (int)(2 * E));
+                snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.down_proj", pre, l);
+                add_fused(b, ck, L->w2, E, base + (int)(2 * E), (int)E);
             }
-            snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.gate_up_proj", pre, l);
-            add_fused(b, ck, L->w13, E, base, (int)(2 * E));
-            snprintf(ck, sizeof ck, "%slayers.%d.mlp.experts.down_proj", pre, l);
-            add_fused(b, ck, L->w2, E, base + (int)(2 * E), (int)E);
             continue;
         }
         snprintf(rt, sizeof rt, "layers.%d.gate_up", l);

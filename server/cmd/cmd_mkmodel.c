@@ -76,7 +76,7 @@ static const char help[] =
     "  --moe-fused                transformers 5's fused experts.gate_up_proj / experts.down_proj\n"
     "                             (default: one tensor per expert part; the same weights either way)\n"
     "\n"
-    "FP8 (dense targets):\n"
+    "FP8 (targets; with --arch qwen3_moe every expert part, not with --moe-fused):\n"
     "  --fp8 ROWS,COLS            block-FP8 projections (F8_E4M3 weight + F32 weight_scale_inv per block,\n"
     "                             quant_method fp8), as Qwen3-FP8 checkpoints\n"
     "  --fp8 channel|tensor       compressed-tensors FP8 (llm-compressor's FP8_DYNAMIC / FP8): F8_E4M3\n"

@@ -333,8 +333,8 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
                      o->model_dir);
             return -1;
         }
-        if (cfg.is_drafter || cfg.arch == MDL_ARCH_QWEN3_MOE) {
-            snprintf(err, errlen, "--quantization fp8 is supported on dense targets only (not on %s)",
+        if (cfg.is_drafter) {
+            snprintf(err, errlen, "--quantization fp8 is supported on targets only (not on %s)",
                      mdl_arch_name(cfg.arch));
             return -1;
         }

@@ -18,6 +18,10 @@ For each strategy:
     scale; all in one) and back: checksums and greedy tokens equal a cold start each time;
   - tensor strategy: a 0-dim scale is taken as the [1] it stands for; a scale of shape [2], a zero
     scale and a channel scale of shape [N] are refused (400 naming the tensor), nothing written.
+Qwen3-MoE (4 experts top-2, one dense layer), block fp8 and compressed-tensors channel: the twin and
+update checks above, with every expert's part FP8 and its own scale (the router stays BF16); and online
+FP8 on bf16 MoE checkpoints in both expert layouts (per part, transformers 5's fused) equals a cold
+start on the FP8 checkpoint of the same weights.
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import hashlib
@@ -39,15 +43,18 @@ import test_weights_update as W  # noqa: E402
 GEOM = ["--hidden", "64", "--intermediate", "96", "--layers", "2"]
 
 
-def mk(C, binary, root, name, scheme, dtype, seed, dequant=False):
-    fp8 = ["--fp8", "16,32", "--fp8-compressed-tensors"] if scheme == "block" else ["--fp8", scheme]
+def mk(C, binary, root, name, scheme, dtype, seed, dequant=False, geom=GEOM):
+    """scheme: channel / tensor / block (compressed-tensors), or fp8 (quant_method fp8, 16 x 32 blocks)"""
+    fp8 = (["--fp8", "16,32", "--fp8-compressed-tensors"] if scheme == "block" else ["--fp8", "16,32"]
+           if scheme == "fp8" else ["--fp8", scheme])
     return H.mkmodel(C, binary, os.path.join(root, name), vocab=512,
-                     extra=GEOM + fp8 + ["--dtype", dtype, "--seed", str(seed)] +
+                     extra=geom + fp8 + ["--dtype", dtype, "--seed", str(seed)] +
                      (["--fp8-dequantized"] if dequant else []))
 
 
-def test_twin(C, binary, root, scheme):
-    q, d = mk(C, binary, root, "F-" + scheme, scheme, "f32", 1), mk(C, binary, root, "T-" + scheme, scheme, "f32", 1, True)
+def test_twin(C, binary, root, scheme, geom=GEOM, tag=""):
+    q = mk(C, binary, root, "F-" + tag + scheme, scheme, "f32", 1, geom=geom)
+    d = mk(C, binary, root, "T-" + tag + scheme, scheme, "f32", 1, True, geom=geom)
     (ref, lp), (twin, tlp) = F.cold(C, binary, q), F.cold(C, binary, d)
     C.check(ref["gen"] == twin["gen"], "%s: FP8 and its dequantized twin differ in greedy tokens" % scheme)
     C.check(lp == tlp, "%s: FP8 and its dequantized twin differ in logprobs: %r vs %r" %
@@ -57,20 +64,23 @@ def test_twin(C, binary, root, scheme):
 
 def bad_buckets(C, srv, B1, scheme):
     base = W.checksums(srv, "target")
-    s = B1["model.layers.1.self_attn.k_proj.weight_scale"]
-    v = np.frombuffer(s.data, dtype="<u2").astype(np.uint32) << 16  # BF16 -> f32 bits
-    sc = v.view(np.float32).astype(np.float64).reshape(s.shape)
+    sfx = "_scale_inv" if scheme == "fp8" else "_scale"
+    s = B1["model.layers.1.self_attn.k_proj.weight" + sfx]
+    other = sorted(n for n in B1 if n.endswith("proj.weight"))[-1]
+    sc = np.asarray(s.to_f64(), dtype=np.float64).reshape(s.shape)
     zero = sc.copy()
     zero.flat[0] = 0.0
     table = [("a zero scale", F.raw(s.name, "BF16", zero))]
-    if scheme == "tensor":
+    if scheme in ("fp8", "block"):
+        table.append(("a block scale table of the wrong shape", F.raw(s.name, "BF16", np.ones((3, 2)))))
+    elif scheme == "tensor":
         table.append(("a per-tensor scale of shape [2]", F.raw(s.name, "BF16", np.ones(2))))
     else:
         table.append(("a channel scale of shape [N]", F.raw(s.name, "BF16", sc.reshape(-1))))
     r = H.post(srv, "/v1/weights/begin", {"mode": "full", "model": "target"})
     C.check(r.status == 200, "%s bad buckets: begin %r" % (scheme, r))
     for what, t in table:
-        r = W.post_bucket(srv, W.st_encode([B1["model.layers.0.mlp.up_proj.weight"], t]))
+        r = W.post_bucket(srv, W.st_encode([B1[other], t]))
         H.error_ok(C, "%s: bad bucket: %s" % (scheme, what), r, 400)
         msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
         C.check(s.name in msg, "%s: %s: the message does not name %s: %r" % (scheme, what, s.name, msg))
@@ -80,13 +90,21 @@ def bad_buckets(C, srv, B1, scheme):
     C.check(not d, "%s: bad buckets wrote weights: %s" % (scheme, d[:5]))
 
 
-def test_updates(C, binary, root, scheme, rng):
-    b0, b1 = mk(C, binary, root, "B0-" + scheme, scheme, "bf16", 1), mk(C, binary, root, "B1-" + scheme, scheme, "bf16", 2)
+def test_updates(C, binary, root, scheme, rng, geom=GEOM, tag=""):
+    b0 = mk(C, binary, root, "B0-" + tag + scheme, scheme, "bf16", 1, geom=geom)
+    b1 = mk(C, binary, root, "B1-" + tag + scheme, scheme, "bf16", 2, geom=geom)
     B0, B1 = W.ckpt(b0), W.ckpt(b1)
-    ks = "model.layers.0.self_attn.k_proj.weight_scale"
+    sfx = "_scale_inv" if scheme == "fp8" else "_scale"
+    ks = "model.layers.0.self_attn.k_proj.weight" + sfx
     want_shape = (1,) if scheme == "tensor" else (32, 1) if scheme == "channel" else (2, 2)
-    C.check(B0["model.layers.0.self_attn.k_proj.weight"].dtype == "F8_E4M3" and B0[ks].dtype == "BF16" and
+    sdt = "F32" if scheme == "fp8" else "BF16"
+    C.check(B0["model.layers.0.self_attn.k_proj.weight"].dtype == "F8_E4M3" and B0[ks].dtype == sdt and
             B0[ks].shape == want_shape, "%s: the checkpoint's k_proj: %s %r" % (scheme, B0[ks].dtype, B0[ks].shape))
+    if tag == "moe-":
+        ex = "model.layers.0.mlp.experts.3.down_proj.weight"
+        C.check(B0[ex].dtype == "F8_E4M3" and (ex + sfx) in B0 and B0["model.layers.0.mlp.gate.weight"].dtype == "BF16"
+                and B0["model.layers.1.mlp.down_proj.weight"].dtype == "F8_E4M3",
+                "%s: the MoE checkpoint's experts are not FP8 (or its router is)" % scheme)
     (ref0, _), (ref1, _) = F.cold(C, binary, b0), F.cold(C, binary, b1)
     C.check(ref0["gen"] != ref1["gen"], "%s: B0 and B1 give the same greedy output" % scheme)
     srv = H.Server(C, binary, b0)
@@ -104,7 +122,7 @@ def test_updates(C, binary, root, scheme, rng):
             if kind == "mixed":  # every weight apart from its scale too
                 where = {n: j for j, bb in enumerate(b) for n in bb}
                 for n in list(where):
-                    if n.endswith("_scale") and where[n] == where[n[:-len("_scale")]]:
+                    if n.endswith(sfx) and where[n] == where[n[:-len(sfx)]]:
                         b[where[n]].remove(n)
                         b.append([n])
                 b = [bb for bb in b if bb]
@@ -124,6 +142,28 @@ def test_updates(C, binary, root, scheme, rng):
         H.stop_clean(C, srv)
 
 
+# Qwen3-MoE: 4 experts top-2 of width 32, layer 1 dense (--mlp-only 1): every expert's gate / up /
+# down with its own weight and scale (no fused layout for FP8 checkpoints)
+MOE = ["--arch", "qwen3_moe", "--hidden", "64", "--intermediate", "96", "--layers", "2", "--experts", "4",
+       "--experts-per-tok", "2", "--moe-intermediate", "32", "--mlp-only", "1"]
+
+
+def test_moe_online(C, binary, root):
+    """Online FP8 on bf16 Qwen3-MoE checkpoints in both expert layouts (one tensor per part, and
+    transformers 5's fused gate_up_proj / down_proj) equals a cold start on the block-FP8 checkpoint
+    mkmodel writes from the same weights."""
+    q = mk(C, binary, root, "MQ", "fp8", "bf16", 5, geom=MOE)
+    plain = [H.mkmodel(C, binary, os.path.join(root, n), vocab=512, extra=MOE + ["--dtype", "bf16", "--seed", "5"] + x)
+             for n, x in (("MP", []), ("MPF", ["--moe-fused"]))]
+    ref, _ = F.cold(C, binary, q)
+    for p, what in zip(plain, ("per-expert", "fused")):
+        srv = H.Server(C, binary, p, args=["--quantization", "fp8", "--quantization-block", "16,32"])
+        try:
+            W.same(C, "online FP8 on the %s bf16 MoE checkpoint" % what, F.snap(srv), ref)
+        finally:
+            H.stop_clean(C, srv)
+
+
 def main():
     C = H.Checker("weights_fp8_ct")
     binary = H.gs_bin(C)
@@ -134,6 +174,10 @@ def main():
         for scheme in ("channel", "tensor", "block"):
             test_twin(C, binary, root, scheme)
             test_updates(C, binary, root, scheme, rng)
+        for scheme in ("fp8", "channel"):
+            test_twin(C, binary, root, scheme, geom=MOE, tag="moe-")
+            test_updates(C, binary, root, scheme, rng, geom=MOE, tag="moe-")
+        test_moe_online(C, binary, root)
     finally:
         H._kill_all()
     return C.finish()

@@ -802,6 +802,41 @@ static void test_fp8_compressed_tensors(void **state)
     }
 }
 
+/* FP8 Qwen3-MoE: Qwen3-30B-A3B-FP8's quantization_config (128 x 128 blocks: the routers never FP8),
+ * and compressed-tensors over the same model: the routers must be ignored, and every expert part of a
+ * layer is FP8 or none is. */
+static void test_fp8_moe(void **state)
+{
+    (void)state;
+    static const char *const qc[] = {
+        "{\"activation_scheme\":\"dynamic\",\"fmt\":\"e4m3\",\"quant_method\":\"fp8\",\"weight_block_size\":[128,128]}",
+        "{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\",\"config_groups\":{\"g\":{\"targets\":"
+        "[\"Linear\"],\"weights\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"channel\"}}},\"ignore\":"
+        "[\"lm_head\",\"re:.*mlp\\\\.gate$\"]}",
+        "{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\",\"config_groups\":{\"g\":{\"targets\":"
+        "[\"Linear\"],\"weights\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"channel\"}}},\"ignore\":[\"lm_head\"]}",
+        "{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\",\"config_groups\":{\"g\":{\"targets\":"
+        "[\"Linear\"],\"weights\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"channel\"}}},\"ignore\":"
+        "[\"lm_head\",\"re:.*mlp\\\\.gate$\",\"model.layers.7.mlp.experts.5.down_proj\"]}",
+    };
+    static const char *const expect[] = {NULL, NULL, "router model.layers.0.mlp.gate", "layer 7's experts"};
+    char json[4096], err[256];
+    const size_t n = strlen(qwen3_30b_a3b) - 1; /* without the closing brace */
+    for (int i = 0; i < 4; i++) {
+        snprintf(json, sizeof json, "%.*s,\"quantization_config\":%s}", (int)n, qwen3_30b_a3b, qc[i]);
+        mdl_config c;
+        err[0] = 0;
+        const int rc = mdl_config_parse(json, strlen(json), &c, err, sizeof err);
+        if (!expect[i]) {
+            if (rc != 0) fail_msg("case %d: %s", i, err);
+            assert_int_equal(c.fp8, 1);
+            for (int l = 0; l < c.layers; l++) assert_int_equal(c.fp8_skip[l], 0);
+        } else if (rc != -1 || !strstr(err, expect[i])) {
+            fail_msg("case %d: rc %d, '%s' lacks '%s'", i, rc, err, expect[i]);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -819,6 +854,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_compressed_tensors),
+        cmocka_unit_test(test_fp8_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
