@@ -555,12 +555,12 @@ int eng_weights_ckpt_visit(eng_engine *e, int draft, int with_data, int (*fn)(co
         if (d->alias) continue; /* (the fused expert tensors likewise: reported per expert) */
         const mdl_param *p = &m->params[d->param];
         /* a per-tensor FP8 scale is its shard's one value (every row of the shard holds it) */
-        const size_t n = d->bcast ? 1 : (size_t)d->rows * (size_t)p->cols, es = mdl_dtype_size(p->dt);
+        const size_t n = (size_t)mdl_dest_ckpt_rows(d) * (size_t)p->cols, es = mdl_dtype_size(p->dt);
         /* FP8 weights and their scales as the checkpoint stores them (F8_E4M3; the scales in the dtype
          * they arrived in) */
         const mdl_dtype td = p->dt == MDL_DT_F8_E4M3 ? p->dt : p->is_scale ? p->ckpt_dt : hd;
         eng_ckpt_tensor t = {.name = d->name, .dtype = td, .ndim = d->ndim, .nbytes = n * mdl_dtype_size(td)};
-        t.shape[0] = d->bcast ? 1 : d->rows;
+        t.shape[0] = mdl_dest_ckpt_rows(d);
         t.shape[1] = d->ndim == 2 ? d->cols : 0;
         if (with_data) {
             if (n * es > cap || t.nbytes > ccap) {

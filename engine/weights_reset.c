@@ -57,7 +57,7 @@ static int reset_model(eng_engine *e, const mdl_model *m, const char *prefix, co
         if (d->alias) continue; /* (and the fused expert tensors: their per-expert names are reset) */
         snprintf(name, sizeof name, "%s%s", prefix, d->name);
         if (eng_weights_name_skipped(name, skip, n_skip)) continue;
-        const size_t n = d->bcast ? 1 : (size_t)d->rows * (size_t)(d->ndim == 2 ? d->cols : 1);
+        const size_t n = (size_t)mdl_dest_ckpt_rows(d) * (size_t)(d->ndim == 2 ? d->cols : 1);
         if (n > cap) {
             free(f);
             free(buf);
@@ -81,7 +81,7 @@ static int reset_model(eng_engine *e, const mdl_model *m, const char *prefix, co
             break;
         }
         mdl_st_tensor t = {.name = name, .dtype = dt, .ndim = d->ndim, .numel = n, .data = buf, .nbytes = n * es};
-        t.shape[0] = d->bcast ? 1 : d->rows; /* (a per-tensor FP8 scale: one value) */
+        t.shape[0] = mdl_dest_ckpt_rows(d);
         if (d->ndim == 2) t.shape[1] = d->cols;
         rc = eng_weights_bucket(e, &t, 1, "reset_tensors", err, errlen, status);
         if (rc == 0) (*n_written)++;

@@ -561,7 +561,7 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
         }
         int ok = t[i].ndim == d->ndim &&
                  (d->ndim == 3 ? t[i].shape[0] == d->d0 && t[i].shape[1] == d->rows / d->d0 && t[i].shape[2] == d->cols
-                               : t[i].shape[0] == (d->bcast ? 1 : d->rows) && (d->ndim == 1 || t[i].shape[1] == d->cols));
+                               : t[i].shape[0] == mdl_dest_ckpt_rows(d) && (d->ndim == 1 || t[i].shape[1] == d->cols));
         if (d->bcast && t[i].ndim == 0) ok = 1; /* a 0-dim scalar scale, as some exporters write it */
         if (!ok) {
             char got[128];

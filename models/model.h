@@ -79,6 +79,9 @@ typedef struct {
                             of its own in checksums and exports */
 } mdl_dest;
 
+/* The leading dimension of d's checkpoint tensor: its rows, or 1 for a per-tensor scale (bcast) */
+static inline int64_t mdl_dest_ckpt_rows(const mdl_dest *d) { return d->bcast ? 1 : d->rows; }
+
 typedef struct {
     int input_norm, qkv, qkv_bias, q_norm, k_norm, o, o_bias, post_norm, gate_up, down;
     int router, w13, w2; /* a sparse MoE layer (gate_up = down = -1 there; -1 in a dense layer) */

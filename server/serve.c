@@ -256,13 +256,12 @@ static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const ch
     srv_log_str(&l, "arch", mdl_arch_name(mc->arch));
     srv_log_int(&l, "params", np);
     srv_log_str(&l, "dtype", dt);
-    char quant[96], blk[32] = "";
-    if (mc->fp8_scheme == MDL_FP8_BLOCK) snprintf(blk, sizeof blk, "%dx%d ", mc->fp8_b0, mc->fp8_b1);
     /* FP8 projections: which scale scheme, and where the codes came from */
-    snprintf(quant, sizeof quant, "fp8 %s%s", mc->fp8_scheme == MDL_FP8_CHANNEL ? "per channel"
-                                              : mc->fp8_scheme == MDL_FP8_TENSOR ? "per tensor" : blk,
-             mc->fp8_online ? "blocks (online)" : mc->fp8_scheme != MDL_FP8_BLOCK ? " (compressed-tensors)"
-                                                : mc->fp8_ct ? "blocks (compressed-tensors)" : "blocks");
+    char scheme[32], quant[96];
+    if (mc->fp8_scheme == MDL_FP8_BLOCK) snprintf(scheme, sizeof scheme, "%dx%d blocks", mc->fp8_b0, mc->fp8_b1);
+    else snprintf(scheme, sizeof scheme, "per %s", mc->fp8_scheme == MDL_FP8_CHANNEL ? "channel" : "tensor");
+    snprintf(quant, sizeof quant, "fp8 %s%s", scheme,
+             mc->fp8_online ? " (online)" : mc->fp8_ct ? " (compressed-tensors)" : "");
     srv_log_str(&l, "quantization", mc->fp8 ? quant : NULL);
     srv_log_int(&l, "weight_bytes", (long long)m->weight_bytes);
     srv_log_num(&l, "load_ms", s->rt.load_ms, 1);
