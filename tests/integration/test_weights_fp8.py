@@ -82,6 +82,18 @@ def full(C, srv, what, tensors, buckets, version):
     return W.push(C, srv, what, tensors, buckets, {"mode": "full", "model": "target", "version": version})
 
 
+def scales_apart(buckets, sfx="_scale_inv"):
+    """The bucket layout with every scale (name ending sfx) moved out of its weight's bucket into
+    one of its own: weights and scales must not need each other in a call."""
+    b = [list(bb) for bb in buckets]
+    where = {n: j for j, bb in enumerate(b) for n in bb}
+    for n in list(where):
+        if n.endswith(sfx) and where[n] == where.get(n[:-len(sfx)]):
+            b[where[n]].remove(n)
+            b.append([n])
+    return [bb for bb in b if bb]
+
+
 def raw(name, dtype, arr):
     return R.RawTensor(name, dtype, arr.shape, R.encode_array(dtype, arr))
 
@@ -228,12 +240,7 @@ def main():
             for i, kind in enumerate(("one", "mixed", "all")):
                 b = W.make_buckets(list(Q1), kind, rng)
                 if kind == "mixed":  # every weight apart from its scale too
-                    where = {n: j for j, bb in enumerate(b) for n in bb}
-                    for n in list(where):
-                        if n.endswith("_scale_inv") and where[n] == where[n[:-len("_scale_inv")]]:
-                            b[where[n]].remove(n)
-                            b.append([n])
-                    b = [bb for bb in b if bb]
+                    b = scales_apart(b)
                 full(C, srv, "Q0 -> Q1 (%s)" % kind, Q1, b, "q1-%d" % i)
                 W.same(C, "Q0 -> Q1 (%s)" % kind, snap(srv), ref1, version="q1-%d" % i)
                 full(C, srv, "Q1 -> Q0 (%s)" % kind, Q0, W.make_buckets(list(Q0), kind, rng), "q0-%d" % i)

@@ -120,12 +120,7 @@ def test_updates(C, binary, root, scheme, rng, geom=GEOM, tag=""):
         for i, kind in enumerate(("one", "mixed", "all")):
             b = W.make_buckets(list(B1), kind, rng)
             if kind == "mixed":  # every weight apart from its scale too
-                where = {n: j for j, bb in enumerate(b) for n in bb}
-                for n in list(where):
-                    if n.endswith(sfx) and where[n] == where[n[:-len(sfx)]]:
-                        b[where[n]].remove(n)
-                        b.append([n])
-                b = [bb for bb in b if bb]
+                b = F.scales_apart(b, sfx)
             F.full(C, srv, "%s B0 -> B1 (%s)" % (scheme, kind), B1, b, "b1-%d" % i)
             W.same(C, "%s B0 -> B1 (%s)" % (scheme, kind), F.snap(srv), ref1, version="b1-%d" % i)
             F.full(C, srv, "%s B1 -> B0 (%s)" % (scheme, kind), B0, W.make_buckets(list(B0), kind, rng), "b0-%d" % i)
