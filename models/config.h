@@ -101,6 +101,8 @@ typedef struct {
                        projection is quantized block by block into its FP8 storage (no scale tensors
                        in the checkpoint; mdl_fp8_quantize) */
     unsigned char fp8_skip[MDL_MAX_LAYERS];
+    int fp8_fc; /* drafters: fc (the target-features projection) is FP8 too. A drafter's layers are
+                   all FP8 or none in q/k/v, whose k / v rows the stacked context K/V copies. */
     /* drafters (DFlash, DSpark): see tests/reference/SPEC-NOTES.md */
     int is_drafter;
     int block_size;          /* drafter block rows B (DFlash: B-1 drafts; DSpark: B drafts) */

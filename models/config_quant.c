@@ -63,7 +63,36 @@ static int expert_skips(const mdl_config *c, int l, quantized_fn quantized, void
     return 0;
 }
 
-/* fp8_skip from the predicate; q / k / v and gate / up are one stacked matrix each: all FP8 or none. */
+/* A drafter's modules outside its layers: fc (target features -> hidden) is a Linear that FP8
+ * schemes quantize like a projection (fp8_fc). The DSpark heads (markov_head.markov_w1 / w2,
+ * confidence_head.proj) are kept unquantized, like lm_head: a scheme that names them is refused.
+ * The block "fp8" method names only what it skips, so with it those heads stay unquantized (a file
+ * holding them in FP8 is refused by dtype, naming the tensor). */
+static int drafter_heads(mdl_config *c, quantized_fn quantized, void *u, int check_heads, char *err, size_t errlen)
+{
+    const int q = quantized("fc", u, err, errlen);
+    if (q < 0) return -1;
+    c->fp8_fc = q;
+    if (!check_heads) return 0;
+    const char *head[3] = {"markov_head.markov_w1", "markov_head.markov_w2", "confidence_head.proj"};
+    const int has[3] = {c->markov_rank > 0, c->markov_rank > 0, c->conf_head};
+    for (int i = 0; i < 3; i++) {
+        const int h = has[i] ? quantized(head[i], u, err, errlen) : 0;
+        if (h < 0) return -1;
+        if (h) {
+            snprintf(err, errlen,
+                     "config.json: compressed-tensors quantizes %s (FP8 DSpark heads are not supported; list it "
+                     "in ignore)",
+                     head[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* fp8_skip (and a drafter's fp8_fc) from the predicate; q / k / v and gate / up are one stacked
+ * matrix each: all FP8 or none. check_router (compressed-tensors, whose "Linear" target reaches
+ * every linear module): a targeted router or DSpark head is refused. */
 static int set_skips(mdl_config *c, quantized_fn quantized, void *u, int check_router, char *err, size_t errlen)
 {
     for (int l = 0; l < c->layers; l++) {
@@ -71,7 +100,7 @@ static int set_skips(mdl_config *c, quantized_fn quantized, void *u, int check_r
         for (int i = 0; i < 7; i++) {
             if (c->sparse[l] && i >= 4) break; /* the experts' parts instead (below) */
             char mod[96];
-            snprintf(mod, sizeof mod, "model.layers.%d.%s", l, proj_part[i]);
+            snprintf(mod, sizeof mod, "%slayers.%d.%s", c->is_drafter ? "" : "model.", l, proj_part[i]);
             const int q = quantized(mod, u, err, errlen);
             if (q < 0) return -1;
             hit[i] = !q;
@@ -86,8 +115,16 @@ static int set_skips(mdl_config *c, quantized_fn quantized, void *u, int check_r
         }
         c->fp8_skip[l] = (unsigned char)((hit[0] ? MDL_FP8_SKIP_QKV : 0) | (hit[3] ? MDL_FP8_SKIP_O : 0) |
                                          (hit[4] ? MDL_FP8_SKIP_GATE_UP : 0) | (hit[6] ? MDL_FP8_SKIP_DOWN : 0));
+        if (c->is_drafter && (c->fp8_skip[l] ^ c->fp8_skip[0]) & MDL_FP8_SKIP_QKV) {
+            snprintf(err, errlen,
+                     "config.json: quantization_config quantizes the q / k / v of only some drafter layers (layer "
+                     "%d differs from layer 0: every layer's k / v rows are copied into one stacked context K/V "
+                     "matrix of one dtype)",
+                     l);
+            return -1;
+        }
     }
-    return 0;
+    return c->is_drafter ? drafter_heads(c, quantized, u, check_router, err, errlen) : 0;
 }
 
 /* ---- quant_method "fp8" --------------------------------------------------------------------------- */
@@ -419,9 +456,10 @@ static int parse_ct(const cJSON *q, mdl_config *c, char *err, size_t errlen)
     if (scheme == MDL_FP8_BLOCK) {
         c->fp8_b0 = b0, c->fp8_b1 = b1;
     } else { /* one scale per row: a block of 1 row and one column block wider than any projection */
-        const int wide[4] = {c->hidden, c->intermediate, c->heads * c->head_dim, c->moe_inter};
+        const int wide[5] = {c->hidden, c->intermediate, c->heads * c->head_dim, c->moe_inter,
+                             c->is_drafter ? c->n_target_ids * c->hidden : 0}; /* + a drafter's fc */
         int w = 16;
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             while (w < wide[i]) w *= 2;
         c->fp8_b0 = 1, c->fp8_b1 = w;
     }
@@ -445,11 +483,6 @@ int mdl_config_parse_quant(const cJSON *root, mdl_config *c, char *err, size_t e
                  "config.json: quantization_config quant_method \"%.40s\" is not supported (supported: \"fp8\" "
                  "with weight_block_size, \"compressed-tensors\" FP8)",
                  qm->valuestring);
-        return -1;
-    }
-    if (c->is_drafter) {
-        snprintf(err, errlen, "config.json: FP8 quantization_config is supported on targets only (not on %s)",
-                 mdl_arch_name(c->arch));
         return -1;
     }
     return ct ? parse_ct(q, c, err, errlen) : parse_fp8(q, c, err, errlen);

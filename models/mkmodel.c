@@ -399,9 +399,9 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
             sparse[o->mlp_only[i]] = 0;
         }
     }
-    if (o->fp8_b0 > 0 && (drafter || o->moe_fused || o->fp8_b1 < 16 || (o->fp8_b1 & (o->fp8_b1 - 1)))) {
-        snprintf(err, errlen, "--fp8: targets only (experts one tensor per part, not --moe-fused), with a column "
-                              "block that is a power of two >= 16");
+    if (o->fp8_b0 > 0 && (o->moe_fused || o->fp8_b1 < 16 || (o->fp8_b1 & (o->fp8_b1 - 1)))) {
+        snprintf(err, errlen, "--fp8: experts one tensor per part (not --moe-fused), with a column block that is "
+                              "a power of two >= 16");
         return -1;
     }
     gen_set g = {.rng = {.s = o->seed * 0x2545F4914F6CDD1Dull + 1}, .dt = o->dtype};
@@ -461,10 +461,11 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         G("mlp.down_proj.weight", H, I, 0);
 #undef G
     }
-    if (o->fp8_b0 > 0) /* block FP8: every projection of every layer */
+    if (o->fp8_b0 > 0) /* block FP8: every projection of every layer, and a drafter's fc */
         for (int i = 0, n0 = g.n; i < n0; i++) {
             const char *nm_i = g.t[i].name, *dot = strrchr(nm_i, '.');
-            if (dot && strcmp(dot, ".weight") == 0 && dot - nm_i > 5 && strncmp(dot - 5, "_proj", 5) == 0)
+            if ((dot && strcmp(dot, ".weight") == 0 && dot - nm_i > 5 && strncmp(dot - 5, "_proj", 5) == 0) ||
+                strcmp(nm_i, "fc.weight") == 0)
                 quantize_fp8(&g, i, o->fp8_b0, o->fp8_b1, o->fp8_dequant, o->fp8_ct, o->fp8_scheme);
         }
     snprintf(nm, sizeof nm, "%snorm.weight", pre);
@@ -620,6 +621,8 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         cJSON_AddItemToArray(ig, cJSON_CreateString("lm_head"));
         if (o->arch == MDL_ARCH_QWEN3_MOE) /* the routers, as llm-compressor's MoE recipes keep them */
             cJSON_AddItemToArray(ig, cJSON_CreateString("re:.*mlp\\.gate$"));
+        if (o->arch == MDL_ARCH_DSPARK) /* its heads stay unquantized, as lm_head */
+            cJSON_AddItemToArray(ig, cJSON_CreateString("re:^(markov_head|confidence_head)\\."));
         cJSON_AddNullToObject(qc, "kv_cache_scheme");
         cJSON_AddStringToObject(qc, "quant_method", "compressed-tensors");
         cJSON_AddStringToObject(qc, "quantization_status", "compressed");

@@ -202,7 +202,12 @@ static void build_table(builder *b)
         m->embed = add_whole(b, ck, "embed_tokens", W, c->vocab, H);
     }
     if (c->is_drafter) {
-        m->fc = add_whole(b, "fc.weight", "fc", W, H, (int64_t)c->n_target_ids * H);
+        if (c->fp8 && c->fp8_fc) { /* an FP8 fc: codes + scales, as a layer's projection */
+            m->fc = add_proj(b, "fc", W, 1, H, (int64_t)c->n_target_ids * H);
+            add_linear(b, "fc", m->fc, 0, H);
+        } else {
+            m->fc = add_whole(b, "fc.weight", "fc", W, H, (int64_t)c->n_target_ids * H);
+        }
         m->hidden_norm = add_whole(b, "hidden_norm.weight", "hidden_norm", F, H, 1);
     }
     for (int l = 0; l < c->layers; l++) {
@@ -374,19 +379,46 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
     }
     if (cfg->is_drafter) { /* derived buffers: allocated once here, refilled in place by the hook */
         const size_t kv_rows = (size_t)cfg->kv_heads * (size_t)cfg->head_dim;
+        /* FP8 q/k/v (every drafter layer alike, config_quant.c): the stacked K/V is FP8 codes
+         * plus the k / v rows' scale table, so a K or V block of rows must be whole scale blocks */
+        const mdl_param *qkv0 = &m->params[m->layer[0].qkv];
+        const int f8 = qkv0->dt == MDL_DT_F8_E4M3;
+        if (f8 && kv_rows % (size_t)cfg->fp8_b0 != 0) {
+            snprintf(err, errlen,
+                     "drafter: FP8 k_proj / v_proj of %zu rows are not whole scale blocks of %d rows (the stacked "
+                     "context K/V needs them whole)",
+                     kv_rows, cfg->fp8_b0);
+            mdl_model_destroy(m);
+            return NULL;
+        }
         mdl_param *d = &m->derived[0];
         snprintf(d->name, sizeof d->name, "derived.ctx_kv_weight");
-        d->dt = m->wdt == KERN_DT_BF16 ? MDL_DT_BF16 : MDL_DT_F32;
+        d->dt = qkv0->dt;
         d->rows = (int64_t)(2 * kv_rows * (size_t)cfg->layers);
         d->cols = cfg->hidden;
         d->bytes = (size_t)d->rows * (size_t)d->cols * mdl_dtype_size(d->dt);
+        d->scale = -1;
         d = &m->derived[1];
         snprintf(d->name, sizeof d->name, "derived.ctx_k_norm");
         d->dt = MDL_DT_F32;
         d->rows = cfg->layers;
         d->cols = cfg->head_dim;
         d->bytes = (size_t)d->rows * (size_t)d->cols * sizeof(float);
+        d->scale = -1;
         m->n_derived = 2;
+        if (f8) { /* rows K0, V0, K1, V1, ... of the layers' qkv scale tables */
+            const mdl_param *qs = &m->params[qkv0->scale];
+            d = &m->derived[2];
+            snprintf(d->name, sizeof d->name, "derived.ctx_kv_scale");
+            d->dt = MDL_DT_F32;
+            d->rows = (int64_t)(2 * kv_rows / (size_t)cfg->fp8_b0 * (size_t)cfg->layers);
+            d->cols = qs->cols;
+            d->bytes = (size_t)d->rows * (size_t)d->cols * sizeof(float);
+            d->scale = -1;
+            d->is_scale = 1;
+            m->derived[0].scale = 2; /* an index into derived[], not params[] */
+            m->n_derived = 3;
+        }
         for (int i = 0; i < m->n_derived; i++) {
             m->derived[i].ptr = be->ops->alloc(be, m->derived[i].bytes, m->derived[i].name);
             if (!m->derived[i].ptr) {
@@ -667,6 +699,15 @@ static void model_post_load(mdl_model *m)
                       kv_rows * row_bytes);
         be->ops->copy(be, (float *)m->derived[1].ptr + (size_t)l * (size_t)c->head_dim,
                       m->params[m->layer[l].k_norm].ptr, (size_t)c->head_dim * sizeof(float));
+        if (m->n_derived > 2) { /* FP8: the k / v rows' scale rows, in the same order */
+            const mdl_param *qs = &m->params[m->params[m->layer[l].qkv].scale];
+            const size_t b0 = (size_t)c->fp8_b0, srow = (size_t)qs->cols * sizeof(float);
+            const size_t n = kv_rows / b0, sk0 = k0 / b0; /* whole blocks (checked at create) */
+            uint8_t *sd = (uint8_t *)m->derived[2].ptr + (size_t)(2 * l) * n * srow;
+            const uint8_t *ss = qs->ptr;
+            be->ops->copy(be, sd, ss + sk0 * srow, n * srow);
+            be->ops->copy(be, sd + n * srow, ss + (sk0 + n) * srow, n * srow);
+        }
     }
 }
 

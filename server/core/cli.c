@@ -175,7 +175,10 @@ const char srv_runtime_help[] =
     "  --checked              verify every baked plan pointer at replay (also GRAPHSWAP_CHECKED=1)\n"
     "  --quantization fp8     CPU: store the projections of a bf16 / f16 / f32 checkpoint as block FP8\n"
     "                         (e4m3 + f32 scales per --quantization-block ROWS,COLS, default 128,128),\n"
-    "                         quantized as each tensor arrives (cold load and every update); W8A16\n"
+    "                         quantized as each tensor arrives (cold load and every update); W8A16;\n"
+    "                         the --draft drafter too, unless --draft-quantization none\n"
+    "  --draft-quantization fp8|none\n"
+    "                         the drafter's online FP8 on its own (default: as --quantization)\n"
     "  --bf16-activations     CPU, bf16 weights: round each matmul's activations to bf16 and sum\n"
     "                         bf16 products in pairs as vdpbf16ps does (as llama.cpp does; about\n"
     "                         twice the prefill matmul rate on CPUs with AVX512_BF16, the same bits\n"
@@ -228,6 +231,13 @@ int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
     if (srv_arg_str(argc, argv, i, "--quantization", &o->quantization)) {
         if (strcmp(o->quantization, "fp8") != 0) {
             fprintf(stderr, "graphswap: --quantization must be fp8 (online block FP8 of the projections)\n");
+            exit(2);
+        }
+        return 1;
+    }
+    if (srv_arg_str(argc, argv, i, "--draft-quantization", &o->draft_quantization)) {
+        if (strcmp(o->draft_quantization, "fp8") != 0 && strcmp(o->draft_quantization, "none") != 0) {
+            fprintf(stderr, "graphswap: --draft-quantization must be fp8 or none\n");
             exit(2);
         }
         return 1;
@@ -318,6 +328,29 @@ static int load_dir(mdl_model *m, const char *what, const char *dir, double *ms,
     return rc;
 }
 
+/* Online FP8 (--quantization fp8, --draft-quantization fp8): every projection of the checkpoint in
+ * dir (a drafter's fc too) stored as block FP8, quantized as each tensor arrives. */
+static int online_fp8(const srv_runtime_opts *o, mdl_config *cfg, const char *flag, const char *dir, char *err,
+                      size_t errlen)
+{
+    if (cfg->fp8) {
+        snprintf(err, errlen, "%s fp8: %s is an FP8 checkpoint already (it loads as it is)", flag, dir);
+        return -1;
+    }
+    cfg->fp8 = cfg->fp8_online = 1;
+    cfg->fp8_fc = cfg->is_drafter;
+    cfg->fp8_b0 = o->quant_b0 ? o->quant_b0 : 128;
+    cfg->fp8_b1 = o->quant_b1 ? o->quant_b1 : 128;
+    return 0;
+}
+
+/* The drafter's online quantization: --draft-quantization, else the target's --quantization. */
+static int draft_online_fp8(const srv_runtime_opts *o)
+{
+    const char *q = o->draft_quantization ? o->draft_quantization : o->quantization;
+    return q && strcmp(q, "fp8") == 0;
+}
+
 int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size_t errlen)
 {
     memset(rt, 0, sizeof *rt);
@@ -327,21 +360,7 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     }
     mdl_config cfg;
     if (mdl_config_load(o->model_dir, &cfg, err, errlen) != 0) return -1;
-    if (o->quantization) { /* online FP8: the checkpoint's projections quantized as they arrive */
-        if (cfg.fp8) {
-            snprintf(err, errlen, "--quantization fp8: %s is a block-FP8 checkpoint already (it loads as it is)",
-                     o->model_dir);
-            return -1;
-        }
-        if (cfg.is_drafter) {
-            snprintf(err, errlen, "--quantization fp8 is supported on targets only (not on %s)",
-                     mdl_arch_name(cfg.arch));
-            return -1;
-        }
-        cfg.fp8 = cfg.fp8_online = 1;
-        cfg.fp8_b0 = o->quant_b0 ? o->quant_b0 : 128;
-        cfg.fp8_b1 = o->quant_b1 ? o->quant_b1 : 128;
-    }
+    if (o->quantization && online_fp8(o, &cfg, "--quantization", o->model_dir, err, errlen) != 0) return -1;
     if (o->backend && strcmp(o->backend, "cuda") == 0) {
         if (o->bf16_activations) {
             snprintf(err, errlen, "--bf16-activations is a CPU-backend option (the CUDA backend's "
@@ -398,6 +417,9 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
         char derr[1024];
         if (mdl_config_load(o->draft_dir, &dcfg, derr, sizeof derr) != 0 ||
             mdl_config_check_drafter(&cfg, &dcfg, derr, sizeof derr) != 0 ||
+            (draft_online_fp8(o) &&
+             online_fp8(o, &dcfg, o->draft_quantization ? "--draft-quantization" : "--quantization",
+                        o->draft_dir, derr, sizeof derr) != 0) ||
             !(rt->draft = mdl_model_create(&dcfg, rt->be, derr, sizeof derr)) ||
             load_dir(rt->draft, "draft", o->draft_dir, &rt->draft_load_ms, derr, sizeof derr) != 0) {
             snprintf(err, errlen, "%s: %s", o->draft_dir, derr);

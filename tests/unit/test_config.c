@@ -837,9 +837,53 @@ static void test_fp8_moe(void **state)
     }
 }
 
+/* FP8 drafters: the layers and fc follow the scheme (module names without "model."); every layer's
+ * q / k / v alike (the stacked context K/V has one dtype); compressed-tensors must leave the DSpark
+ * heads unquantized, as lm_head. */
+static void test_fp8_drafter(void **state)
+{
+    (void)state;
+#define CT(ignore) "\"quantization_config\":{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\"," \
+                   "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"],\"weights\":{\"num_bits\":8,\"type\":"    \
+                   "\"float\",\"strategy\":\"channel\"}}},\"ignore\":[" ignore "]}}"
+#define DSPARK_HEADS DSPARK_HEAD "\"target_layer_ids\":[0,3],\"enable_confidence_head\":true,\"markov_rank\":16,"
+    mdl_config d;
+    char err[512] = "";
+    const char *dflash = "{\"architectures\":[\"DFlashDraftModel\"],\"num_hidden_layers\":2,\"num_target_layers\":4,"
+                         "\"block_size\":16," TGT_GEO ",\"dflash_config\":{\"mask_token_id\":299,\"target_layer_ids\":"
+                         "[0,3]},\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[16,32],"
+                         "\"modules_to_not_convert\":[\"layers.1.mlp\"]}}";
+    if (parse_pair(dflash, &d, err, sizeof err) != 0) fail_msg("FP8 DFlash refused: %s", err);
+    assert_true(d.fp8 && d.fp8_fc);
+    assert_int_equal(d.fp8_skip[0], 0);
+    assert_int_equal(d.fp8_skip[1], MDL_FP8_SKIP_GATE_UP | MDL_FP8_SKIP_DOWN);
+    const char *heads_ignored = DSPARK_HEADS CT("\"lm_head\",\"fc\",\"re:^(markov_head|confidence_head)\\\\.\"");
+    if (parse_pair(heads_ignored, &d, err, sizeof err) != 0) fail_msg("FP8 DSpark refused: %s", err);
+    assert_true(d.fp8 && d.fp8_ct && !d.fp8_fc);
+    assert_int_equal(d.fp8_b0, 1);
+    assert_int_equal(d.fp8_b1, 128); /* the widest projection is fc's 2 x 64 */
+    struct {
+        const char *json, *expect;
+    } bad[] = {
+        {DSPARK_HEADS CT("\"lm_head\",\"confidence_head.proj\""), "quantizes markov_head.markov_w1"},
+        {DSPARK_HEADS CT("\"lm_head\",\"re:^markov_head\\\\.\""), "quantizes confidence_head.proj"},
+        {DSPARK_HEADS CT("\"lm_head\",\"re:^markov_head\\\\.\",\"confidence_head.proj\",\"layers.1.self_attn.q_proj\","
+                         "\"layers.1.self_attn.k_proj\",\"layers.1.self_attn.v_proj\""),
+         "q / k / v of only some drafter layers"},
+    };
+#undef CT
+#undef DSPARK_HEADS
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        if (parse_pair(bad[i].json, &d, err, sizeof err) != -1) fail_msg("case %zu (%s) was accepted", i, bad[i].expect);
+        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_drafter),
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_llama_qwen2),
         cmocka_unit_test(test_refusals),
