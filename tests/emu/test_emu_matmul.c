@@ -19,6 +19,8 @@
  *    several live counts (the other rows random) are bitwise identical, on each path, and within
  *    tolerance of a double reference.
  *  - test_matmul_rows_check: a row count above max_rows is recorded (KC_ERR_ROWS) and nothing written.
+ *  - test_matmul_fp8 / test_matmul_fp8_bitwise: FP8 weights (path 4) vs the CPU kernel, and bitwise
+ *    the f32-weight path over the dequantized weights (kern.h's contract), every bucket.
  *
  * Limits: those of the emulation (emu_cuda.h); the emulated mma sums each output in double and rounds
  * once, so a GPU may differ in the last bits (the invariance holds on both: an output element depends
@@ -32,6 +34,65 @@ static void test_matmul(void **state)
 {
     (void)state;
     et_cases(g_pool, emu_kc_matmul, opcase_matmul, "matmul");
+}
+
+/* FP8 weights (path 4) vs the CPU kernel: tests/opcases/opcases.c */
+static void test_matmul_fp8(void **state)
+{
+    (void)state;
+    et_cases(g_pool, emu_kc_matmul, opcase_matmul_fp8, "matmul fp8");
+}
+
+/* kern.h's FP8 contract on this backend: every output is bitwise the f32-weight op (path 2) over the
+ * dequantized weights kern_fp8_raw(q) * (s * 2^120), for each live row count and bucket. A kernel that
+ * took the scale of the wrong block, or of the wrong block row, fails here (the b0 / b1 blocks are
+ * small and the scales all different). */
+static void test_matmul_fp8_bitwise(void **state)
+{
+    (void)state;
+    gpu_rng r = {38};
+    const struct {
+        int K, N, b0, b1;
+    } shapes[] = {{100, 40, 16, 32}, {256, 30, 1, 128}, {48, 70, 8, 16}};
+    const int Ms[][2] = {{1, 1}, {8, 5}, {40, 40}, {64, 33}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int K = shapes[si].K, N = shapes[si].N, b0 = shapes[si].b0, b1 = shapes[si].b1;
+        const size_t sc = (size_t)(K + b1 - 1) / (size_t)b1, sr = (size_t)(N + b0 - 1) / (size_t)b0;
+        uint8_t *q = oc_fp8_codes(&r, (size_t)N * K);
+        float *fs = oc_fp8_scales(&r, sr * sc), *wd = et_alloc((size_t)N * K * 4);
+        for (int f = 0; f < N; f++)
+            for (int k = 0; k < K; k++)
+                wd[(size_t)f * K + k] = kern_fp8_raw(q[(size_t)f * K + k]) * (fs[(size_t)(f / b0) * sc + (size_t)(k / b1)] * 0x1p120f);
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            const int M = Ms[mi][0], n = Ms[mi][1];
+            float *x = et_rand(&r, (size_t)M * K, 2.0f), *o8 = et_poison((size_t)M * N), *o32 = et_poison((size_t)M * N);
+            int32_t nn = n;
+            kern_op op = {.kind = KOP_MATMUL};
+            op.buf[0] = (kern_buf){x, (size_t)M * K * 4};
+            op.buf[3] = (kern_buf){o32, (size_t)M * N * 4};
+            op.buf[4] = (kern_buf){&nn, 4};
+            op.p[0] = K;
+            op.p[1] = N;
+            op.p[2] = M;
+            op.buf[1] = (kern_buf){wd, (size_t)N * K * 4};
+            op.p[3] = KERN_DT_F32;
+            char msg[192];
+            if (emu_kc_matmul(&op, NULL, ET_SEEDS[0], msg, sizeof msg) != 0) fail_msg("f32: %s", msg);
+            op.buf[1] = (kern_buf){q, (size_t)N * K};
+            op.buf[3] = (kern_buf){o8, (size_t)M * N * 4};
+            op.buf[5] = (kern_buf){fs, sr * sc * 4};
+            op.p[3] = KERN_DT_FP8;
+            op.p[5] = b0;
+            op.p[6] = b1;
+            if (emu_kc_matmul(&op, NULL, ET_SEEDS[1], msg, sizeof msg) != 0) fail_msg("fp8: %s", msg);
+            for (size_t i = 0; i < (size_t)M * N; i++)
+                if (gpu_bits(o8[i]) != gpu_bits(o32[i]))
+                    fail_msg("K %d N %d blocks %dx%d max_rows %d n %d: element %zu: fp8 %.9g, dequantized f32 %.9g", K,
+                             N, b0, b1, M, n, i, (double)o8[i], (double)o32[i]);
+            free(x), free(o8), free(o32);
+        }
+        free(q), free(fs), free(wd);
+    }
 }
 
 /* ---- batch invariance ----------------------------------------------------------------------------------- */
@@ -181,6 +242,8 @@ int main(void)
     g_pool = kern_pool_create(2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_fp8),
+        cmocka_unit_test(test_matmul_fp8_bitwise),
         cmocka_unit_test(test_matmul_invariance),
         cmocka_unit_test(test_matmul_rows_check),
     };

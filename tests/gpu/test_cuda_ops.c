@@ -112,6 +112,7 @@ static void test_matmul(void **state)
     /* every path keeps the f32 activations (the tensor-core kernel as bf16 hi + lo); cuBLASLt under
      * GS_CUDA_FAST_GEMM=1: test_cuda_invariance */
     gpu_cases(opcase_matmul, "matmul");
+    gpu_cases(opcase_matmul_fp8, "matmul fp8");
 }
 
 static void test_qk_norm_rope(void **state)

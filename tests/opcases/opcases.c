@@ -82,6 +82,21 @@ void *oc_weights(gpu_rng *r, int bf, size_t n, float scale)
     for (size_t i = 0; i < n; i++) p[i] = kern_f32_to_bf16(gpu_unif(r) * scale);
     return p;
 }
+uint8_t *oc_fp8_codes(gpu_rng *r, size_t n)
+{
+    uint8_t *p = oc_alloc(n ? n : 1);
+    for (size_t i = 0; i < n; i++) {
+        do p[i] = (uint8_t)gpu_next(r);
+        while ((p[i] & 0x7f) == 0x7f); /* never a NaN code (the loader refuses them) */
+    }
+    return p;
+}
+float *oc_fp8_scales(gpu_rng *r, size_t n)
+{
+    float *p = oc_alloc(n * 4);
+    for (size_t i = 0; i < n; i++) p[i] = ldexpf(1.0f + 0.5f * gpu_unif(r), gpu_int(r, -14, -6)); /* ~ amax / 448 */
+    return p;
+}
 int32_t *oc_i32(size_t n, int32_t v)
 {
     int32_t *p = oc_alloc(n * 4);
@@ -488,6 +503,50 @@ typedef struct {
     int K, N, M, n, bf, bias, acc, xoff; /* xoff: x starts xoff floats into its buffer */
     const char *path;
 } mm_case;
+
+/* FP8 weights (kern.h KOP_MATMUL, KERN_DT_FP8): e4m3 codes over the whole code range (no NaN) with
+ * block scales; block rows 1 (channel), 16 and 128, block columns 16 to 128 with partial last blocks
+ * (N % b0, K % b1 != 0), bias, accumulate, several row tiles, zero rows. */
+void opcase_matmul_fp8(oc_harness *h)
+{
+    gpu_rng r = {37};
+    const struct {
+        int K, N, M, n, b0, b1, bias, acc;
+        const char *what;
+    } cases[] = {
+        {256, 200, 8, 5, 128, 128, 1, 0, "128 x 128 blocks, partial last block row, bias"},
+        {100, 70, 4, 4, 16, 32, 0, 1, "16 x 32 blocks, K % b1 != 0, accumulate"},
+        {64, 50, 64, 40, 1, 64, 1, 1, "channel scales (1-row blocks), 2 row tiles, bias, accumulate"},
+        {1024, 96, 1, 1, 128, 128, 0, 0, "decode"},
+        {48, 9, 38, 38, 16, 16, 0, 0, "n == max_rows: a partial group in the second tile"},
+        {96, 24, 8, 0, 16, 32, 1, 0, "zero rows"},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int K = cases[ci].K, N = cases[ci].N, M = cases[ci].M, n = cases[ci].n, b0 = cases[ci].b0,
+                  b1 = cases[ci].b1;
+        const size_t sr = (size_t)(N + b0 - 1) / (size_t)b0, sc = (size_t)(K + b1 - 1) / (size_t)b1;
+        oc_case t;
+        oc_init(&t, KOP_MATMUL, oc_rtol(h, 2e-5, 1e-4));
+        oc_buf(&t, 0, oc_rows(&r, (size_t)M, (size_t)K, (size_t)n, 1.0f), (size_t)M * K * 4, OC_IN);
+        oc_buf(&t, 1, oc_fp8_codes(&r, (size_t)N * K), (size_t)N * K, OC_IN);
+        if (cases[ci].bias) oc_buf(&t, 2, oc_rand(&r, (size_t)N, 1.0f), (size_t)N * 4, OC_IN);
+        float *out = cases[ci].acc ? oc_rows(&r, (size_t)M, (size_t)N, (size_t)n, 2.0f) : oc_poison((size_t)M * N);
+        oc_buf(&t, 3, out, (size_t)M * N * 4, OC_OUT_F32);
+        oc_buf(&t, 4, oc_i32(1, n), 4, OC_IN);
+        oc_buf(&t, 5, oc_fp8_scales(&r, sr * sc), sr * sc * 4, OC_IN);
+        t.op.p[0] = K;
+        t.op.p[1] = N;
+        t.op.p[2] = M;
+        t.op.p[3] = KERN_DT_FP8;
+        t.op.p[4] = cases[ci].acc;
+        t.op.p[5] = b0;
+        t.op.p[6] = b1;
+        char name[192];
+        snprintf(name, sizeof name, "matmul fp8 K %d N %d max_rows %d n %d blocks %dx%d: %s", K, N, M, n, b0, b1,
+                 cases[ci].what);
+        oc_check(h, &t, name);
+    }
+}
 
 void opcase_matmul(oc_harness *h)
 {

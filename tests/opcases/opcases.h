@@ -74,6 +74,8 @@ float *oc_rows(gpu_rng *r, size_t rows, size_t cols, size_t live, float scale);
 float *oc_rand(gpu_rng *r, size_t n, float scale);
 float *oc_near1(gpu_rng *r, size_t n); /* norm weights */
 void *oc_weights(gpu_rng *r, int bf, size_t n, float scale); /* bf16 or f32 */
+uint8_t *oc_fp8_codes(gpu_rng *r, size_t n); /* random e4m3 codes, no NaN code */
+float *oc_fp8_scales(gpu_rng *r, size_t n);   /* block scales of e4m3 weights around 0.5 */
 int32_t *oc_i32(size_t n, int32_t v);
 float *oc_inv_freq(int hd, double base);
 
@@ -98,6 +100,7 @@ void opcase_add(oc_harness *h);
 void opcase_kv_write(oc_harness *h);
 void opcase_attention(oc_harness *h);
 void opcase_matmul(oc_harness *h);
+void opcase_matmul_fp8(oc_harness *h);
 void opcase_draft_select(oc_harness *h);
 void opcase_confidence(oc_harness *h);
 void opcase_sample(oc_harness *h);
