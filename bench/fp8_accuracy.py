@@ -15,7 +15,8 @@ port; logs in OUT/logs/) and measures, bf16 target vs the same target quantized 
      TRAINING.md's 17.62) and over every window. The top-1 id of each position also gives a
      teacher-forced argmax agreement;
   3. tau before / after for each drafter: `graphswap eval --url` on a bf16 server with the drafter
-     and on an FP8 server with it, temperature 0, the plain run sent (--baseline-url) to a server
+     and on an FP8 server with it (the drafter kept bf16, `--draft-quantization none`, and the
+     drafter quantized online too), temperature 0, the plain run sent (--baseline-url) to a server
      of the same precision without a drafter, so `lossless` is speculative FP8 vs plain FP8.
 
 Writes OUT/results.json and OUT/results.md.
@@ -47,7 +48,7 @@ def log(msg):
 class Server:
     """One `graphswap serve` on a free loopback port."""
 
-    def __init__(self, binary, model, name, logdir, threads, draft=None, fp8_block=None):
+    def __init__(self, binary, model, name, logdir, threads, draft=None, fp8_block=None, draft_fp8=False):
         self.name = name
         self.cmd = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                     "--threads", str(threads), "--log-interval", "0"]
@@ -55,6 +56,8 @@ class Server:
             self.cmd += ["--draft", draft]
         if fp8_block:
             self.cmd += ["--quantization", "fp8", "--quantization-block", fp8_block]
+            if draft and not draft_fp8:  # online FP8 reaches the drafter unless told otherwise
+                self.cmd += ["--draft-quantization", "none"]
         self.logpath = os.path.join(logdir, f"{name}.log")
         self.proc = None
         self.url = None
@@ -314,32 +317,38 @@ def write_md(res, path):
               + (f", --limit {a['limit']} per category" if a['limit'] else "")
               + ") on a server of the target with the drafter; the plain run goes (--baseline-url) to a server "
               "of the same precision without a drafter, so FP8's `lossless` compares speculative FP8 with plain FP8 "
-              "decoding. The drafters themselves stay bf16 (FP8 applies to the target only).", "",
+              "decoding. Rows `fp8` keep the drafter bf16 (`--draft-quantization none`); rows `fp8d` quantize the "
+              "drafter too (online FP8 of its layers and fc; its stacked context K/V derived from the FP8 "
+              "projections).", "",
               "Speedup and tok/s are not reported: this 2-core machine is shared with other builds, so its "
               "timings are not meaningful (they are in results.json and the eval folders, for completeness only).", "",
               "Where the greedy texts diverge the two runs draft different continuations, so the overall tau "
               "compares different texts; the same-text rows take only the prompts whose plain completions are "
               "identical in both precisions, where the tau change is the target's precision alone.", "",
-              "| drafter | target | prompts | tokens | tau | lossless | acceptance per position |",
+              "| drafter | target (drafter) | prompts | tokens | tau | lossless | acceptance per position |",
               "|---|---|---|---|---|---|---|"]
         for d, t in res["tau"].items():
-            for prec in ("bf16", "fp8"):
+            for prec in [p for p in ("bf16", "fp8", "fp8d") if p in t]:
                 e = t[prec]
-                L.append(f"| {d} | {prec} | {e['prompts']} | {e['completion_tokens']} | {e['tau']:.4f} | "
+                L.append(f"| {d} | {prec[:4]} ({e.get('drafter', 'bf16')}) | {e['prompts']} | {e['completion_tokens']} | {e['tau']:.4f} | "
                          f"{'yes' if e['lossless'] else '**no**' if e['lossless'] is False else '-'} | "
                          + ", ".join(f"{x:.3f}" for x in e["accept_rate_per_position"]) + " |")
-            L.append(f"| {d} | change | | | {t['fp8']['tau'] - t['bf16']['tau']:+.4f} "
-                     f"({100 * (t['fp8']['tau'] / t['bf16']['tau'] - 1):+.2f}%) | | |")
+            for prec in [p for p in ("fp8", "fp8d") if p in t]:
+                L.append(f"| {d} | change, {prec[:4]} ({t[prec].get('drafter', 'bf16')}) vs bf16 | | | "
+                         f"{t[prec]['tau'] - t['bf16']['tau']:+.4f} "
+                         f"({100 * (t[prec]['tau'] / t['bf16']['tau'] - 1):+.2f}%) | | |")
             m = t["matched"]
             if m["prompts"]:
                 L.append(f"| {d} | same-text prompts only ({m['prompts']}/{m['of']}): bf16 / FP8 | | | "
                          f"{m['bf16']:.4f} / {m['fp8']:.4f} ({100 * (m['fp8'] / m['bf16'] - 1):+.2f}%) | | |")
-        cc = [t[p]["cross_check"]["plain_is_prefix_of_batched_greedy"] for t in res["tau"].values() for p in ("bf16", "fp8")]
+        cc = [t[p]["cross_check"]["plain_is_prefix_of_batched_greedy"] for t in res["tau"].values()
+              for p in ("bf16", "fp8", "fp8d") if p in t]
         L += ["", "Cross-check: in every eval run, each plain completion (batch 1, stopped at eos) "
               + ("is" if all(cc) else "is **not** always")
               + " a prefix of the same precision's batched greedy completion above, so the greedy agreement and "
               "eval's lossless check describe the same decoding."]
-        L += ["", "Eval folders: " + ", ".join(f"`eval/{d}-{prec}/`" for d in res["tau"] for prec in ("bf16", "fp8")), ""]
+        L += ["", "Eval folders: " + ", ".join(f"`eval/{d}-{prec}/`" for d in res["tau"]
+                                              for prec in ("bf16", "fp8", "fp8d") if prec in res["tau"][d]), ""]
     L += ["## Servers", ""] + [f"- {k}: `{v['command']}`" for k, v in res["servers"].items()] + [""]
     with open(path, "w") as f:
         f.write("\n".join(L))
@@ -444,14 +453,15 @@ def main():
             selection = eval_selection(a.prompts, a.limit)
             for d in DRAFTERS:
                 res["tau"][d] = {}
-                for prec, base, blk in (("bf16", s16, None), ("fp8", s8, a.block)):
-                    with Server(a.binary, target, f"{d}-{prec}", logs, a.threads,
-                                draft=os.path.join(a.pair, d), fp8_block=blk) as sd:
+                for prec, base, blk in (("bf16", s16, None), ("fp8", s8, a.block), ("fp8d", s8, a.block)):
+                    with Server(a.binary, target, f"{d}-{prec}", logs, a.threads, draft=os.path.join(a.pair, d),
+                                fp8_block=blk, draft_fp8=prec == "fp8d") as sd:
                         res["servers"][sd.name] = {"command": " ".join(sd.cmd), **sd.startup}
                         out = os.path.join(a.out, "eval", f"{d}-{prec}")
                         os.makedirs(out, exist_ok=True)
                         e = run_eval(a.binary, sd.url, base.url, out, a)
                         e["cross_check"] = cross_check(out, g16 if prec == "bf16" else g8, selection)
+                        e["drafter"] = "fp8" if prec == "fp8d" else "bf16"
                         res["tau"][d][prec] = e
                         log(f"{d} {prec}: tau {e['tau']:.4f} lossless {e['lossless']} ({e['seconds']:.0f} s)")
                 res["tau"][d]["matched"] = matched_tau(*(os.path.join(a.out, "eval", f"{d}-{p}") for p in ("bf16", "fp8")))
