@@ -126,10 +126,6 @@ extern "C" void kern_cuda_exec(kern_cuda_ctx *c, const kern_op *op, cudaStream_t
         fprintf(stderr, "graphswap: malformed %s op: check '%s' failed\n", op ? kern_op_name(op->kind) : "?", why);
         abort();
     }
-    if (op->kind == KOP_MOE_FFN && op->p[5] == KERN_DT_FP8) { /* FP8 experts: CPU only (no CUDA kernel yet) */
-        fprintf(stderr, "graphswap: FP8 MoE expert weights are not implemented on the CUDA backend\n");
-        abort();
-    }
     switch (op->kind) {
     case KOP_EMBED: kc_embed(c, op, s); break;
     case KOP_RMSNORM: kc_rmsnorm(c, op, s); break;

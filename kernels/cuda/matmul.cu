@@ -40,7 +40,8 @@
  *    context's (allocated once, only with fast_gemm: c->lt != NULL is the switch), so the GEMMs
  *    capture into graphs. A shape without an algorithm falls back to path 1 or 2.
  * 4. FP8 weights (KERN_DT_FP8, W8A16 like the CPU backend): path 2's order with each e4m3 code
- *    decoded and multiplied by its block scale in registers (k_mm_fp8), for every max_rows, never
+ *    decoded and multiplied by its block scale in registers (mm_kernels.cuh's k_mm_fp8, also the
+ *    FP8 experts' grouped matmuls of KOP_MOE_FFN), for every max_rows, never
  *    cuBLASLt. An output is bitwise path 2 over the dequantized f32 weights. (Hopper's FP8 tensor
  *    cores take FP8 activations too: a W8A8 path would change the model's numerics, not taken.)
  * In every path each output element is summed in one fixed order: eager runs and graph replays of an
@@ -49,81 +50,18 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mm_kernels.cuh"
 
-/* ---- 4. FP8 weights (KERN_DT_FP8): path 2 with each weight decoded in registers ------------------------------- */
-
-/* kern.h's kern_fp8_raw: the e4m3 code's bits moved into an f32 (its value times 2^-120) */
-__device__ __forceinline__ float kc_fp8_raw(uint8_t q)
-{
-    return __uint_as_float(((uint32_t)(q & 0x80u) << 24) | ((uint32_t)(q & 0x7fu) << 20));
-}
-
-/* k_mm_simple's order exactly (one warp per (feature, 32-row tile), lane-strided f32 FMAs in k order, the
- * fixed warp sum), with weight (f, k) = kc_fp8_raw(W[f, k]) * (S[f / b0][k >> sh] * 2^120): one rounded
- * multiply, the value kern.h defines, so an output is bitwise k_mm_simple<false> over the dequantized f32
- * weights (tests/emu checks it) and as batch-invariant. fs: S row-major, sk = ceil(K / b1) per row. */
-__global__ void __launch_bounds__(256) k_mm_fp8(const float *__restrict__ x, const uint8_t *__restrict__ w,
-                                                const float *__restrict__ fs, const float *__restrict__ bias,
-                                                float *__restrict__ out, const int32_t *n_rows, int K, int N,
-                                                int max_rows, int tiles, int accumulate, int b0, int sh, int sk,
-                                                kc_err *err)
-{
-    const int nall = kc_rows(n_rows, max_rows, err, KOP_MATMUL);
-    const int tile = (int)(blockIdx.x % (unsigned)tiles), fb = (int)(blockIdx.x / (unsigned)tiles);
-    const int f = fb * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int row0 = tile * SIMPLE_TILE_ROWS;
-    if (nall <= row0 || f >= N) return;
-    const int n = nall - row0 < SIMPLE_TILE_ROWS ? nall - row0 : SIMPLE_TILE_ROWS;
-    x += (size_t)row0 * (size_t)K;
-    out += (size_t)row0 * (size_t)N;
-    const uint8_t *wr = w + (size_t)f * (size_t)K;
-    const float *sr = fs + (size_t)(f / b0) * (size_t)sk;
-    for (int r0 = 0; r0 < n; r0 += 4) {
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-        const float *xj[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) xj[j] = x + (size_t)(r0 + j < n ? r0 + j : 0) * (size_t)K;
-        for (int k = lane; k < K; k += 32) {
-            const float wk = kc_fp8_raw(wr[k]) * (sr[k >> sh] * 0x1p120f);
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (r0 + j < n) s[j] = fmaf(xj[j][k], wk, s[j]);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) s[j] = kc_warp_sum(s[j]);
-        if (lane == 0) {
-            for (int j = 0; j < 4 && r0 + j < n; j++) {
-                float v = s[j];
-                if (bias) v = v + bias[f];
-                float *o = out + (size_t)(r0 + j) * (size_t)N + f;
-                *o = accumulate ? *o + v : v;
-            }
-        }
-    }
-}
-
 /* ---- the default (batch-invariant) launch: paths 1, 2 and 4 ------------------------------------------------- */
 
-/* The launch of an op on paths 1 / 2 (mm_kernels.cuh's kc_mm_launch, ungrouped) or 4 (FP8):
+/* The launch of an op on paths 1 / 2 / 4 (mm_kernels.cuh's kc_mm_launch, ungrouped):
  * launch(kernel, grid, block, dynamic smem, arguments...). kc_matmul enqueues it (unless cuBLASLt took
  * the op); tests/emu runs the same launch on the CPU emulation (GS_CUDA_EMU). */
 template <typename Launch>
 __host__ void mm_launches(const kern_op *op, kc_err *err, Launch &&launch)
 {
     const int32_t *p = op->p;
-    if (p[3] == KERN_DT_FP8) {
-        if (p[2] == 0) return;
-        const int K = p[0], N = p[1], M = p[2], b1 = p[6];
-        int sh = 0;
-        while ((1 << sh) < b1) sh++; /* b1 is a power of two (kern_validate) */
-        const unsigned tiles = kc_div_up((size_t)M, SIMPLE_TILE_ROWS);
-        launch(k_mm_fp8, dim3(tiles * kc_div_up((size_t)N, 8)), dim3(256), (size_t)0, (const float *)op->buf[0].ptr,
-               (const uint8_t *)op->buf[1].ptr, (const float *)op->buf[5].ptr, (const float *)op->buf[2].ptr,
-               (float *)op->buf[3].ptr, (const int32_t *)op->buf[4].ptr, K, N, M, (int)tiles, p[4], p[5], sh,
-               (K + b1 - 1) / b1, err);
-        return;
-    }
+    const kc_mm_f8 f8 = {(const float *)op->buf[5].ptr, p[5], p[6]}; /* read only for FP8 weights */
     kc_mm_launch((const float *)op->buf[0].ptr, op->buf[1].ptr, (const float *)op->buf[2].ptr, (float *)op->buf[3].ptr,
-                 (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], p[3], p[4], err, NULL, 1u, launch);
+                 (const int32_t *)op->buf[4].ptr, p[0], p[1], p[2], p[3], p[4], err, NULL, 1u, launch, &f8);
 }
 
 #ifndef GS_CUDA_EMU /* the emulated build (tests/emu) has no cuBLASLt: its context is fast_gemm off */

@@ -1,5 +1,5 @@
-/* kernels/cuda/mm_kernels.cuh — the two batch-invariant matmul kernels (kernels/cuda/matmul.cu's paths 1
- * and 2: their design and why a row's result does not depend on the other rows are in matmul.cu's
+/* kernels/cuda/mm_kernels.cuh — the batch-invariant matmul kernels (kernels/cuda/matmul.cu's paths 1,
+ * 2 and 4, FP8: their design and why a row's result does not depend on the other rows are in matmul.cu's
  * header), shared by KOP_MATMUL (matmul.cu) and the grouped expert matmuls of KOP_MOE_FFN (moe.cu).
  *
  * Grouped launch (GROUPED = true, kc_mm_grp): the grid's y index is a slot of the list of experts that
@@ -221,6 +221,78 @@ __global__ void __launch_bounds__(256) k_mm_simple(const float *__restrict__ x, 
     }
 }
 
+/* ---- 4. FP8 weights (KERN_DT_FP8): path 2 with each weight decoded in registers ------------------------------- */
+
+/* an FP8 operand's scale table (kern.h KOP_MATMUL / KOP_MOE_FFN): S row-major [ceil(rows / b0),
+ * ceil(K / b1)], b1 a power of two */
+struct kc_mm_f8 {
+    const float *s;
+    int b0, b1;
+};
+
+/* kern.h's kern_fp8_raw: the e4m3 code's bits moved into an f32 (its value times 2^-120) */
+__device__ __forceinline__ float kc_fp8_raw(uint8_t q)
+{
+    return __uint_as_float(((uint32_t)(q & 0x80u) << 24) | ((uint32_t)(q & 0x7fu) << 20));
+}
+
+/* k_mm_simple's order exactly (one warp per (feature, 32-row tile), lane-strided f32 FMAs in k order, the
+ * fixed warp sum), with weight (f, k) = kc_fp8_raw(W[f, k]) * (S[f / b0][k >> sh] * 2^120): one rounded
+ * multiply, the value kern.h defines, so an output is bitwise k_mm_simple<false> over the dequantized f32
+ * weights (tests/emu checks it) and as batch-invariant. sk = ceil(K / b1) scales per row. Grouped: expert
+ * e's weights from w + e * wstride and its scale rows from e * (wstride / K / b0) (its rows start on a
+ * block row: kern_validate). */
+template <bool GROUPED>
+__global__ void __launch_bounds__(256) k_mm_fp8(const float *__restrict__ x, const uint8_t *__restrict__ w,
+                                                const float *__restrict__ fs, const float *__restrict__ bias,
+                                                float *__restrict__ out, const int32_t *n_rows, int K, int N,
+                                                int max_rows, int tiles, int accumulate, int b0, int sh, int sk,
+                                                kc_err *err, kc_mm_grp grp)
+{
+    int e = 0, r0g = 0;
+    const int nall = GROUPED ? kc_mm_group_rows(grp, e, r0g) : kc_rows(n_rows, max_rows, err, KOP_MATMUL);
+    const int tile = (int)(blockIdx.x % (unsigned)tiles), fb = (int)(blockIdx.x / (unsigned)tiles);
+    const int f = fb * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int row0 = tile * SIMPLE_TILE_ROWS;
+    if (nall <= row0 || f >= N) return;
+    const int n = nall - row0 < SIMPLE_TILE_ROWS ? nall - row0 : SIMPLE_TILE_ROWS;
+    const bool mapped = GROUPED && grp.xmap;
+    if (GROUPED) {
+        w += (size_t)e * grp.wstride;
+        fs += (size_t)e * (grp.wstride / (size_t)K / (size_t)b0) * (size_t)sk;
+    }
+    const size_t first = (size_t)r0g + (size_t)row0;
+    if (!mapped) x += first * (size_t)K;
+    out += first * (size_t)N;
+    const uint8_t *wr = w + (size_t)f * (size_t)K;
+    const float *sr = fs + (size_t)(f / b0) * (size_t)sk;
+    for (int r0 = 0; r0 < n; r0 += 4) {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        const float *xj[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int row = r0 + j < n ? r0 + j : 0;
+            xj[j] = x + (mapped ? (size_t)grp.xmap[r0g + row0 + row] : (size_t)row) * (size_t)K;
+        }
+        for (int k = lane; k < K; k += 32) {
+            const float wk = kc_fp8_raw(wr[k]) * (sr[k >> sh] * 0x1p120f);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (r0 + j < n) s[j] = fmaf(xj[j][k], wk, s[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) s[j] = kc_warp_sum(s[j]);
+        if (lane == 0) {
+            for (int j = 0; j < 4 && r0 + j < n; j++) {
+                float v = s[j];
+                if (bias) v = v + bias[f];
+                float *o = out + (size_t)(r0 + j) * (size_t)N + f;
+                *o = accumulate ? *o + v : v;
+            }
+        }
+    }
+}
+
 /* Path 1 takes the operands: bf16 weights, K % 32 == 0, x and W 16-byte aligned (never max_rows or n;
  * grouped: the per-expert bases stay aligned when the base is, since K % 32 == 0). */
 static inline int kc_mm_skinny_ok(int wdt, int K, const void *x, const void *w)
@@ -228,16 +300,31 @@ static inline int kc_mm_skinny_ok(int wdt, int K, const void *x, const void *w)
     return wdt == KERN_DT_BF16 && K % 32 == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % 16) == 0;
 }
 
-/* One matmul on paths 1 / 2: launch(kernel, grid, block, dynamic smem, arguments...). gy: the grid's y
+/* One matmul on paths 1 / 2 / 4: launch(kernel, grid, block, dynamic smem, arguments...). gy: the grid's y
  * size (1 ungrouped; grouped: the most experts that can have rows). Path 1 tiles rows by RG * 8
- * (RG = 1, 2, 4 from max_rows), path 2 by 32. */
+ * (RG = 1, 2, 4 from max_rows), paths 2 and 4 by 32. f8: the scales of FP8 weights (wdt KERN_DT_FP8). */
 template <typename Launch>
 __host__ void kc_mm_launch(const float *x, const void *w, const float *bias, float *out, const int32_t *nr, int K,
                            int N, int M, int wdt, int accumulate, kc_err *err, const kc_mm_grp *grp, unsigned gy,
-                           Launch &&launch)
+                           Launch &&launch, const kc_mm_f8 *f8 = NULL)
 {
     if (M == 0) return;
     const kc_mm_grp g = grp ? *grp : kc_mm_grp{NULL, NULL, NULL, 0};
+    if (wdt == KERN_DT_FP8) {
+        int sh = 0;
+        while ((1 << sh) < f8->b1) sh++; /* b1 is a power of two (kern_validate) */
+        const int sk = (K + f8->b1 - 1) / f8->b1;
+        const unsigned tiles = kc_div_up((size_t)M, SIMPLE_TILE_ROWS);
+        const dim3 grid(tiles * kc_div_up((size_t)N, 8), gy), block(256);
+        const uint8_t *wq = (const uint8_t *)w;
+        if (grp)
+            launch(k_mm_fp8<true>, grid, block, (size_t)0, x, wq, f8->s, bias, out, nr, K, N, M, (int)tiles,
+                   accumulate, f8->b0, sh, sk, err, g);
+        else
+            launch(k_mm_fp8<false>, grid, block, (size_t)0, x, wq, f8->s, bias, out, nr, K, N, M, (int)tiles,
+                   accumulate, f8->b0, sh, sk, err, g);
+        return;
+    }
     if (kc_mm_skinny_ok(wdt, K, x, w)) {
         const uint16_t *wb = (const uint16_t *)w;
         const int warps = K / 32 < SK_MAX_WARPS ? K / 32 : SK_MAX_WARPS; /* a function of K only */

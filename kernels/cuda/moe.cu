@@ -256,11 +256,14 @@ __host__ void moe_ffn_launches(const kern_cuda_ctx *c, const kern_op *op, kc_err
     /* grid y: the most experts that can have rows; an expert holds at most M rows (distinct ids per row) */
     const unsigned gy = (unsigned)((size_t)E < n ? (size_t)E : n);
     const kc_mm_grp g13 = {offs, act, srcrow, (size_t)2 * (size_t)I * (size_t)H};
-    kc_mm_launch(h, op->buf[1].ptr, (const float *)NULL, gu, nr, H, 2 * I, M, wdt, 0, err, &g13, gy, launch);
+    /* FP8 experts: their scale tables (buf 8 / 9, blocks p[6] x p[7]); read only then */
+    const kc_mm_f8 f13 = {(const float *)op->buf[8].ptr, p[6], p[7]}, f2 = {(const float *)op->buf[9].ptr, p[6], p[7]};
+    kc_mm_launch(h, op->buf[1].ptr, (const float *)NULL, gu, nr, H, 2 * I, M, wdt, 0, err, &g13, gy, launch, &f13);
     launch(k_moe_silu, dim3(kc_grid_for(c, n * (size_t)I)), dim3(256), (size_t)0, (const float *)gu, a, nr,
            (const int32_t *)act, I, k);
     const kc_mm_grp g2 = {offs, act, (const int32_t *)NULL, (size_t)H * (size_t)I};
-    kc_mm_launch((const float *)a, op->buf[2].ptr, (const float *)NULL, y, nr, I, H, M, wdt, 0, err, &g2, gy, launch);
+    kc_mm_launch((const float *)a, op->buf[2].ptr, (const float *)NULL, y, nr, I, H, M, wdt, 0, err, &g2, gy, launch,
+                 &f2);
     launch(k_moe_combine, dim3(kc_grid_for(c, (size_t)M * (size_t)H)), dim3(256), (size_t)0, (const float *)y,
            (const float *)op->buf[4].ptr, (const int32_t *)posof, (float *)op->buf[5].ptr, nr, (const int32_t *)act,
            H, k);

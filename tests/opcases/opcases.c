@@ -1071,6 +1071,7 @@ void opcase_moe_route(oc_harness *h)
  * poison past n ------------------------------------------------------------------------------------------- */
 typedef struct {
     int H, I, E, k, max_rows, n, bf, hoff, skew; /* skew: 1 every row picks expert E-1 (and the lowest others) */
+    /* bf: 0 f32, 1 bf16, 2 FP8 (e4m3 codes, 16-row blocks of 32 columns, or 16 with fp8_b1 16) */
     const char *what;
 } moe_case;
 
@@ -1088,6 +1089,9 @@ void opcase_moe_ffn(oc_harness *h)
         {64, 32, 8, 2, 6, 5, 1, 1, 0, "bf16, h misaligned: gate_up CUDA-core, down tensor-core"},
         {32, 32, 3, 3, 4, 3, 1, 0, 0, "k == E"},
         {64, 32, 8, 2, 6, 0, 1, 0, 0, "zero rows"},
+        {64, 32, 8, 2, 5, 5, 2, 0, 0, "FP8 experts, 16 x 32 blocks, top-2 of 8"},
+        {96, 48, 16, 4, 40, 37, 2, 0, 0, "FP8 experts, 37 rows top-4 of 16 (K % 32 != 0 in down)"},
+        {64, 32, 4, 2, 70, 66, 2, 0, 1, "FP8 experts, skewed: one expert's group of 66 rows"},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const moe_case *c = &cases[ci];
@@ -1115,19 +1119,22 @@ void opcase_moe_ffn(oc_harness *h)
                     j++;
                 }
         }
-        const size_t ws = c->bf ? 2 : 4, xb = (size_t)M * H * 4;
-        void *w13 = oc_weights(&r, c->bf, (size_t)E * 2 * I * H, 0.3f);
-        void *w2 = oc_weights(&r, c->bf, (size_t)E * H * I, 0.3f);
-        for (int e = 0; e < E; e++) /* an expert no live row chose: NaN weights */
+        const int f8 = c->bf == 2, b0 = 16, b1 = 32;
+        const size_t ws = f8 ? 1 : c->bf ? 2 : 4, xb = (size_t)M * H * 4;
+        void *w13 = f8 ? (void *)oc_fp8_codes(&r, (size_t)E * 2 * I * H) : oc_weights(&r, c->bf, (size_t)E * 2 * I * H, 0.3f);
+        void *w2 = f8 ? (void *)oc_fp8_codes(&r, (size_t)E * H * I) : oc_weights(&r, c->bf, (size_t)E * H * I, 0.3f);
+        for (int e = 0; e < E; e++) /* an expert no live row chose: NaN weights (an FP8 NaN code) */
             if (!used[e]) {
                 for (size_t i = 0; i < (size_t)2 * I * H; i++) {
                     const size_t at = (size_t)e * 2 * I * H + i;
-                    if (c->bf) ((uint16_t *)w13)[at] = 0x7fc1;
+                    if (f8) ((uint8_t *)w13)[at] = 0x7f;
+                    else if (c->bf) ((uint16_t *)w13)[at] = 0x7fc1;
                     else ((float *)w13)[at] = NAN;
                 }
                 for (size_t i = 0; i < (size_t)H * I; i++) {
                     const size_t at = (size_t)e * H * I + i;
-                    if (c->bf) ((uint16_t *)w2)[at] = 0x7fc1;
+                    if (f8) ((uint8_t *)w2)[at] = 0x7f;
+                    else if (c->bf) ((uint16_t *)w2)[at] = 0x7fc1;
                     else ((float *)w2)[at] = NAN;
                 }
             }
@@ -1152,7 +1159,15 @@ void opcase_moe_ffn(oc_harness *h)
         t.op.p[2] = E;
         t.op.p[3] = k;
         t.op.p[4] = M;
-        t.op.p[5] = c->bf ? KERN_DT_BF16 : KERN_DT_F32;
+        t.op.p[5] = f8 ? KERN_DT_FP8 : c->bf ? KERN_DT_BF16 : KERN_DT_F32;
+        if (f8) { /* the scale tables S13 [E*2I / b0, ceil(H / b1)] and S2 [E*H / b0, ceil(I / b1)] */
+            const size_t n13 = (size_t)E * 2 * I / b0 * ((size_t)(H + b1 - 1) / b1);
+            const size_t n2 = (size_t)E * H / b0 * ((size_t)(I + b1 - 1) / b1);
+            oc_buf(&t, 8, oc_fp8_scales(&r, n13), n13 * 4, OC_IN);
+            oc_buf(&t, 9, oc_fp8_scales(&r, n2), n2 * 4, OC_IN);
+            t.op.p[6] = b0;
+            t.op.p[7] = b1;
+        }
         char name[200];
         snprintf(name, sizeof name, "moe_ffn H %d I %d E %d k %d max_rows %d n %d: %s", H, I, E, k, M, n, c->what);
         oc_check(h, &t, name);
