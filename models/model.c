@@ -487,42 +487,59 @@ static void shape_str(const mdl_st_tensor *t, char *out, size_t cap)
     if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
+/* The first of t's values (converted to f32 a chunk at a time into a stack buffer: no allocation, one
+ * conversion call per chunk) that is not finite (scale 0) or not a valid FP8 scale (scale 1: finite,
+ * > 0 and below KERN_FP8_SCALE_MAX); t->numel when none is (or when the dtype does not convert, which
+ * validation refused before). */
+static size_t first_bad_f32(const mdl_st_tensor *t, int scale)
+{
+    enum { CHUNK = 1024 };
+    float f[CHUNK];
+    const size_t es = mdl_dtype_size(t->dtype);
+    for (size_t k0 = 0; k0 < t->numel; k0 += CHUNK) {
+        const size_t n = t->numel - k0 < CHUNK ? t->numel - k0 : CHUNK;
+        if (mdl_convert(f, MDL_DT_F32, (const uint8_t *)t->data + k0 * es, t->dtype, n) != 0) return t->numel;
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) /* branch-free over the chunk; found again below only if set */
+            bad |= scale ? !(f[i] > 0.0f && f[i] < KERN_FP8_SCALE_MAX) : !isfinite(f[i]);
+        if (!bad) continue;
+        for (size_t i = 0; i < n; i++)
+            if (scale ? !(f[i] > 0.0f && f[i] < KERN_FP8_SCALE_MAX) : !isfinite(f[i])) return k0 + i;
+    }
+    return t->numel;
+}
+
 /* Block-FP8 values (host data): a NaN code in the weight (e4m3fn has no infinities; 0x7f / 0xff are
  * NaN), or a scale that is not finite, not > 0 or not below KERN_FP8_SCALE_MAX (the kernels' bound),
  * refuses the bucket naming the tensor and the element. */
 static int fp8_values_bad(const mdl_st_tensor *t, int is_scale, const char *what, char *err, size_t errlen)
 {
-    const uint8_t *q = t->data;
-    for (size_t k = 0; k < t->numel; k++) {
-        if (!is_scale) {
-            if (!kern_fp8_is_nan(q[k])) continue;
-            snprintf(err, errlen, "%s: tensor %s holds a NaN code (0x%02x) at element %zu", what, t->name, q[k], k);
-            return 1;
-        }
-        float f;
-        if (mdl_convert(&f, MDL_DT_F32, q + k * mdl_dtype_size(t->dtype), t->dtype, 1) != 0) return 1;
-        if (!(f > 0.0f && f < KERN_FP8_SCALE_MAX)) {
-            snprintf(err, errlen, "%s: tensor %s has scale %g at element %zu; FP8 block scales must be finite, > 0 "
-                     "and below %g", what, t->name, (double)f, k, (double)KERN_FP8_SCALE_MAX);
-            return 1;
-        }
+    if (!is_scale) {
+        const uint8_t *q = t->data;
+        for (size_t k = 0; k < t->numel; k++)
+            if (kern_fp8_is_nan(q[k])) {
+                snprintf(err, errlen, "%s: tensor %s holds a NaN code (0x%02x) at element %zu", what, t->name, q[k], k);
+                return 1;
+            }
+        return 0;
     }
-    return 0;
+    const size_t k = first_bad_f32(t, 1);
+    if (k == t->numel) return 0;
+    float f;
+    mdl_convert(&f, MDL_DT_F32, (const uint8_t *)t->data + k * mdl_dtype_size(t->dtype), t->dtype, 1);
+    snprintf(err, errlen, "%s: tensor %s has scale %g at element %zu; FP8 block scales must be finite, > 0 and below %g",
+             what, t->name, (double)f, k, (double)KERN_FP8_SCALE_MAX);
+    return 1;
 }
 
 /* Online FP8: a NaN or infinite weight would make its block's scale meaningless: refused. */
 static int nonfinite_at(const mdl_st_tensor *t, const char *what, char *err, size_t errlen)
 {
-    const size_t es = mdl_dtype_size(t->dtype);
-    for (size_t k = 0; k < t->numel; k++) {
-        float f;
-        if (mdl_convert(&f, MDL_DT_F32, (const uint8_t *)t->data + k * es, t->dtype, 1) != 0 || !isfinite(f)) {
-            snprintf(err, errlen, "%s: tensor %s has a non-finite value at element %zu (--quantization fp8 cannot "
-                     "quantize it)", what, t->name, k);
-            return 1;
-        }
-    }
-    return 0;
+    const size_t k = first_bad_f32(t, 0);
+    if (k == t->numel) return 0;
+    snprintf(err, errlen, "%s: tensor %s has a non-finite value at element %zu (--quantization fp8 cannot quantize it)",
+             what, t->name, k);
+    return 1;
 }
 
 /* Online FP8 (cfg.fp8_online): tensor t, rows [d->row0, ..) of FP8 projection p, quantized block by

@@ -1075,14 +1075,16 @@ uint8_t mdl_fp8_encode(float v)
     const uint8_t sign = v < 0 ? 0x80 : 0;
     const float a = fabsf(v);
     if (!(a < 448.0f)) return sign | 0x7e;
-    int lo = 0, hi = 0x7e; /* largest code with value <= a */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (kern_fp8_to_f32((uint8_t)mid) <= a) lo = mid;
-        else hi = mid - 1;
-    }
-    const float d0 = a - kern_fp8_to_f32((uint8_t)lo), d1 = kern_fp8_to_f32((uint8_t)(lo + 1)) - a;
-    return sign | (uint8_t)(d1 < d0 || (d1 == d0 && (lo & 1)) ? lo + 1 : lo);
+    /* below 2^-6 the codes are the subnormals m * 2^-9 (m = 0..7; m = 8 is code 0x08, 2^-6): a * 2^9
+     * is exact, and rounding it to the nearest integer (ties to even) is the code */
+    if (a < 0x1p-6f) return sign | (uint8_t)lrintf(a * 0x1p9f);
+    /* normal: rebias the exponent from 127 to 7 and keep 3 of 23 mantissa bits, rounding the 20
+     * dropped bits to nearest even on the integer (a carry moves into the exponent: the codes are
+     * ordered like the values); a < 448 never rounds past 0x7e */
+    uint32_t u;
+    memcpy(&u, &a, sizeof u);
+    const uint32_t x = u - (120u << 23);
+    return sign | (uint8_t)((x + 0x7ffffu + ((x >> 20) & 1u)) >> 20);
 }
 
 void mdl_fp8_quantize(const float *w, int64_t R, int64_t C, int b0, int b1, mdl_dtype sdt, uint8_t *q, float *s)
@@ -1093,7 +1095,10 @@ void mdl_fp8_quantize(const float *w, int64_t R, int64_t C, int b0, int b1, mdl_
             const int64_t r1 = (br + 1) * b0 < R ? (br + 1) * b0 : R, c1 = (bc + 1) * b1 < C ? (bc + 1) * b1 : C;
             float amax = 0.0f;
             for (int64_t r = br * b0; r < r1; r++)
-                for (int64_t c = bc * b1; c < c1; c++) amax = fmaxf(amax, fabsf(w[r * C + c]));
+                for (int64_t c = bc * b1; c < c1; c++) { /* finite weights (callers refuse others) */
+                    const float t = fabsf(w[r * C + c]);
+                    amax = t > amax ? t : amax;
+                }
             float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
             if (sdt != MDL_DT_F32) { /* the scale as its dtype stores it (nearest even) */
                 uint16_t h;

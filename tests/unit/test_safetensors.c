@@ -1253,9 +1253,73 @@ static void test_convert_round_trips(void **state)
     free(f2);
 }
 
+/* mdl_fp8_encode (the online quantizer and mkmodel --fp8): round to nearest, ties to the even code,
+ * saturating at 448, checked against the nearest code found by search over every finite code's value
+ * computed here from the OCP FP8 e4m3 layout (bias 7, 3 mantissa bits, subnormals m * 2^-9) in
+ * double: at every code, just below and above it, at every midpoint between neighbours (the ties) and
+ * a step either side, at random magnitudes from 2^-20 to 448, at f32 denormals, and past 448. */
+static double e4m3_value(int c) /* c = 0 .. 0x7e */
+{
+    const int e = c >> 3, m = c & 7;
+    return e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m, -9);
+}
+
+static uint8_t e4m3_nearest(float v)
+{
+    const double a = fabs((double)v);
+    int best = 0;
+    for (int c = 1; c <= 0x7e; c++) {
+        const double d = fabs(e4m3_value(c) - a), db = fabs(e4m3_value(best) - a);
+        if (d < db || (d == db && (c & 1) == 0)) best = c;
+    }
+    return (uint8_t)((v < 0 ? 0x80 : 0) | best);
+}
+
+static void check_encode(float v)
+{
+    const uint8_t got = mdl_fp8_encode(v), want = e4m3_nearest(v);
+    if (got != want) fail_msg("mdl_fp8_encode(%.9g = %a): 0x%02x, the nearest code is 0x%02x", (double)v, (double)v, got, want);
+}
+
+static void test_fp8_encode(void **state)
+{
+    (void)state;
+    for (int c = 0; c <= 0x7e; c++) {
+        const float x = (float)e4m3_value(c);
+        for (int sgn = 0; sgn < 2; sgn++) {
+            const float y = sgn ? -x : x;
+            check_encode(y);
+            check_encode(nextafterf(y, 0.0f));
+            check_encode(nextafterf(y, sgn ? -INFINITY : INFINITY));
+            if (c < 0x7e) { /* the tie with the next code, and a step either side */
+                const float mid = (float)((e4m3_value(c) + e4m3_value(c + 1)) / 2), ym = sgn ? -mid : mid;
+                check_encode(ym);
+                check_encode(nextafterf(ym, 0.0f));
+                check_encode(nextafterf(ym, sgn ? -INFINITY : INFINITY));
+            }
+        }
+    }
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 200000; i++) {
+        r ^= r >> 12, r ^= r << 25, r ^= r >> 27;
+        const uint64_t z = r * 0x2545F4914F6CDD1Dull;
+        const float mag = ldexpf((float)(z >> 40) / (float)(1u << 24), (int)((z >> 8) % 30) - 20); /* 2^-21 .. 2^9 */
+        check_encode((z & 1) ? -mag : mag);
+    }
+    check_encode(0x1p-149f);
+    check_encode(-0x1p-130f);
+    check_encode(0.0f);
+    assert_int_equal(mdl_fp8_encode(-0.0f), 0x00);
+    assert_int_equal(mdl_fp8_encode(448.0f), 0x7e);
+    assert_int_equal(mdl_fp8_encode(1e6f), 0x7e);
+    assert_int_equal(mdl_fp8_encode(-1e6f), 0xfe);
+    assert_int_equal(mdl_fp8_encode(INFINITY), 0x7e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_encode),
         cmocka_unit_test(test_dtype_table),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_parse_valid_edges),
