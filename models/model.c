@@ -34,6 +34,7 @@
 #include "models/model.h"
 #include "models/format/json_guard.h"
 
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -381,6 +382,21 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
         }
         m->weight_bytes += p->bytes;
     }
+    if (cfg->fp8_online) { /* one block row (b0 rows, or a whole shard when fewer) of the widest FP8 matrix */
+        int64_t rows = 0, cols = 0;
+        for (int i = 0; i < m->n_params; i++)
+            if (m->params[i].dt == MDL_DT_F8_E4M3) {
+                rows = m->params[i].rows > rows ? m->params[i].rows : rows;
+                cols = m->params[i].cols > cols ? m->params[i].cols : cols;
+            }
+        m->q8_rows = cfg->fp8_b0 < rows ? cfg->fp8_b0 : rows;
+        m->q8_cols = cols;
+        const size_t n = (size_t)m->q8_rows * (size_t)cols, sn = (size_t)((cols + cfg->fp8_b1 - 1) / cfg->fp8_b1);
+        m->q8_f32 = malloc((n ? n : 1) * sizeof(float));
+        m->q8_codes = malloc(n ? n : 1);
+        m->q8_scales = malloc((sn ? sn : 1) * sizeof(float));
+        if (!m->q8_f32 || !m->q8_codes || !m->q8_scales) goto oom;
+    }
     if (cfg->is_drafter) { /* derived buffers: allocated once here, refilled in place by the hook */
         const size_t kv_rows = (size_t)cfg->kv_heads * (size_t)cfg->head_dim;
         /* FP8 q/k/v (every drafter layer alike, config_quant.c): the stacked K/V is FP8 codes
@@ -455,6 +471,7 @@ void mdl_model_destroy(mdl_model *m)
     free(m->dests);
     free(m->params);
     free(m->layer);
+    free(m->q8_f32), free(m->q8_scales), free(m->q8_codes);
     free(m);
 }
 
@@ -542,30 +559,34 @@ static int nonfinite_at(const mdl_st_tensor *t, const char *what, char *err, siz
     return 1;
 }
 
-/* Online FP8 (cfg.fp8_online): tensor t, rows [d->row0, ..) of FP8 projection p, quantized block by
- * block (mdl_fp8_quantize: the blocks lie inside the shard, so order and splits do not matter) into
- * the codes and the matching rows of p's scale table. */
+/* Online FP8 (cfg.fp8_online): tensor t, rows [d->row0, ..) of FP8 projection p, quantized one block
+ * row at a time (mdl_fp8_quantize: the blocks lie inside the shard, which starts on a block row, so
+ * order and splits do not matter) through the model's scratch into the codes and the matching rows of
+ * p's scale table. */
 static void write_quantized(mdl_model *m, const mdl_dest *d, const mdl_st_tensor *t)
 {
     const mdl_param *p = &m->params[d->param], *sp = &m->params[p->scale];
     const int b0 = m->cfg.fp8_b0, b1 = m->cfg.fp8_b1;
-    const size_t n = t->numel, sr = (size_t)((d->rows + b0 - 1) / b0), sn = sr * (size_t)sp->cols;
-    float *w = malloc(n * sizeof *w), *s = malloc(sn * sizeof *s);
-    uint8_t *q = malloc(n ? n : 1);
-    if (!w || !s || !q || mdl_convert(w, MDL_DT_F32, t->data, t->dtype, n) != 0) {
-        fprintf(stderr, "graphswap: out of memory quantizing %s\n", t->name); /* host memory for one tensor */
-        abort();
-    }
-    mdl_fp8_quantize(w, d->rows, p->cols, b0, b1, MDL_DT_F32, q, s);
+    const size_t cols = (size_t)p->cols, es = mdl_dtype_size(t->dtype);
+    assert(cols <= (size_t)m->q8_cols && sp->cols == (p->cols + b1 - 1) / b1);
     eng_backend *be = m->be;
-    if (be->ops->upload_convert(be, (uint8_t *)p->ptr + (size_t)d->row0 * (size_t)p->cols, MDL_DT_F8_E4M3, q,
-                                MDL_DT_F8_E4M3, n) != 0 ||
-        be->ops->upload_convert(be, (float *)sp->ptr + (size_t)(d->row0 / b0) * (size_t)sp->cols, MDL_DT_F32, s,
-                                MDL_DT_F32, sn) != 0) {
-        fprintf(stderr, "graphswap: bug: FP8 upload of %s failed\n", t->name);
-        abort();
+    for (int64_t r = 0; r < d->rows; r += m->q8_rows) {
+        const int64_t nr = d->rows - r < m->q8_rows ? d->rows - r : m->q8_rows; /* whole blocks but the last */
+        const size_t n = (size_t)nr * cols, sn = (size_t)((nr + b0 - 1) / b0) * (size_t)sp->cols;
+        if (mdl_convert(m->q8_f32, MDL_DT_F32, (const uint8_t *)t->data + (size_t)r * cols * es, t->dtype, n) != 0) {
+            fprintf(stderr, "graphswap: bug: %s does not convert to f32 after validation\n", t->name);
+            abort();
+        }
+        mdl_fp8_quantize(m->q8_f32, nr, p->cols, b0, b1, MDL_DT_F32, m->q8_codes, m->q8_scales);
+        const int64_t row = d->row0 + r;
+        if (be->ops->upload_convert(be, (uint8_t *)p->ptr + (size_t)row * cols, MDL_DT_F8_E4M3, m->q8_codes,
+                                    MDL_DT_F8_E4M3, n) != 0 ||
+            be->ops->upload_convert(be, (float *)sp->ptr + (size_t)(row / b0) * (size_t)sp->cols, MDL_DT_F32,
+                                    m->q8_scales, MDL_DT_F32, sn) != 0) {
+            fprintf(stderr, "graphswap: bug: FP8 upload of %s failed\n", t->name);
+            abort();
+        }
     }
-    free(w), free(s), free(q);
 }
 
 /* A per-tensor scale (d->bcast): its one value into each of the shard's rows of the one-column scale

@@ -113,6 +113,11 @@ typedef struct mdl_model {
     kern_dtype wdt;                 /* storage dtype of matrices */
     uint64_t hook_runs;             /* post-load hook executions (tests, metrics) */
     uint64_t weight_bytes;          /* bytes of all parameters */
+    /* online FP8 (cfg.fp8_online): host scratch for quantizing an arriving tensor one block row
+     * at a time (q8_rows rows of the widest FP8 projection), allocated at create */
+    float *q8_f32, *q8_scales;
+    uint8_t *q8_codes;
+    int64_t q8_rows, q8_cols;
 } mdl_model;
 
 /* Builds the table and allocates every parameter from the backend arena (zeroed). Targets and
