@@ -238,6 +238,18 @@ static int is_loopback(const char *host)
            strncmp(host, "127.", 4) == 0;
 }
 
+/* A model's FP8 projections for the start-up line: the scale scheme and where the codes came from
+ * ("fp8 128x128 blocks (online)", "fp8 per channel (compressed-tensors)"); NULL when not FP8. */
+static const char *quant_str(const mdl_config *mc, char *out, size_t cap)
+{
+    if (!mc->fp8) return NULL;
+    char scheme[32];
+    if (mc->fp8_scheme == MDL_FP8_BLOCK) snprintf(scheme, sizeof scheme, "%dx%d blocks", mc->fp8_b0, mc->fp8_b1);
+    else snprintf(scheme, sizeof scheme, "per %s", mc->fp8_scheme == MDL_FP8_CHANNEL ? "channel" : "tensor");
+    snprintf(out, cap, "fp8 %s%s", scheme, mc->fp8_online ? " (online)" : mc->fp8_ct ? " (compressed-tensors)" : "");
+    return out;
+}
+
 /* The start-up summary, as vLLM and llama.cpp print one: what runs, on what, how big the cache is,
  * how long start-up took, and who may call what. Three lines (model, engine, routes). */
 static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const char *host)
@@ -256,13 +268,8 @@ static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const ch
     srv_log_str(&l, "arch", mdl_arch_name(mc->arch));
     srv_log_int(&l, "params", np);
     srv_log_str(&l, "dtype", dt);
-    /* FP8 projections: which scale scheme, and where the codes came from */
-    char scheme[32], quant[96];
-    if (mc->fp8_scheme == MDL_FP8_BLOCK) snprintf(scheme, sizeof scheme, "%dx%d blocks", mc->fp8_b0, mc->fp8_b1);
-    else snprintf(scheme, sizeof scheme, "per %s", mc->fp8_scheme == MDL_FP8_CHANNEL ? "channel" : "tensor");
-    snprintf(quant, sizeof quant, "fp8 %s%s", scheme,
-             mc->fp8_online ? " (online)" : mc->fp8_ct ? " (compressed-tensors)" : "");
-    srv_log_str(&l, "quantization", mc->fp8 ? quant : NULL);
+    char quant[96], dquant[96];
+    srv_log_str(&l, "quantization", quant_str(mc, quant, sizeof quant));
     srv_log_int(&l, "weight_bytes", (long long)m->weight_bytes);
     srv_log_num(&l, "load_ms", s->rt.load_ms, 1);
     srv_log_str(&l, "tokenizer", s->tok ? "yes" : "none");
@@ -270,6 +277,7 @@ static void log_startup(const srv_state *s, const srv_runtime_opts *ro, const ch
         srv_log_str(&l, "draft", ro->draft_dir);
         srv_log_str(&l, "draft_arch", mdl_arch_name(s->rt.draft->cfg.arch));
         srv_log_int(&l, "draft_params", param_count(s->rt.draft));
+        srv_log_str(&l, "draft_quantization", quant_str(&s->rt.draft->cfg, dquant, sizeof dquant));
         srv_log_int(&l, "num_spec_tokens", ec->num_spec_tokens);
         srv_log_num(&l, "draft_load_ms", s->rt.draft_load_ms, 1);
     } else {
