@@ -16,7 +16,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 SECS=${FUZZ_SECONDS:-15}
 MAXLEN=${FUZZ_MAX_LEN:-4096}
 WORK=${FUZZ_WORK:-$B/fuzz-work}
-TARGETS=${*:-"fuzz_safetensors fuzz_tokenizer fuzz_oai_parse fuzz_chat_template fuzz_weights_parse fuzz_http fuzz_store_pickle fuzz_primerl_meta fuzz_torch_ipc"}
+TARGETS=${*:-"fuzz_safetensors fuzz_tokenizer fuzz_oai_parse fuzz_chat_template fuzz_weights_parse fuzz_http fuzz_store_pickle fuzz_primerl_meta fuzz_torch_ipc fuzz_config"}
 mkdir -p "$WORK/artifacts" "$WORK/logs"
 fail=0
 for t in $TARGETS; do
