@@ -39,10 +39,10 @@
  *    Descriptors and the heuristic's algorithm are cached per shape; workspace and scratch are the
  *    context's (allocated once, only with fast_gemm: c->lt != NULL is the switch), so the GEMMs
  *    capture into graphs. A shape without an algorithm falls back to path 1 or 2.
- * 4. FP8 weights (KERN_DT_FP8, W8A16 like the CPU backend): path 2's order with each e4m3 code
- *    decoded and multiplied by its block scale in registers (mm_kernels.cuh's k_mm_fp8, also the
- *    FP8 experts' grouped matmuls of KOP_MOE_FFN), for every max_rows, never
- *    cuBLASLt. An output is bitwise path 2 over the dequantized f32 weights. (Hopper's FP8 tensor
+ * 4. FP8 weights (KERN_DT_FP8, W8A16 like the CPU backend): path 2's kernel itself, its weight rows
+ *    read through kc_wrow_fp8 (mm_kernels.cuh), which decodes each e4m3 code and multiplies it by its
+ *    block scale in registers; also the FP8 experts' grouped matmuls of KOP_MOE_FFN. Every max_rows,
+ *    never cuBLASLt. An output is bitwise path 2 over the dequantized f32 weights. (Hopper's FP8 tensor
  *    cores take FP8 activations too: a W8A8 path would change the model's numerics, not taken.)
  * In every path each output element is summed in one fixed order: eager runs and graph replays of an
  * op are bitwise equal.

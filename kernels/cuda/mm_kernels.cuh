@@ -166,62 +166,8 @@ __global__ void __launch_bounds__(SK_MAX_WARPS * 32)
     }
 }
 
-/* ---- 2. CUDA-core kernel: one warp per (output feature, row tile) ------------------------------------------- */
+/* ---- 2 and 4. CUDA-core kernel: one warp per (output feature, row tile) ------------------------------------- */
 #define SIMPLE_TILE_ROWS 32
-
-/* Block b: row tile b % tiles (rows row0 .. row0 + 31), features 8 (b / tiles) .. + 7 (one per warp).
- * Each row has its own accumulator: its result depends on its own x row only. */
-template <bool BF, bool GROUPED>
-__global__ void __launch_bounds__(256) k_mm_simple(const float *__restrict__ x, const void *__restrict__ wv,
-                                                   const float *__restrict__ bias, float *__restrict__ out,
-                                                   const int32_t *n_rows, int K, int N, int max_rows, int tiles,
-                                                   int accumulate, kc_err *err, kc_mm_grp grp)
-{
-    typedef typename std::conditional<BF, uint16_t, float>::type W;
-    const W *w = (const W *)wv;
-    int e = 0, r0g = 0;
-    const int nall = GROUPED ? kc_mm_group_rows(grp, e, r0g) : kc_rows(n_rows, max_rows, err, KOP_MATMUL);
-    const int tile = (int)(blockIdx.x % (unsigned)tiles), fb = (int)(blockIdx.x / (unsigned)tiles);
-    const int f = fb * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int row0 = tile * SIMPLE_TILE_ROWS;
-    if (nall <= row0 || f >= N) return;
-    const int n = nall - row0 < SIMPLE_TILE_ROWS ? nall - row0 : SIMPLE_TILE_ROWS; /* rows of this tile */
-    const bool mapped = GROUPED && grp.xmap;
-    if (GROUPED) w += (size_t)e * grp.wstride;
-    const size_t first = (size_t)r0g + (size_t)row0; /* r0g is 0 ungrouped */
-    if (!mapped) x += first * (size_t)K;
-    out += first * (size_t)N;
-    const size_t wrow = (size_t)f * (size_t)K;
-    for (int r0 = 0; r0 < n; r0 += 4) {
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-        const float *xj[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int row = r0 + j < n ? r0 + j : 0;
-            xj[j] = x + (mapped ? (size_t)grp.xmap[r0g + row0 + row] : (size_t)row) * (size_t)K;
-        }
-        for (int k = lane; k < K; k += 32) {
-            float wk;
-            if constexpr (BF) wk = kc_bf16_to_f32(w[wrow + k]);
-            else wk = w[wrow + k];
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (r0 + j < n) s[j] = fmaf(xj[j][k], wk, s[j]);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) s[j] = kc_warp_sum(s[j]);
-        if (lane == 0) {
-            for (int j = 0; j < 4 && r0 + j < n; j++) {
-                float v = s[j];
-                if (bias) v = v + bias[f];
-                float *o = out + (size_t)(r0 + j) * (size_t)N + f;
-                *o = accumulate ? *o + v : v;
-            }
-        }
-    }
-}
-
-/* ---- 4. FP8 weights (KERN_DT_FP8): path 2 with each weight decoded in registers ------------------------------- */
 
 /* an FP8 operand's scale table (kern.h KOP_MATMUL / KOP_MOE_FFN): S row-major [ceil(rows / b0),
  * ceil(K / b1)], b1 a power of two */
@@ -236,18 +182,45 @@ __device__ __forceinline__ float kc_fp8_raw(uint8_t q)
     return __uint_as_float(((uint32_t)(q & 0x80u) << 24) | ((uint32_t)(q & 0x7fu) << 20));
 }
 
-/* k_mm_simple's order exactly (one warp per (feature, 32-row tile), lane-strided f32 FMAs in k order, the
- * fixed warp sum), with weight (f, k) = kc_fp8_raw(W[f, k]) * (S[f / b0][k >> sh] * 2^120): one rounded
- * multiply, the value kern.h defines, so an output is bitwise k_mm_simple<false> over the dequantized f32
- * weights (tests/emu checks it) and as batch-invariant. sk = ceil(K / b1) scales per row. Grouped: expert
- * e's weights from w + e * wstride and its scale rows from e * (wstride / K / b0) (its rows start on a
- * block row: kern_validate). */
-template <bool GROUPED>
-__global__ void __launch_bounds__(256) k_mm_fp8(const float *__restrict__ x, const uint8_t *__restrict__ w,
-                                                const float *__restrict__ fs, const float *__restrict__ bias,
-                                                float *__restrict__ out, const int32_t *n_rows, int K, int N,
-                                                int max_rows, int tiles, int accumulate, int b0, int sh, int sk,
-                                                kc_err *err, kc_mm_grp grp)
+/* Weight rows for the CUDA-core kernel: row(e, f) points at expert e's (0 ungrouped) weight row f,
+ * at(k) is its f32 weight k. Path 2 reads f32 or bf16 weights as they are; path 4 (FP8) decodes
+ * each code and multiplies it by its block scale, kc_fp8_raw(q) * (S[f / b0][k >> sh] * 2^120): one
+ * rounded multiply, the value kern.h defines, so path 4 is bitwise path 2 over the dequantized f32
+ * weights. Expert e's rows start wstride elements further, on a block row (kern_validate). */
+template <typename W>
+struct kc_wrow_plain {
+    const W *w;
+    size_t wstride, K;
+    const W *r;
+    __device__ __forceinline__ void row(int e, int f) { r = w + (size_t)e * wstride + (size_t)f * K; }
+    __device__ __forceinline__ float at(int k) const
+    {
+        if constexpr (std::is_same<W, uint16_t>::value) return kc_bf16_to_f32(r[k]);
+        else return r[k];
+    }
+};
+struct kc_wrow_fp8 {
+    const uint8_t *w;
+    const float *s;
+    size_t wstride, K;
+    int b0, sh, sk;
+    const uint8_t *r;
+    const float *sr;
+    __device__ __forceinline__ void row(int e, int f)
+    {
+        r = w + (size_t)e * wstride + (size_t)f * K;
+        sr = s + ((size_t)e * (wstride / K / (size_t)b0) + (size_t)(f / b0)) * (size_t)sk;
+    }
+    __device__ __forceinline__ float at(int k) const { return kc_fp8_raw(r[k]) * (sr[k >> sh] * 0x1p120f); }
+};
+
+/* Block b: row tile b % tiles (rows row0 .. row0 + 31), features 8 (b / tiles) .. + 7 (one per warp).
+ * Each row has its own accumulator (lane-strided f32 FMAs in k order, then the fixed warp sum): its
+ * result depends on its own x row only. */
+template <typename WR, bool GROUPED>
+__global__ void __launch_bounds__(256) k_mm_simple(const float *__restrict__ x, WR wr, const float *__restrict__ bias,
+                                                   float *__restrict__ out, const int32_t *n_rows, int K, int N,
+                                                   int max_rows, int tiles, int accumulate, kc_err *err, kc_mm_grp grp)
 {
     int e = 0, r0g = 0;
     const int nall = GROUPED ? kc_mm_group_rows(grp, e, r0g) : kc_rows(n_rows, max_rows, err, KOP_MATMUL);
@@ -255,17 +228,12 @@ __global__ void __launch_bounds__(256) k_mm_fp8(const float *__restrict__ x, con
     const int f = fb * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int row0 = tile * SIMPLE_TILE_ROWS;
     if (nall <= row0 || f >= N) return;
-    const int n = nall - row0 < SIMPLE_TILE_ROWS ? nall - row0 : SIMPLE_TILE_ROWS;
+    const int n = nall - row0 < SIMPLE_TILE_ROWS ? nall - row0 : SIMPLE_TILE_ROWS; /* rows of this tile */
     const bool mapped = GROUPED && grp.xmap;
-    if (GROUPED) {
-        w += (size_t)e * grp.wstride;
-        fs += (size_t)e * (grp.wstride / (size_t)K / (size_t)b0) * (size_t)sk;
-    }
-    const size_t first = (size_t)r0g + (size_t)row0;
+    wr.row(e, f);
+    const size_t first = (size_t)r0g + (size_t)row0; /* r0g is 0 ungrouped */
     if (!mapped) x += first * (size_t)K;
     out += first * (size_t)N;
-    const uint8_t *wr = w + (size_t)f * (size_t)K;
-    const float *sr = fs + (size_t)(f / b0) * (size_t)sk;
     for (int r0 = 0; r0 < n; r0 += 4) {
         float s[4] = {0.f, 0.f, 0.f, 0.f};
         const float *xj[4];
@@ -275,7 +243,7 @@ __global__ void __launch_bounds__(256) k_mm_fp8(const float *__restrict__ x, con
             xj[j] = x + (mapped ? (size_t)grp.xmap[r0g + row0 + row] : (size_t)row) * (size_t)K;
         }
         for (int k = lane; k < K; k += 32) {
-            const float wk = kc_fp8_raw(wr[k]) * (sr[k >> sh] * 0x1p120f);
+            const float wk = wr.at(k);
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 if (r0 + j < n) s[j] = fmaf(xj[j][k], wk, s[j]);
@@ -310,21 +278,6 @@ __host__ void kc_mm_launch(const float *x, const void *w, const float *bias, flo
 {
     if (M == 0) return;
     const kc_mm_grp g = grp ? *grp : kc_mm_grp{NULL, NULL, NULL, 0};
-    if (wdt == KERN_DT_FP8) {
-        int sh = 0;
-        while ((1 << sh) < f8->b1) sh++; /* b1 is a power of two (kern_validate) */
-        const int sk = (K + f8->b1 - 1) / f8->b1;
-        const unsigned tiles = kc_div_up((size_t)M, SIMPLE_TILE_ROWS);
-        const dim3 grid(tiles * kc_div_up((size_t)N, 8), gy), block(256);
-        const uint8_t *wq = (const uint8_t *)w;
-        if (grp)
-            launch(k_mm_fp8<true>, grid, block, (size_t)0, x, wq, f8->s, bias, out, nr, K, N, M, (int)tiles,
-                   accumulate, f8->b0, sh, sk, err, g);
-        else
-            launch(k_mm_fp8<false>, grid, block, (size_t)0, x, wq, f8->s, bias, out, nr, K, N, M, (int)tiles,
-                   accumulate, f8->b0, sh, sk, err, g);
-        return;
-    }
     if (kc_mm_skinny_ok(wdt, K, x, w)) {
         const uint16_t *wb = (const uint16_t *)w;
         const int warps = K / 32 < SK_MAX_WARPS ? K / 32 : SK_MAX_WARPS; /* a function of K only */
@@ -340,16 +293,27 @@ __host__ void kc_mm_launch(const float *x, const void *w, const float *bias, flo
         else if (rg == 2) KC_SK(2);
         else KC_SK(4);
 #undef KC_SK
-    } else {
+    } else { /* paths 2 and 4 */
         const unsigned tiles = kc_div_up((size_t)M, SIMPLE_TILE_ROWS);
         const dim3 grid(tiles * kc_div_up((size_t)N, 8), gy), block(256);
-#define KC_SIMPLE(BF)                                                                                                \
-    (grp ? launch(k_mm_simple<BF, true>, grid, block, (size_t)0, x, w, bias, out, nr, K, N, M, (int)tiles, accumulate, \
+        const size_t ws = g.wstride, Kz = (size_t)K;
+#define KC_SIMPLE(WR, wr)                                                                                            \
+    (grp ? launch(k_mm_simple<WR, true>, grid, block, (size_t)0, x, wr, bias, out, nr, K, N, M, (int)tiles, accumulate, \
                   err, g)                                                                                          \
-         : launch(k_mm_simple<BF, false>, grid, block, (size_t)0, x, w, bias, out, nr, K, N, M, (int)tiles,          \
+         : launch(k_mm_simple<WR, false>, grid, block, (size_t)0, x, wr, bias, out, nr, K, N, M, (int)tiles,          \
                   accumulate, err, g))
-        if (wdt == KERN_DT_BF16) KC_SIMPLE(true);
-        else KC_SIMPLE(false);
+        if (wdt == KERN_DT_FP8) {
+            int sh = 0;
+            while ((1 << sh) < f8->b1) sh++; /* b1 is a power of two (kern_validate) */
+            const kc_wrow_fp8 wr = {(const uint8_t *)w, f8->s, ws, Kz, f8->b0, sh, (K + f8->b1 - 1) / f8->b1, NULL, NULL};
+            KC_SIMPLE(kc_wrow_fp8, wr);
+        } else if (wdt == KERN_DT_BF16) {
+            const kc_wrow_plain<uint16_t> wr = {(const uint16_t *)w, ws, Kz, NULL};
+            KC_SIMPLE(kc_wrow_plain<uint16_t>, wr);
+        } else {
+            const kc_wrow_plain<float> wr = {(const float *)w, ws, Kz, NULL};
+            KC_SIMPLE(kc_wrow_plain<float>, wr);
+        }
 #undef KC_SIMPLE
     }
 }

@@ -5,7 +5,7 @@
  *  - test_moe_route / test_moe_ffn: the shared cases (tests/opcases/opcases.c): route ids and weights
  *    bitwise the CPU's; the experts within the matmul's tolerance, unchosen experts' NaN weights never
  *    read, rows past n untouched, two thread schedules bitwise equal. FP8 experts among them (e4m3 codes
- *    with 16 x 32 block scales, the grouped k_mm_fp8: each expert's scale rows from its own offset).
+ *    with 16 x 32 block scales, the grouped CUDA-core kernel over kc_wrow_fp8: each expert's scale rows from its own offset).
  *  - test_moe_ffn_invariance: rows 0..2 with fixed inputs and routing, computed in ops with max_rows 3, 8
  *    and 40 where the other rows (random) choose other experts, and row 0 alone in max_rows 1: bitwise
  *    identical outputs for those rows on each matmul path (batch invariance: I9 on an MoE target).
