@@ -338,6 +338,17 @@ static int bucket_impl(eng_engine *e, const mdl_st_tensor *t, size_t n, const ch
         da = dt;
         ndd = nd;
     }
+    /* FP8 models take device-memory tensors (NCCL, CUDA IPC on a GPU backend) not yet: their value
+     * checks (NaN codes, scale range) and online quantization read the tensor bytes on the host */
+    if (write == 2 && strcmp(e->be->ops->name, "cpu") != 0 &&
+        ((ta && na && e->m->cfg.fp8) || (da && ndd && e->draft && e->draft->cfg.fp8))) {
+        snprintf(err, errlen,
+                 "%s: an FP8 model takes weights from host memory only (HTTP buckets, disk, --weights-from); "
+                 "GPU transports (NCCL, CUDA IPC) into it are not implemented",
+                 what);
+        *status = 501;
+        goto out;
+    }
     /* bad input leaves the weights unharmed (DESIGN's error tiers): a refused bucket writes nothing,
      * so it cannot by itself make the weights INCONSISTENT */
     /* validate every tensor of both models before the first byte is written */

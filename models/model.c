@@ -350,16 +350,6 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
     m->wdt = cfg->dtype == MDL_DT_BF16 ? KERN_DT_BF16 : KERN_DT_F32;
     m->layer = calloc((size_t)cfg->layers, sizeof *m->layer);
     if (!m->layer) goto oom;
-    /* The CUDA backend has the FP8 matmul kernel (kernels/cuda/matmul.cu path 4, tested under
-     * tests/emu), but the load path's FP8 checks read tensor bytes on the host (a GPU transport's
-     * tensors are device memory) and nothing has run an FP8 model on a GPU yet: refused there. */
-    if (cfg->fp8 && strcmp(be->ops->name, "cpu") != 0) {
-        snprintf(err, errlen,
-                 "FP8 weights (quantization_config, --quantization fp8) run on the CPU backend only, not on %s",
-                 be->ops->name);
-        mdl_model_destroy(m);
-        return NULL;
-    }
     builder b = {.m = m};
     build_table(&b);
     if (b.failed && b.why[0]) {

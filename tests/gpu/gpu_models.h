@@ -10,9 +10,10 @@
 #include "models/mkmodel.h"
 
 /* Writes base/name (a drafter's geometry comes from target) and puts its path in out[1100]; exits on
- * failure (nothing can be tested without it). */
-static inline void gpu_mkmodel(char *out, const char *base, const char *name, mdl_arch arch, mdl_dtype dt, int tie,
-                               int hd, int heads, int kv, uint64_t seed, const char *target)
+ * failure (nothing can be tested without it). fp8_b0 > 0: block-FP8 projections of fp8_b0 x fp8_b1. */
+static inline void gpu_mkmodel_fp8(char *out, const char *base, const char *name, mdl_arch arch, mdl_dtype dt,
+                                   int tie, int hd, int heads, int kv, uint64_t seed, const char *target, int fp8_b0,
+                                   int fp8_b1)
 {
     snprintf(out, 1100, "%s/%s", base, name);
     mdl_mkmodel_opts o;
@@ -44,11 +45,19 @@ static inline void gpu_mkmodel(char *out, const char *base, const char *name, md
         o.block_size = 4;
         o.markov_rank = 16;
     }
+    o.fp8_b0 = fp8_b0; /* block FP8 (quant_method fp8) when > 0 */
+    o.fp8_b1 = fp8_b1;
     char err[512];
     if (mdl_mkmodel(&o, out, err, sizeof err) != 0) {
         fprintf(stderr, "mkmodel %s: %s\n", name, err);
         exit(1);
     }
+}
+
+static inline void gpu_mkmodel(char *out, const char *base, const char *name, mdl_arch arch, mdl_dtype dt, int tie,
+                               int hd, int heads, int kv, uint64_t seed, const char *target)
+{
+    gpu_mkmodel_fp8(out, base, name, arch, dt, tie, hd, heads, kv, seed, target, 0, 0);
 }
 
 #endif

@@ -12,7 +12,9 @@
  *    pinned staging ring, device dtype conversion, the drafter's derived buffers rebuilt into their
  *    allocations) equal a cold start on the new checkpoint — checksums of every parameter and
  *    derived buffer, also against a cold start on the CPU backend, and identical generations with the
- *    plans captured before the update (I2, I4, I5). */
+ *    plans captured before the update (I2, I4, I5).
+ *  - FP8 (block 16 x 32, as Qwen3-FP8 stores it): dense and MoE logits parity, an FP8 target with an
+ *    FP8 DFlash drafter lossless, and a hot FP8 update on the GPU byte-identical to a CPU cold start. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,6 +32,8 @@
 static char g_qwen3[1100], g_qwen2[1100], g_llama[1100], g_dspark[1100], g_dflash[1100];
 static char g_moe[1100];             /* Qwen3-MoE: KOP_MOE_ROUTE / KOP_MOE_FFN on the GPU */
 static char g_qwen3b[1100], g_dflashb[1100]; /* same shapes, other seed: the update's source */
+/* block FP8 (16 x 32): a Qwen3 target (and its update source), a DFlash drafter, a Qwen3-MoE target */
+static char g_q8[1100], g_q8b[1100], g_dflash8[1100], g_moe8[1100];
 
 static eng_backend *cpu_backend(void)
 {
@@ -142,6 +146,14 @@ static void test_parity_qwen3_moe(void **state)
     parity(g_moe, 2e-3, 2e-2);
 }
 
+/* FP8 weights (kernels/cuda/mm_kernels.cuh path 4, the FP8 experts): f32 activations on both backends */
+static void test_parity_fp8(void **state)
+{
+    (void)state;
+    parity(g_q8, 2e-3, 2e-2);
+    parity(g_moe8, 2e-3, 2e-2);
+}
+
 /* ---- through the engine ------------------------------------------------------------------------------ */
 typedef test_rt rt;
 
@@ -219,14 +231,14 @@ static void test_engine_greedy(void **state)
     same_tokens("cpu vs cuda eager", &cpu, &eager, 0.05);
 }
 
-static void spec_vs_plain(const char *draft)
+static void spec_vs_plain(const char *target, const char *draft)
 {
     static batch plain, spec;
     rt x;
-    open_rt(&x, cpu_backend(), g_qwen3, NULL, 1);
+    open_rt(&x, cpu_backend(), target, NULL, 1);
     run_batch(&x, &plain);
     test_rt_close(&x);
-    open_rt(&x, cuda_backend(), g_qwen3, draft, 1);
+    open_rt(&x, cuda_backend(), target, draft, 1);
     run_batch(&x, &spec);
     assert_true(eng_get_stats(x.e)->spec_drafts > 0);
     test_rt_close(&x);
@@ -236,12 +248,40 @@ static void spec_vs_plain(const char *draft)
 static void test_spec_dspark(void **state)
 {
     (void)state;
-    spec_vs_plain(g_dspark);
+    spec_vs_plain(g_qwen3, g_dspark);
 }
 static void test_spec_dflash(void **state)
 {
     (void)state;
-    spec_vs_plain(g_dflash);
+    spec_vs_plain(g_qwen3, g_dflash);
+}
+/* an FP8 target with an FP8 drafter: its stacked context K/V is FP8 codes + derived.ctx_kv_scale */
+static void test_spec_fp8(void **state)
+{
+    (void)state;
+    spec_vs_plain(g_q8, g_dflash8);
+}
+
+/* FP8 codes and scales reach the GPU as stored: a hot update of the FP8 target on the GPU equals a
+ * cold start on the CPU backend, byte for byte */
+static void test_fp8_update(void **state)
+{
+    (void)state;
+    static test_sums a, c;
+    rt hot, cpu;
+    char err[512];
+    int status;
+    open_rt(&hot, cuda_backend(), g_q8, NULL, 1);
+    assert_int_equal(eng_weights_begin(hot.e, 1, ENG_WMODEL_TARGET, ENG_PAUSE_ABORT, "v1", NULL, err, sizeof err, &status), 0);
+    if (eng_weights_load_dir(hot.e, g_q8b, NULL, 4096, err, sizeof err, &status) != 0 ||
+        eng_weights_finish(hot.e, NULL, err, sizeof err, &status) != 0)
+        fail_msg("FP8 update: %s (status %d)", err, status);
+    open_rt(&cpu, cpu_backend(), g_q8b, NULL, 1);
+    test_checksums(&hot, 0, &a);
+    test_checksums(&cpu, 0, &c);
+    assert_string_equal(a.buf, c.buf);
+    test_rt_close(&hot);
+    test_rt_close(&cpu);
 }
 
 static void test_hot_update_equals_cold(void **state)
@@ -296,11 +336,17 @@ int main(void)
     gpu_mkmodel(g_moe, b, "qwen3moe", MDL_ARCH_QWEN3_MOE, MDL_DT_BF16, 0, 32, 4, 2, 9, NULL);
     gpu_mkmodel(g_qwen3b, b, "qwen3b", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, 8, NULL);
     gpu_mkmodel(g_dflashb, b, "dflashb", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, 8, g_qwen3b);
+    gpu_mkmodel_fp8(g_q8, b, "qwen3-fp8", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, 7, NULL, 16, 32);
+    gpu_mkmodel_fp8(g_q8b, b, "qwen3-fp8b", MDL_ARCH_QWEN3, MDL_DT_BF16, 1, 32, 4, 2, 8, NULL, 16, 32);
+    gpu_mkmodel_fp8(g_dflash8, b, "dflash-fp8", MDL_ARCH_DFLASH, MDL_DT_BF16, 1, 32, 4, 2, 7, g_q8, 16, 32);
+    gpu_mkmodel_fp8(g_moe8, b, "qwen3moe-fp8", MDL_ARCH_QWEN3_MOE, MDL_DT_BF16, 0, 32, 4, 2, 9, NULL, 16, 32);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_qwen3),  cmocka_unit_test(test_parity_qwen2_f32),
         cmocka_unit_test(test_parity_llama),  cmocka_unit_test(test_engine_greedy),
         cmocka_unit_test(test_spec_dspark),   cmocka_unit_test(test_spec_dflash),
         cmocka_unit_test(test_hot_update_equals_cold), cmocka_unit_test(test_parity_qwen3_moe),
+        cmocka_unit_test(test_parity_fp8),    cmocka_unit_test(test_spec_fp8),
+        cmocka_unit_test(test_fp8_update),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
