@@ -459,7 +459,7 @@ void mdl_emit_draft_context(const mdl_model *d, const mdl_draft_ws *ws, const md
         op.p[2] = rows;
         op.p[3] = d->wdt;
         if (w->dt == MDL_DT_F8_E4M3) { /* FP8 q/k/v: the stacked codes and their scale rows */
-            const mdl_param *s = &d->derived[w->scale];
+            const mdl_param *s = &d->derived[2];
             op.p[3] = KERN_DT_FP8;
             op.buf[5] = B(s->ptr, s->bytes);
             op.p[5] = c->fp8_b0;

@@ -426,7 +426,6 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
             d->bytes = (size_t)d->rows * (size_t)d->cols * sizeof(float);
             d->scale = -1;
             d->is_scale = 1;
-            m->derived[0].scale = 2; /* an index into derived[], not params[] */
             m->n_derived = 3;
         }
         for (int i = 0; i < m->n_derived; i++) {
@@ -661,7 +660,7 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
         uint8_t *dst = (uint8_t *)p->ptr + (size_t)d->row0 * row_bytes;
         int rc = 0;
         if (p->dt == MDL_DT_F8_E4M3 && t[i].dtype != MDL_DT_F8_E4M3)
-            write_quantized(m, d, &t[i]); /* CPU backend only: device memory is host memory */
+            write_quantized(m, d, &t[i]); /* host sources only (engine/weights.c refuses GPU transports) */
         else if (d->bcast)
             write_bcast(m, d, &t[i], device_src);
         else

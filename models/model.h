@@ -104,8 +104,8 @@ typedef struct mdl_model {
      * checkpoint-layout parameters, never reallocated (I1, I4):
      *   ctx_kv    [L * 2 * nkv * hd, H]  rows K0, V0, K1, V1, ... (k_proj / v_proj of each layer)
      *   ctx_knorm [L, hd]                 k_norm of each layer
-     *   ctx_kv_scale [L * 2 * nkv * hd / b0, ceil(H / b1)]  FP8 q/k/v only: the scale rows of
-     *                                     ctx_kv's rows (derived[0].scale == 2 then) */
+     *   ctx_kv_scale [L * 2 * nkv * hd / b0, ceil(H / b1)]  FP8 q/k/v only (derived[2], n_derived
+     *                                     3): the scale rows of ctx_kv's rows */
     mdl_param derived[3];
     int n_derived;
     float *inv_freq;                /* RoPE inverse frequencies [hd/2] of the config's rope type: a derived

@@ -173,10 +173,11 @@ const char srv_runtime_help[] =
     "  --gpu-memory-mb N      CUDA arena size (default: all free device memory but 2 GiB)\n"
     "  --threads N            CPU worker threads (default: all cores)\n"
     "  --checked              verify every baked plan pointer at replay (also GRAPHSWAP_CHECKED=1)\n"
-    "  --quantization fp8     CPU: store the projections of a bf16 / f16 / f32 checkpoint as block FP8\n"
+    "  --quantization fp8     store the projections of a bf16 / f16 / f32 checkpoint as block FP8\n"
     "                         (e4m3 + f32 scales per --quantization-block ROWS,COLS, default 128,128),\n"
     "                         quantized as each tensor arrives (cold load and every update); W8A16;\n"
-    "                         the --draft drafter too, unless --draft-quantization none\n"
+    "                         the --draft drafter too (unless it is FP8 already, or\n"
+    "                         --draft-quantization none)\n"
     "  --draft-quantization fp8|none\n"
     "                         the drafter's online FP8 on its own (default: as --quantization)\n"
     "  --bf16-activations     CPU, bf16 weights: round each matmul's activations to bf16 and sum\n"
@@ -344,11 +345,12 @@ static int online_fp8(const srv_runtime_opts *o, mdl_config *cfg, const char *fl
     return 0;
 }
 
-/* The drafter's online quantization: --draft-quantization, else the target's --quantization. */
-static int draft_online_fp8(const srv_runtime_opts *o)
+/* The drafter's online quantization: --draft-quantization, else the target's --quantization, which
+ * leaves a drafter that is an FP8 checkpoint already as it is (only the explicit flag asks again). */
+static int draft_online_fp8(const srv_runtime_opts *o, const mdl_config *dcfg)
 {
-    const char *q = o->draft_quantization ? o->draft_quantization : o->quantization;
-    return q && strcmp(q, "fp8") == 0;
+    if (o->draft_quantization) return strcmp(o->draft_quantization, "fp8") == 0;
+    return o->quantization && strcmp(o->quantization, "fp8") == 0 && !dcfg->fp8;
 }
 
 int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size_t errlen)
@@ -417,7 +419,7 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
         char derr[1024];
         if (mdl_config_load(o->draft_dir, &dcfg, derr, sizeof derr) != 0 ||
             mdl_config_check_drafter(&cfg, &dcfg, derr, sizeof derr) != 0 ||
-            (draft_online_fp8(o) &&
+            (draft_online_fp8(o, &dcfg) &&
              online_fp8(o, &dcfg, o->draft_quantization ? "--draft-quantization" : "--quantization",
                         o->draft_dir, derr, sizeof derr) != 0) ||
             !(rt->draft = mdl_model_create(&dcfg, rt->be, derr, sizeof derr)) ||

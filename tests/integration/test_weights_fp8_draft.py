@@ -18,7 +18,8 @@ For a DFlash drafter (block fp8, 16 x 32) and a DSpark drafter (compressed-tenso
 Online FP8 of a drafter (serve --quantization fp8 --quantization-block 16,32 --draft P0, P0 bf16):
 every drafter parameter and derived buffer equals a cold start on the FP8 checkpoint mkmodel writes from
 the same bf16 weights, and so does bf16 P1 pushed to it; --draft-quantization none keeps the drafter as
-it is stored while the target is FP8.
+it is stored while the target is FP8, and an FP8 drafter checkpoint beside an online-FP8 target loads
+as it is.
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
@@ -158,6 +159,12 @@ def test_online(C, binary, root, rng):
         got = W.snap(srv)
         C.check(not W.diff_sums(got["draft"], plain["draft"]), "--draft-quantization none: the drafter changed")
         C.check(not W.diff_sums(got["target"], want0["target"]), "--draft-quantization none: the target is not FP8")
+    finally:
+        H.stop_clean(C, srv)
+    # an FP8 drafter checkpoint beside an online-FP8 target loads as it is (no second quantization)
+    srv = H.Server(C, binary, tp, args=online + ["--draft", q0])
+    try:
+        W.same(C, "online FP8 target + FP8 drafter checkpoint vs the FP8 checkpoints", W.snap(srv), want0)
     finally:
         H.stop_clean(C, srv)
 
