@@ -137,6 +137,24 @@ static int parse_pair(const char *dj, mdl_config *d, char *err, size_t errlen)
     return mdl_config_check_drafter(&t, d, err, errlen);
 }
 
+/* A config that must be refused, and a piece of the message that must name why. */
+typedef struct {
+    const char *json, *expect;
+} refusal;
+
+/* Each case refused (-1) with its expected words: as a drafter paired with tgt4 (pair), or alone. */
+static void expect_refusals(const refusal *bad, size_t n, int pair)
+{
+    for (size_t i = 0; i < n; i++) {
+        mdl_config c;
+        char err[512] = "";
+        const int rc = pair ? parse_pair(bad[i].json, &c, err, sizeof err)
+                            : mdl_config_parse(bad[i].json, strlen(bad[i].json), &c, err, sizeof err);
+        if (rc != -1) fail_msg("case %zu (%s) was accepted", i, bad[i].expect);
+        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+}
+
 static void test_drafter_formats(void **state)
 {
     (void)state;
@@ -167,9 +185,7 @@ static void test_drafter_formats(void **state)
     if (parse_pair(dflash, &d, err, sizeof err) != 0) fail_msg("DFlash with id L-1 refused: %s", err);
     assert_int_equal(d.target_ids[1], 3);
 
-    struct {
-        const char *json, *expect;
-    } bad[] = {
+    const refusal bad[] = {
         {DSPARK_HEAD "\"target_layer_ids\":[-2,1],\"enable_confidence_head\":false,\"markov_rank\":0}",
          "target_layer_ids[0] = -2: ids must be strictly increasing, each -1 (the embedding output) or a "
          "target layer in [0, 3]"},
@@ -209,11 +225,7 @@ static void test_drafter_formats(void **state)
          TGT_GEO ",\"dflash_config\":{\"mask_token_id\":299}}",
          "target_layer_ids[1] = 1"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        err[0] = 0;
-        assert_int_equal(parse_pair(bad[i].json, &d, err, sizeof err), -1);
-        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
-    }
+    expect_refusals(bad, sizeof bad / sizeof bad[0], 1);
     /* the pairing check against a target reports the same message as the drafter's own config */
     mdl_config t;
     assert_int_equal(mdl_config_parse(tgt4, strlen(tgt4), &t, err, sizeof err), 0);
@@ -684,9 +696,7 @@ static void test_fp8(void **state)
     assert_int_equal(c.fp8_skip[2], MDL_FP8_SKIP_QKV | MDL_FP8_SKIP_O | MDL_FP8_SKIP_GATE_UP | MDL_FP8_SKIP_DOWN);
     assert_int_equal(mdl_config_parse(qwen3_06b, strlen(qwen3_06b), &c, err, sizeof err), 0);
     assert_int_equal(c.fp8, 0);
-    struct {
-        const char *json, *expect;
-    } bad[] = {
+    const refusal bad[] = {
         {QBASE "{\"quant_method\":\"awq\",\"bits\":4}}", "quant_method \"awq\" is not supported"},
         {QBASE "{\"quant_method\":\"compressed-tensors\"}}", "config_groups"},
         {QBASE "{\"quant_method\":\"fp8\"}}", "weight_block_size"},
@@ -704,11 +714,7 @@ static void test_fp8(void **state)
         {QBASE "7}", "quantization_config"},
     };
 #undef QBASE
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        err[0] = 0;
-        assert_int_equal(mdl_config_parse(bad[i].json, strlen(bad[i].json), &c, err, sizeof err), -1);
-        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
-    }
+    expect_refusals(bad, sizeof bad / sizeof bad[0], 0);
 }
 
 /* compressed-tensors FP8 as llm-compressor writes it (FP8_DYNAMIC: channel; FP8: tensor; FP8_BLOCK:
@@ -751,9 +757,7 @@ static void test_fp8_compressed_tensors(void **state)
     assert_int_equal(c.fp8_scheme, MDL_FP8_BLOCK);
     assert_int_equal(c.fp8_b0, 16);
     assert_int_equal(c.fp8_b1, 32);
-    struct {
-        const char *json, *expect;
-    } bad[] = {
+    const refusal bad[] = {
         {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("channel") "}}},\"ignore\":[]}}",
          "quantizes lm_head"},
         {CBASE "\"config_groups\":{\"g\":{\"targets\":[\"Linear\"]," W8("group") "}}},\"ignore\":[\"lm_head\"]}}",
@@ -794,12 +798,7 @@ static void test_fp8_compressed_tensors(void **state)
 #undef CBASE
 #undef W8
 #undef DYN
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        err[0] = 0;
-        if (mdl_config_parse(bad[i].json, strlen(bad[i].json), &c, err, sizeof err) != -1)
-            fail_msg("case %zu (%s) was accepted", i, bad[i].expect);
-        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
-    }
+    expect_refusals(bad, sizeof bad / sizeof bad[0], 0);
 }
 
 /* FP8 Qwen3-MoE: Qwen3-30B-A3B-FP8's quantization_config (128 x 128 blocks: the routers never FP8),
@@ -862,9 +861,7 @@ static void test_fp8_drafter(void **state)
     assert_true(d.fp8 && d.fp8_ct && !d.fp8_fc);
     assert_int_equal(d.fp8_b0, 1);
     assert_int_equal(d.fp8_b1, 128); /* the widest projection is fc's 2 x 64 */
-    struct {
-        const char *json, *expect;
-    } bad[] = {
+    const refusal bad[] = {
         {DSPARK_HEADS CT("\"lm_head\",\"confidence_head.proj\""), "quantizes markov_head.markov_w1"},
         {DSPARK_HEADS CT("\"lm_head\",\"re:^markov_head\\\\.\""), "quantizes confidence_head.proj"},
         {DSPARK_HEADS CT("\"lm_head\",\"re:^markov_head\\\\.\",\"confidence_head.proj\",\"layers.1.self_attn.q_proj\","
@@ -873,11 +870,7 @@ static void test_fp8_drafter(void **state)
     };
 #undef CT
 #undef DSPARK_HEADS
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        err[0] = 0;
-        if (parse_pair(bad[i].json, &d, err, sizeof err) != -1) fail_msg("case %zu (%s) was accepted", i, bad[i].expect);
-        if (!strstr(err, bad[i].expect)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
-    }
+    expect_refusals(bad, sizeof bad / sizeof bad[0], 1);
 }
 
 int main(void)
