@@ -47,8 +47,10 @@ typedef enum {
      * S f32 [ceil(N / b0), ceil(K / b1)] (checkpoints' weight_scale_inv; every scale finite, > 0
      * and < KERN_FP8_SCALE_MAX: the loader refuses others), p 5 b0 >= 1, p 6 b1 a power of two >= 16. Weight (n, k) is w = kern_fp8_to_f32(W[n, k]) * S[n / b0][k / b1], one
      * rounded f32 multiply, and the result is bitwise the f32-weight matmul of those w (the same
-     * order: every ISA, every row count). The bf16-activation modes do not apply to FP8 weights (f32
-     * activations always).                                                                       */
+     * order: every ISA, every row count). In a bf16-activation mode of the pool (pairs or amx,
+     * kern_pool_set_bf16_activations) FP8 weights run the pairs order: the result is bitwise the
+     * pairs-order matmul of the bf16 weights kern_f32_to_bf16_daz(w), as SGLang's CPU backend runs
+     * block FP8 (codes and scale to bf16, then a bf16 GEMM).                                      */
     KOP_MATMUL,
     /* In place on a packed qkv row [q: nh*hd | k: nkv*hd | v: nkv*hd] (row stride p[3] floats):
      * q heads: RMSNorm over hd with q_norm (if not NULL), then RoPE; k heads likewise with k_norm.
@@ -196,7 +198,8 @@ typedef enum {
      * kern_fp8_to_f32(code) * S[n / b0][k / b1] with n its row in the stacked matrix, one rounded f32
      * multiply, and every dot product is bitwise the KOP_MATMUL FP8 row of that weight, so the whole
      * op is bitwise the f32-weight KOP_MOE_FFN over the dequantized weights (every ISA, every row
-     * count). The bf16-activation modes do not apply to FP8 (f32 activations), as in KOP_MATMUL.
+     * count). In a bf16-activation mode (pairs or amx) the FP8 experts run KOP_MATMUL's FP8 pairs
+     * order: bitwise this op over bf16 experts kern_f32_to_bf16_daz(w) in the pairs order.
      * buf: 0 h f32[max_rows, H], 1 W13 (wdt), 2 W2 (wdt), 3 ids i32[max_rows*k], 4 wts f32[max_rows*k],
      *      5 out f32[max_rows, H] (disjoint from h), 6 n_rows, 7 scratch, 8 S13 (FP8 only),
      *      9 S2 (FP8 only)
@@ -415,7 +418,9 @@ void kern_pool_run(kern_pool *pool, kern_task_fn fn, void *ctx);
  * the arithmetic rate where the CPU has it, activations at bf16 precision. KERN_BF16_ACT_AMX: the
  * same rounding, summed in the order of Intel AMX's TDPBF16PS (kernels/cpu/matmul_amx.c; native
  * where the CPU has AMX, an exact emulation elsewhere: the same bits). KOP_MATMUL and KOP_MOE_FFN
- * follow the mode. Set between ops, never while one runs. */
+ * follow the mode; their FP8 weights take the pairs order in either mode (dequantized, rounded to
+ * bf16: the AMX order is for bf16 weights packed once, not decoded per use). Set between ops, never
+ * while one runs. */
 #define KERN_BF16_ACT_OFF 0
 #define KERN_BF16_ACT_PAIRS 1
 #define KERN_BF16_ACT_AMX 2

@@ -30,7 +30,9 @@
  * AVX512_BF16 kernel (vcvtne2ps2bf16 + vdpbf16ps) and the emulations in the scalar, AVX2 and
  * AVX-512 builds give the same bits; on this scheme bf16 matmuls do twice the products per
  * instruction, at the cost of activations carried at bf16 precision into each matmul (what
- * llama.cpp and vLLM do for bf16 models; graphswap's default keeps them f32).
+ * llama.cpp and vLLM do for bf16 models; graphswap's default keeps them f32). FP8 weights in
+ * either bf16-activation mode: each weight dequantized (kern_fp8_to_f32(q) * s), rounded to bf16
+ * (kern_f32_to_bf16_daz) in registers, then exactly this scheme (simd_body.inc, mode 4).
  */
 #ifndef GS_KERN_CPU_H
 #define GS_KERN_CPU_H

@@ -82,7 +82,9 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
         },
         .simd = kern_simd(),
         .pool = pool,
-        .bf16x = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_PAIRS,
+        /* FP8 weights take the pairs order in either mode (kern.h) */
+        .bf16x = (p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_PAIRS) ||
+                 (p[3] == KERN_DT_FP8 && kern_pool_bf16_activations(pool) != KERN_BF16_ACT_OFF),
         .amx = p[3] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_AMX,
     };
     if (p[3] == KERN_DT_FP8) {

@@ -241,7 +241,8 @@ void kern_cpu_moe_ffn(kern_pool *pool, const kern_op *op)
         .out = op->buf[5].ptr,
         .H = H, .I = I, .E = E, .k = k, .n = n,
         .bf16 = p[5] == KERN_DT_BF16,
-        .bf16x = p[5] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_PAIRS,
+        .bf16x = (p[5] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_PAIRS) ||
+                 (p[5] == KERN_DT_FP8 && kern_pool_bf16_activations(pool) != KERN_BF16_ACT_OFF),
         .amx = p[5] == KERN_DT_BF16 && kern_pool_bf16_activations(pool) == KERN_BF16_ACT_AMX,
         .es = kern_dtype_size((kern_dtype)p[5]),
     };

@@ -131,10 +131,10 @@ AI2 __m256 round_bf16_daz(__m256 f) /* kern_f32_to_bf16_daz, as an f32 (low 16 b
     r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_and_si256(u, hi), _mm256_set1_epi32(0x00400000)), nan);
     return _mm256_castsi256_ps(flush_tiny_i(r, u));
 }
-/* 16 floats -> rounded evens (x[0], x[2], ..., x[14]) and odds */
-AI2 void split16(const float *x, __m256 *e, __m256 *o)
+/* 16 floats (lo: 0..7, hi: 8..15) -> rounded evens (x[0], x[2], ..., x[14]) and odds */
+AI2 void split16v(__m256 lo, __m256 hi, __m256 *e, __m256 *o)
 {
-    const __m256 a = round_bf16_daz(_mm256_loadu_ps(x)), b = round_bf16_daz(_mm256_loadu_ps(x + 8));
+    const __m256 a = round_bf16_daz(lo), b = round_bf16_daz(hi);
     /* per 128-bit half [a0 a2 b0 b2 | a4 a6 b4 b6]; the 64-bit permute puts them in order */
     *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
     *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
@@ -142,8 +142,15 @@ AI2 void split16(const float *x, __m256 *e, __m256 *o)
 AI2 XP XP_LOAD(const float *x)
 {
     XP p;
-    split16(x, &p.e.lo, &p.o.lo);
-    split16(x + 16, &p.e.hi, &p.o.hi);
+    split16v(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), &p.e.lo, &p.o.lo);
+    split16v(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24), &p.e.hi, &p.o.hi);
+    return p;
+}
+AI2 WP WP_FROM_F32(V a, V b) /* as XP_LOAD: a rounded value is never denormal, so no flush is left */
+{
+    WP p;
+    split16v(a.lo, a.hi, &p.e.lo, &p.o.lo);
+    split16v(b.lo, b.hi, &p.e.hi, &p.o.hi);
     return p;
 }
 AI2 WP WP_LOAD(const uint16_t *w)

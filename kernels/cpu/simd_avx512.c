@@ -37,14 +37,15 @@ AI5 __m512i round_bf16_daz(__m512i u)
     r = _mm512_mask_or_epi32(r, nan, _mm512_and_si512(u, hi), _mm512_set1_epi32(0x00400000));
     return flush_tiny_i(r, u); /* a denormal input: its signed zero */
 }
-AI5 XP XP_LOAD(const float *x)
+AI5 WP WP_FROM_F32(V va, V vb) /* a rounded value is never denormal: no flush is left */
 {
-    const __m512 a = _mm512_castsi512_ps(round_bf16_daz(_mm512_castps_si512(_mm512_loadu_ps(x))));
-    const __m512 b = _mm512_castsi512_ps(round_bf16_daz(_mm512_castps_si512(_mm512_loadu_ps(x + 16))));
+    const __m512 a = _mm512_castsi512_ps(round_bf16_daz(_mm512_castps_si512(va)));
+    const __m512 b = _mm512_castsi512_ps(round_bf16_daz(_mm512_castps_si512(vb)));
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    return (XP){_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b)};
+    return (WP){_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b)};
 }
+AI5 XP XP_LOAD(const float *x) { return WP_FROM_F32(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)); }
 AI5 WP WP_LOAD(const uint16_t *w)
 {
     const __m512i u = _mm512_loadu_si512((const void *)w); /* lane i: w[2i] | w[2i+1] << 16 */

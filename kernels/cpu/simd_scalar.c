@@ -143,6 +143,15 @@ AIS XP XP_LOAD(const float *x) /* rounded, then as weights (a rounded value is n
     for (int i = 0; i < 32; i++) b[i] = kern_f32_to_bf16_daz(x[i]);
     return WP_LOAD(b);
 }
+AIS WP WP_FROM_F32(V a, V b)
+{
+    uint16_t h[32];
+    for (int i = 0; i < 16; i++) {
+        h[i] = kern_f32_to_bf16_daz(a.l[i]);
+        h[16 + i] = kern_f32_to_bf16_daz(b.l[i]);
+    }
+    return WP_LOAD(h);
+}
 AIS V V_DP2(V acc, XP x, WP w)
 {
     for (int i = 0; i < 16; i++) {

@@ -187,7 +187,9 @@ const char srv_runtime_help[] =
     "  --bf16-activations=amx the same rounding, bf16 products summed in Intel AMX's TDPBF16PS\n"
     "                         order (native where the CPU has AMX: about 3x the prefill rate of\n"
     "                         f32 activations; an exact, slow emulation elsewhere); =pairs is the\n"
-    "                         plain flag, =off the default\n"
+    "                         plain flag, =off the default. FP8 weights (either mode): each\n"
+    "                         weight dequantized and rounded to bf16, then the pairs order (as\n"
+    "                         SGLang's CPU backend runs FP8)\n"
     "  --eager                run the op tape each step instead of replaying captured plans\n"
     "  --max-seqs N           concurrent sequences (default 64)\n"
     "  --max-step-tokens N    rows of the largest plan bucket (default 256)\n"
@@ -406,11 +408,11 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     }
     rt->m = mdl_model_create(&cfg, rt->be, err, errlen);
     if (!rt->m || load_dir(rt->m, "target", o->model_dir, &rt->load_ms, err, errlen) != 0) goto fail;
-    if (o->bf16_activations && rt->m->wdt != KERN_DT_BF16) {
+    if (o->bf16_activations && rt->m->wdt != KERN_DT_BF16 && !rt->m->cfg.fp8) {
         srv_logline l;
         srv_log_begin(&l, "warn", "bf16_activations",
                       "--bf16-activations has no effect on %s: its matrices are stored in f32 (the option "
-                      "changes matmuls of bf16 weights only)",
+                      "changes matmuls of bf16 and FP8 weights only)",
                       o->model_dir);
         srv_log_end(&l);
     }

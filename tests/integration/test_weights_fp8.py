@@ -25,7 +25,13 @@ quantization_config).
     scales: checksums of every parameter, greedy tokens); bf16 P1 pushed to it (shuffled, q / k / v apart)
     equals FP8 Q1b's cold start, and P0 back equals Q0b again; a non-finite bf16 weight is refused (400);
   - a replica started on Q0 joins with --weights-from the server at Q1 (FP8 codes and scales pulled as
-    stored) and equals a cold start on Q1.
+    stored) and equals a cold start on Q1;
+  - --bf16-activations on the bf16-based block-FP8 checkpoint Q0b gives exactly the tokens and logprobs
+    of its bf16 twin B0 under --bf16-activations (every projection written here as bf16(f32(q) * s) with
+    f32 denormals read as zero, the kern.h contract, from an e4m3 table built from the OCP spec), on the
+    best ISA and GS_KERN_ISA=scalar / avx2, and online FP8 on P0 the same; =amx (projections in the pairs
+    order, the bf16 lm_head in the AMX order) the same bits on every ISA; both differ from Q0b without
+    the option (it takes effect on FP8 matmuls).
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
@@ -193,6 +199,78 @@ def test_online(C, binary, root):
         H.healthy(C, srv, "online FP8")
     finally:
         H.stop_clean(C, srv)
+    test_bf16_activations(C, binary, root, q0b, p0)
+
+
+def e4m3_values():
+    """The float32 value of each of the 256 e4m3 codes, from the OCP spec (sign, exponent bias 7,
+    3 mantissa bits, subnormals at exponent 0; the NaN codes 0x7f / 0xff as NaN)."""
+    t = np.zeros(256, np.float64)
+    for c in range(256):
+        e, m = (c >> 3) & 15, c & 7
+        v = 2.0 ** (e - 7) * (1 + m / 8) if e else 2.0 ** -6 * (m / 8)
+        t[c] = float("nan") if c & 0x7f == 0x7f else (-v if c & 0x80 else v)
+    return t.astype(np.float32)
+
+
+def bf16_twin(src, dst):
+    """The bf16 checkpoint a block-FP8 one runs as under --bf16-activations (kernels/kern.h KOP_MATMUL):
+    each projection's weight kern_f32_to_bf16_daz(f32(q) * s), one float32 multiply by its block's scale,
+    f32 denormals read as zero, then bf16 round to nearest even; every other tensor as stored; the
+    config without quantization_config."""
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    b0, b1 = cfg.pop("quantization_config")["weight_block_size"]
+    tab, ts, out = e4m3_values(), R.read_checkpoint_tensors(src), []
+    for n, t in ts.items():
+        if n.endswith("_scale_inv"):
+            continue
+        if t.dtype == "F8_E4M3":
+            rows, cols = t.shape
+            q = np.frombuffer(t.data, np.uint8).reshape(rows, cols)
+            sc = ts[n + "_scale_inv"]
+            s = np.frombuffer(sc.data, "<f4").reshape(sc.shape)
+            w = tab[q] * np.repeat(np.repeat(s, b0, 0), b1, 1)[:rows, :cols]  # float32 x float32
+            w = np.where(np.abs(w) < np.float32(2.0 ** -126), np.copysign(np.float32(0), w), w)
+            t = R.RawTensor(n, "BF16", t.shape, R.encode_array("BF16", w))
+        out.append(t)
+    os.makedirs(dst, exist_ok=True)
+    R.write_safetensors(os.path.join(dst, "model.safetensors"), out)
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+    for f in os.listdir(src):
+        if f.startswith("tokenizer"):
+            shutil.copy(os.path.join(src, f), dst)
+    return dst
+
+
+def test_bf16_activations(C, binary, root, q0b, p0):
+    """FP8 matmuls in the bf16-activation modes: bitwise the bf16 twin's (see the module docstring)."""
+    b0 = bf16_twin(q0b, os.path.join(root, "B0"))
+    C.check(W.ckpt(b0)["model.layers.0.mlp.down_proj.weight"].dtype == "BF16", "B0's projections are not bf16")
+
+    def lps(model, args, env=None):
+        srv = H.Server(C, binary, model, args=args, env=env)
+        try:
+            return [logprobs(srv, p) for p in W.PROMPTS]
+        finally:
+            H.stop_clean(C, srv)
+
+    plain = lps(q0b, [])
+    for mode in ("--bf16-activations", "--bf16-activations=amx"):
+        got = lps(q0b, [mode])
+        C.check(got[0][1] is not None and got != plain,
+                "%s: FP8 Q0b gives the logprobs of f32 activations (option not in effect)" % mode)
+        if mode.endswith("=amx"):
+            # the projections in the pairs order, the bf16 lm_head in the AMX order: no twin runs that
+            # mix, so the mode is checked for taking effect and for its bits on every ISA
+            want = got
+        else:
+            want = lps(b0, [mode])
+            C.check(want != lps(b0, []), "%s: B0's logprobs did not change" % mode)
+            C.check(got == want, "%s: FP8 Q0b vs its bf16 twin B0: %r vs %r" % (mode, str(got)[:300], str(want)[:300]))
+        for isa in ("scalar", "avx2"):
+            C.check(lps(q0b, [mode], env={"GS_KERN_ISA": isa}) == want, "%s: GS_KERN_ISA=%s differs" % (mode, isa))
+    got = lps(p0, ["--bf16-activations", "--quantization", "fp8", "--quantization-block", "16,32"])
+    C.check(got == lps(b0, ["--bf16-activations"]), "--bf16-activations: online FP8 on P0 vs B0")
 
 
 def test_pull(C, binary, srv, want):

@@ -9,6 +9,12 @@
  *     contract), for shapes with k tails (K % 16 != 0), partial scale blocks in both directions,
  *     b0 = 1 and 128, b1 = 16 .. 128, row counts 1 .. 70 (past the 64-row x block), bias and
  *     accumulate; and within 1e-5 of a float64 reference.
+ *   - test_matmul_pairs: with the pool in a bf16-activation mode (pairs, and amx, which FP8 weights
+ *     run in the pairs order too), on every ISA (the scalar and AVX2 / AVX-512 emulations and the
+ *     native AVX512_BF16 vdpbf16ps where the CPU has it), 1 and 2 threads, the same shapes and row
+ *     counts: the FP8 op is bitwise the bf16-pairs op over the bf16 weights
+ *     kern_f32_to_bf16_daz(f32(q) * S) (kern.h); within 1e-5 of float64 over those bf16 values
+ *     and bf16-rounded activations; and not the f32-activation result (the mode is not ignored).
  *   - test_row_invariance: a row's outputs with 1 live row and among 37 are bitwise the same.
  *   - test_validate: b1 not a power of two or below 16, b0 0, a scale buffer one float short, and
  *     FP8 as an embedding dtype are malformed ops (FP8 experts: test_moe).
@@ -103,20 +109,22 @@ static void fp8w_free(fp8w *w)
     free(w->bias);
 }
 
-/* out (+)= x W^T (+ bias) for n live rows of max_rows M; fp8: W as codes + scales, else w->deq */
-static void run_mm(kern_pool *pool, const shape *sh, const fp8w *w, int fp8, const float *x, float *out, int M, int n,
-                   int bias, int acc)
+/* out (+)= x W^T (+ bias) for n live rows of max_rows M; fp8: W as codes + scales, 2: W as wb16 (bf16),
+ * else w->deq */
+static void run_mm_w(kern_pool *pool, const shape *sh, const fp8w *w, int fp8, const float *x, float *out, int M,
+                     int n, int bias, int acc, const uint16_t *wb16)
 {
     const int K = sh->K, N = sh->N;
     int32_t nr = n;
     kern_op op = {.kind = KOP_MATMUL};
     op.buf[0] = B((void *)x, (size_t)M * K * 4);
-    op.buf[1] = fp8 ? B(w->q, (size_t)N * K) : B(w->deq, (size_t)N * K * 4);
+    op.buf[1] = fp8 == 1 ? B(w->q, (size_t)N * K) : fp8 == 2 ? B((void *)wb16, (size_t)N * K * 2) : B(w->deq, (size_t)N * K * 4);
     op.buf[2] = bias ? B(w->bias, (size_t)N * 4) : B(NULL, 0);
     op.buf[3] = B(out, (size_t)M * N * 4);
     op.buf[4] = B(&nr, 4);
-    op.p[0] = K, op.p[1] = N, op.p[2] = M, op.p[3] = fp8 ? KERN_DT_FP8 : KERN_DT_F32, op.p[4] = acc;
-    if (fp8) {
+    op.p[0] = K, op.p[1] = N, op.p[2] = M, op.p[3] = fp8 == 1 ? KERN_DT_FP8 : fp8 == 2 ? KERN_DT_BF16 : KERN_DT_F32;
+    op.p[4] = acc;
+    if (fp8 == 1) {
         op.buf[5] = B(w->s, (size_t)((N + sh->b0 - 1) / sh->b0) * w->sk * 4);
         op.p[5] = sh->b0, op.p[6] = sh->b1;
     }
@@ -124,20 +132,100 @@ static void run_mm(kern_pool *pool, const shape *sh, const fp8w *w, int fp8, con
     if (kern_validate(&op, why, sizeof why) != 0) fail_msg("malformed: %s", why);
     kern_cpu_exec(pool, &op);
 }
+static void run_mm(kern_pool *pool, const shape *sh, const fp8w *w, int fp8, const float *x, float *out, int M, int n,
+                   int bias, int acc)
+{
+    run_mm_w(pool, sh, w, fp8, x, out, M, n, bias, acc, NULL);
+}
+
+/* k tails (K % 16, K % 32), partial scale blocks both ways, b1 16 (two scale blocks per 32-k step of
+ * the pairs order) .. 128, b0 1 .. 128 */
+static const shape shapes[] = {
+    {128, 96, 128, 128, 0}, /* one scale block */
+    {256, 200, 128, 128, 0}, /* partial row block, 2 k blocks */
+    {160, 50, 16, 32, 0}, /* partial k block (160 = 5 x 32), row blocks of 16 */
+    {40, 30, 1, 16, 0}, /* K % 16 = 8: the tail, a scale per row */
+    {200, 70, 7, 64, 0}, /* b0 7, K 200 = 3 blocks of 64 + 8 */
+    {1024, 24, 128, 128, 0}, /* long rows */
+    {96, 40, 4, 16, 1},   /* scales over the whole range (the vs-float64 check is skipped) */
+    {112, 20, 16, 16, 0}, /* b1 16 with K % 32 = 16: the pairs order's tail is a whole scale block */
+};
+static const int Ms[] = {1, 3, 5, 17, 70};
+
+static void test_matmul_pairs(void **state)
+{
+    (void)state;
+    kern_isa isas[TEST_ISA_CAP];
+    const int nisa = isa_list_of(isas, 1);
+    kern_pool *pools[2] = {kern_pool_create(1), kern_pool_create(2)};
+    const size_t old = kern_cpu_set_min_parallel_work(0);
+    long checked = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *sh = &shapes[si];
+        const int K = sh->K, N = sh->N;
+        fp8w w;
+        fp8w_init(&w, sh);
+        uint16_t *wb = xalloc((size_t)N * K * 2);
+        for (size_t i = 0; i < (size_t)N * K; i++) wb[i] = kern_f32_to_bf16_daz(w.deq[i]);
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            const int M = Ms[mi], bias = (int)(mi & 1), acc = mi == 2 || mi == 4;
+            float *x = xalloc((size_t)M * K * 4), *init = xalloc((size_t)M * N * 4);
+            fill(x, (size_t)M * K, -2, 2);
+            fill(init, (size_t)M * N, -1, 1);
+            float *ref = xalloc((size_t)M * N * 4), *got = xalloc((size_t)M * N * 4), *f32a = xalloc((size_t)M * N * 4);
+            assert_int_equal(kern_simd_force(KERN_ISA_SCALAR), 0);
+            kern_pool_set_bf16_activations(pools[0], KERN_BF16_ACT_PAIRS);
+            memcpy(ref, init, (size_t)M * N * 4);
+            run_mm_w(pools[0], sh, &w, 2, x, ref, M, M, bias, acc, wb); /* bf16 pairs over the rounded weights */
+            kern_pool_set_bf16_activations(pools[0], KERN_BF16_ACT_OFF);
+            memcpy(f32a, init, (size_t)M * N * 4);
+            run_mm(pools[0], sh, &w, 1, x, f32a, M, M, bias, acc);
+            if (!sh->wide) assert_true(memcmp(ref, f32a, (size_t)M * N * 4) != 0);
+            for (int ii = 0; ii < nisa; ii++)
+                for (int t = 0; t < 2; t++)
+                    for (int mode = KERN_BF16_ACT_PAIRS; mode <= KERN_BF16_ACT_AMX; mode++) {
+                        assert_int_equal(kern_simd_force(isas[ii]), 0);
+                        kern_pool_set_bf16_activations(pools[t], mode);
+                        memcpy(got, init, (size_t)M * N * 4);
+                        run_mm(pools[t], sh, &w, 1, x, got, M, M, bias, acc);
+                        for (size_t i = 0; i < (size_t)M * N; i++)
+                            if (fbits(got[i]) != fbits(ref[i]))
+                                fail_msg("K %d N %d b %dx%d M %d isa %d threads %d mode %d: out[%zu] %.9g, bf16 pairs "
+                                         "over the bf16-rounded dequantized weights %.9g",
+                                         K, N, sh->b0, sh->b1, M, (int)isas[ii], t + 1, mode, i, (double)got[i],
+                                         (double)ref[i]);
+                        checked += (long)M * N;
+                        kern_pool_set_bf16_activations(pools[t], KERN_BF16_ACT_OFF);
+                    }
+            for (int r = 0; r < M && !sh->wide; r++) /* and right: float64 over the bf16 values */
+                for (int n = 0; n < N; n++) {
+                    double d = acc ? init[(size_t)r * N + n] : 0.0, mag = fabs(d);
+                    for (int k = 0; k < K; k++) {
+                        const double t = (double)kern_bf16_to_f32(kern_f32_to_bf16_daz(x[(size_t)r * K + k])) *
+                                         (double)kern_bf16_to_f32(wb[(size_t)n * K + k]);
+                        d += t;
+                        mag += fabs(t);
+                    }
+                    if (bias) d += w.bias[n], mag += fabs(w.bias[n]);
+                    if (!(fabs(ref[(size_t)r * N + n] - d) <= 1e-5 * mag + 1e-30))
+                        fail_msg("K %d N %d M %d: out[%d, %d] %.9g, float64 %.9g", K, N, M, r, n,
+                                 (double)ref[(size_t)r * N + n], d);
+                }
+            free(x), free(init), free(ref), free(got), free(f32a);
+        }
+        free(wb);
+        fp8w_free(&w);
+    }
+    print_message("FP8 in bf16 pairs: %ld outputs bitwise over %d ISA(s)\n", checked, nisa);
+    kern_cpu_set_min_parallel_work(old);
+    kern_simd_force(isas[nisa - 1]);
+    kern_pool_destroy(pools[0]);
+    kern_pool_destroy(pools[1]);
+}
 
 static void test_matmul_equals_dequantized(void **state)
 {
     (void)state;
-    const shape shapes[] = {
-        {128, 96, 128, 128, 0}, /* one scale block */
-        {256, 200, 128, 128, 0}, /* partial row block, 2 k blocks */
-        {160, 50, 16, 32, 0}, /* partial k block (160 = 5 x 32), row blocks of 16 */
-        {40, 30, 1, 16, 0}, /* K % 16 = 8: the tail, a scale per row */
-        {200, 70, 7, 64, 0}, /* b0 7, K 200 = 3 blocks of 64 + 8 */
-        {1024, 24, 128, 128, 0}, /* long rows */
-        {96, 40, 4, 16, 1},   /* scales over the whole range (the vs-float64 check is skipped) */
-    };
-    const int Ms[] = {1, 3, 5, 17, 70};
     kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list_of(isas, 1);
     kern_pool *p2 = kern_pool_create(2);
@@ -246,6 +334,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode),
         cmocka_unit_test(test_matmul_equals_dequantized),
+        cmocka_unit_test(test_matmul_pairs),
         cmocka_unit_test(test_row_invariance),
         cmocka_unit_test(test_validate),
     };

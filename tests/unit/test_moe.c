@@ -14,7 +14,9 @@
  *     over the dequantized weights (kern_fp8_to_f32(q) * s, one f32 multiply, computed here), E 1 .. 8,
  *     k 1 .. E, b0 1 / 16 / 32, b1 16 / 32 / 64 with partial column blocks, 1 / 3 / 17 rows, every ISA,
  *     1 and 2 threads; an unchosen expert's NaN scales are never read; validate refuses bad b0 / b1 and
- *     missing or short scale tables.
+ *     missing or short scale tables;
+ *   - FP8 experts in a bf16-activation mode (pairs or amx): bitwise bf16 experts of the rounded
+ *     dequantized weights in the pairs order, the same shapes, every ISA, 1 and 2 threads.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -472,23 +474,28 @@ static void ffn_fp8_free(ffn_case *q, ffn_case *f)
     ffn_free(f);
 }
 
+/* H, I, E, k, b0, b1: every shape but the last (whole blocks) has H or I (or both) not a multiple of
+ * b1 (a partial column block), several a k tail (K % 16 != 0) too */
+static const int fp8_shapes[][6] = {
+    {48, 32, 1, 1, 16, 32},  {40, 24, 2, 1, 1, 16},  {64, 96, 4, 2, 32, 64}, {96, 80, 8, 3, 16, 64},
+    {33, 17, 6, 6, 1, 32},   {160, 64, 8, 8, 32, 64}, {32, 48, 5, 2, 16, 32}, {200, 16, 7, 4, 1, 64},
+    {64, 32, 3, 3, 32, 16},
+};
+static const int fp8_row_counts[] = {1, 3, 17};
+
 static void test_ffn_fp8_dequantized(void **state)
 {
     (void)state;
-    /* H, I, E, k, b0, b1: every shape but the last (whole blocks) has H or I (or both) not a multiple
-     * of b1 (a partial column block), several a k tail (K % 16 != 0) too */
-    static const int shapes[][6] = {
-        {48, 32, 1, 1, 16, 32},  {40, 24, 2, 1, 1, 16},  {64, 96, 4, 2, 32, 64}, {96, 80, 8, 3, 16, 64},
-        {33, 17, 6, 6, 1, 32},   {160, 64, 8, 8, 32, 64}, {32, 48, 5, 2, 16, 32}, {200, 16, 7, 4, 1, 64},
-        {64, 32, 3, 3, 32, 16},
-    };
-    static const int row_counts[] = {1, 3, 17};
+    const int(*shapes)[6] = fp8_shapes;
+    const size_t nshapes = sizeof fp8_shapes / sizeof fp8_shapes[0];
+    const int *row_counts = fp8_row_counts;
+    const size_t nrc = sizeof fp8_row_counts / sizeof fp8_row_counts[0];
     kern_isa isas[TEST_ISA_CAP];
     const int nisa = isa_list_of(isas, 1);
     kern_cpu_set_min_parallel_work(0);
     kern_pool *p2 = kern_pool_create(2);
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+    for (size_t si = 0; si < nshapes; si++)
+        for (size_t ri = 0; ri < nrc; ri++) {
             const int *sh = shapes[si], rows = row_counts[ri];
             ffn_case q, f;
             ffn_fp8_init(&q, &f, sh[0], sh[1], sh[2], sh[3], rows, sh[4], sh[5]);
@@ -515,6 +522,60 @@ static void test_ffn_fp8_dequantized(void **state)
             ffn_fp8_free(&q, &f);
         }
     kern_pool_destroy(p2);
+}
+
+/* FP8 experts with the pool in a bf16-activation mode (pairs, or amx: FP8 runs the pairs order in
+ * both, kern.h): bitwise the bf16-expert op in the pairs order over the bf16 weights
+ * kern_f32_to_bf16_daz(dequantized), on every ISA (emulations and native vdpbf16ps), 1 and 2
+ * threads, and not the f32-activation result. */
+static void test_ffn_fp8_pairs(void **state)
+{
+    (void)state;
+    kern_isa isas[TEST_ISA_CAP];
+    const int nisa = isa_list_of(isas, 1);
+    kern_cpu_set_min_parallel_work(0);
+    kern_pool *pools[2] = {kern_pool_create(1), kern_pool_create(2)};
+    for (size_t si = 0; si < sizeof fp8_shapes / sizeof fp8_shapes[0]; si++)
+        for (size_t ri = 0; ri < sizeof fp8_row_counts / sizeof fp8_row_counts[0]; ri++) {
+            const int *sh = fp8_shapes[si], rows = fp8_row_counts[ri];
+            ffn_case q, f, b;
+            ffn_fp8_init(&q, &f, sh[0], sh[1], sh[2], sh[3], rows, sh[4], sh[5]);
+            b = f; /* f's routing and rows, bf16 weights of its dequantized values */
+            b.dt = KERN_DT_BF16;
+            const size_t n13 = (size_t)f.E * 2 * f.I * f.H, n2 = (size_t)f.E * f.H * f.I;
+            uint16_t *b13 = xalloc(n13 * 2), *b2 = xalloc(n2 * 2);
+            for (size_t i = 0; i < n13; i++) b13[i] = kern_f32_to_bf16_daz(((const float *)f.w13)[i]);
+            for (size_t i = 0; i < n2; i++) b2[i] = kern_f32_to_bf16_daz(((const float *)f.w2)[i]);
+            b.w13 = b13, b.w2 = b2;
+            const size_t n = (size_t)rows * q.H;
+            float *base = xalloc(n * 4), *ref = xalloc(n * 4), *got = xalloc(n * 4), *f32a = xalloc(n * 4);
+            fill(base, n, -2, 2);
+            assert_int_equal(kern_simd_force(KERN_ISA_SCALAR), 0);
+            kern_pool_set_bf16_activations(pools[0], KERN_BF16_ACT_PAIRS);
+            ffn_run(&b, pools[0], rows, base, ref);
+            kern_pool_set_bf16_activations(pools[0], KERN_BF16_ACT_OFF);
+            ffn_run(&q, pools[0], rows, base, f32a);
+            assert_true(memcmp(ref, f32a, n * 4) != 0);
+            for (int ii = 0; ii < nisa; ii++)
+                for (int t = 0; t < 2; t++)
+                    for (int mode = KERN_BF16_ACT_PAIRS; mode <= KERN_BF16_ACT_AMX; mode++) {
+                        assert_int_equal(kern_simd_force(isas[ii]), 0);
+                        kern_pool_set_bf16_activations(pools[t], mode);
+                        ffn_run(&q, pools[t], rows, base, got);
+                        kern_pool_set_bf16_activations(pools[t], KERN_BF16_ACT_OFF);
+                        for (size_t i = 0; i < n; i++)
+                            if (fbits(got[i]) != fbits(ref[i]))
+                                fail_msg("H %d I %d E %d k %d b %dx%d rows %d isa %d threads %d mode %d: out[%zu] %.9g, "
+                                         "bf16 pairs over the rounded dequantized weights %.9g",
+                                         q.H, q.I, q.E, q.k, q.b0, q.b1, rows, (int)isas[ii], t + 1, mode, i,
+                                         (double)got[i], (double)ref[i]);
+                    }
+            kern_simd_force(isas[nisa - 1]);
+            free(base), free(ref), free(got), free(f32a), free(b13), free(b2);
+            ffn_fp8_free(&q, &f);
+        }
+    kern_pool_destroy(pools[0]);
+    kern_pool_destroy(pools[1]);
 }
 
 /* The scale rows of experts no live row chose are NaN: the output has none (never read), and the
@@ -672,7 +733,8 @@ int main(void)
         cmocka_unit_test(test_route_ties),      cmocka_unit_test(test_ffn_composed),
         cmocka_unit_test(test_ffn_invariance),  cmocka_unit_test(test_ffn_unread_experts),
         cmocka_unit_test(test_ffn_bad_id_aborts), cmocka_unit_test(test_validate),
-        cmocka_unit_test(test_ffn_fp8_dequantized), cmocka_unit_test(test_ffn_fp8_unread_experts),
+        cmocka_unit_test(test_ffn_fp8_dequantized),
+        cmocka_unit_test(test_ffn_fp8_pairs), cmocka_unit_test(test_ffn_fp8_unread_experts),
         cmocka_unit_test(test_validate_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
