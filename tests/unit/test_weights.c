@@ -1,4 +1,5 @@
-/* tests/unit/test_weights.c — weight-update sessions on a live engine (I2-I8).
+/* tests/unit/test_weights.c — weight-update sessions on a live engine (I2-I8), and the 501 refusal of
+ * GPU transports (device-memory buckets) into an FP8 target or drafter.
  * The independent check is a cold start: after any update W0 -> W1, every parameter and every
  * derived buffer of the hot-updated engine must be byte-identical (SHA-256) to an engine cold-loaded
  * from W1, and greedy outputs (with a drafter, the speculative traces too) must be equal. */
@@ -16,14 +17,15 @@
 #include "test_util.h"
 
 static char g_dir[1024];
-static char T0[1100], T1[1100], D0[1100], D1[1100], DBAD[1100];
+static char T0[1100], T1[1100], D0[1100], D1[1100], DBAD[1100], TF8[1100], DF8[1100];
 
 typedef test_rt rt;
 
-static void mk(const char *out, mdl_arch arch, uint64_t seed, const char *target, int bad_hook)
+static void mk_fp8(const char *out, mdl_arch arch, uint64_t seed, const char *target, int bad_hook, int fp8)
 {
     mdl_mkmodel_opts o;
     mdl_mkmodel_defaults(&o);
+    if (fp8) o.fp8_b0 = 16, o.fp8_b1 = 32;
     o.tokenizer = 0;
     o.vocab = 200;
     o.layers = 3;
@@ -36,7 +38,7 @@ static void mk(const char *out, mdl_arch arch, uint64_t seed, const char *target
         o.markov_rank = 8;
     }
     char err[512];
-    assert_int_equal(mdl_mkmodel(&o, out, err, sizeof err), 0);
+    if (mdl_mkmodel(&o, out, err, sizeof err) != 0) fail_msg("mkmodel %s: %s", out, err);
     if (bad_hook) { /* the test-only variant whose hook reallocates a derived buffer */
         char cmd[4096];
         snprintf(cmd, sizeof cmd,
@@ -44,6 +46,11 @@ static void mk(const char *out, mdl_arch arch, uint64_t seed, const char *target
                  out);
         assert_int_equal(system(cmd), 0);
     }
+}
+
+static void mk(const char *out, mdl_arch arch, uint64_t seed, const char *target, int bad_hook)
+{
+    mk_fp8(out, arch, seed, target, bad_hook, 0);
 }
 
 static void open_rt(rt *x, const char *target, const char *draft)
@@ -491,6 +498,10 @@ static int setup(void **state)
     mk(D0, MDL_ARCH_DSPARK, 3, T0, 0);
     mk(D1, MDL_ARCH_DSPARK, 4, T1, 0);
     mk(DBAD, MDL_ARCH_DFLASH, 5, T0, 1);
+    snprintf(TF8, sizeof TF8, "%s/TF8", g_dir);
+    snprintf(DF8, sizeof DF8, "%s/DF8", g_dir);
+    mk_fp8(TF8, MDL_ARCH_QWEN3, 6, NULL, 0, 1);
+    mk_fp8(DF8, MDL_ARCH_DFLASH, 7, T0, 0, 1);
     return 0;
 }
 
@@ -547,6 +558,80 @@ static void test_ckpt_checksums(void **state)
     test_rt_close(&x);
 }
 
+/* One bucket of every tensor of dir's checkpoint, names prefixed, through the host path (device 0)
+ * or the device-memory one (device 1: NCCL / CUDA IPC buckets). Returns the call's rc; *status, err. */
+static int bucket_of(rt *x, const char *dir, const char *prefix, int device, char *err, size_t errlen, int *status)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    mdl_st_file f;
+    assert_int_equal(mdl_st_open(path, &f, err, errlen), 0);
+    mdl_st_tensor *b = calloc(f.n, sizeof *b);
+    char (*names)[160] = calloc(f.n, 160);
+    for (size_t i = 0; i < f.n; i++) {
+        b[i] = f.tensors[i];
+        snprintf(names[i], 160, "%s%s", prefix, f.tensors[i].name);
+        b[i].name = names[i];
+    }
+    const int rc = device ? eng_weights_bucket_device(x->e, b, f.n, "bucket", err, errlen, status)
+                          : eng_weights_bucket(x->e, b, f.n, "bucket", err, errlen, status);
+    free(b);
+    free(names);
+    mdl_st_close(&f);
+    return rc;
+}
+
+/* GPU transports into an FP8 model (target or drafter) are refused with 501 before anything is
+ * written: the FP8 value checks and online quantization read tensor bytes on the host. The refusal
+ * keys on the backend not being the CPU one, so the test runs the CPU backend under another name
+ * (its device memory is host memory, so the same call on a non-FP8 model goes through and writes). */
+static void test_fp8_device_transport_refused(void **state)
+{
+    (void)state;
+    char err[512];
+    int status;
+    test_sums *before = malloc(sizeof *before), *after = malloc(sizeof *after);
+    for (int drafter = 0; drafter < 2; drafter++) {
+        rt x;
+        if (drafter)
+            open_rt(&x, T0, DF8); /* an f32 target, an FP8 drafter */
+        else
+            open_rt(&x, TF8, NULL);
+        assert_true(drafter ? x.d->cfg.fp8 && !x.m->cfg.fp8 : x.m->cfg.fp8);
+        const eng_backend_ops *cpu = x.be->ops;
+        eng_backend_ops fake = *cpu;
+        fake.name = "cuda";
+        test_checksums(&x, drafter, before);
+        assert_int_equal(eng_weights_begin(x.e, 0, drafter ? ENG_WMODEL_ALL : ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, "v",
+                                           NULL, err, sizeof err, &status),
+                         0);
+        x.be->ops = &fake;
+        /* the FP8 model's own tensors in device memory: 501, naming the limit */
+        assert_int_equal(bucket_of(&x, drafter ? DF8 : TF8, drafter ? "draft." : "", 1, err, sizeof err, &status), -1);
+        assert_int_equal(status, 501);
+        assert_non_null(strstr(err, "an FP8 model takes weights from host memory only"));
+        if (drafter) { /* the same engine's non-FP8 target takes a device bucket */
+            if (bucket_of(&x, T1, "", 1, err, sizeof err, &status) != 0) fail_msg("device bucket into f32: %s", err);
+            assert_int_equal(bucket_of(&x, T0, "", 1, err, sizeof err, &status), 0);
+        }
+        x.be->ops = cpu;
+        eng_weights_info wi;
+        eng_weights_get_info(x.e, &wi);
+        assert_int_equal(wi.state, ENG_W_UPDATING);
+        /* the same tensors from host memory go through */
+        if (bucket_of(&x, drafter ? DF8 : TF8, drafter ? "draft." : "", 0, err, sizeof err, &status) != 0)
+            fail_msg("host bucket: %s", err);
+        if (eng_weights_finish(x.e, NULL, err, sizeof err, &status) != 0) fail_msg("%s", err);
+        test_checksums(&x, drafter, after);
+        assert_string_equal(after->buf, before->buf);
+        eng_weights_get_info(x.e, &wi);
+        assert_int_equal(wi.state, ENG_W_READY);
+        test_rt_close(&x);
+    }
+    free(before);
+    free(after);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -557,6 +642,7 @@ int main(void)
         cmocka_unit_test(test_recompute_and_keep),
         cmocka_unit_test(test_prompt_logprobs_across_recompute),
         cmocka_unit_test(test_ckpt_checksums),
+        cmocka_unit_test(test_fp8_device_transport_refused),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
