@@ -21,6 +21,11 @@ typedef struct {
 #define MM_NR_MAX 6
 #define MM_NR_ONE_F8 4 /* FP8 decode temporaries: 8 accumulators, not 12 */
 #define SIMD_AXPY_ACC 4 /* 8 ymm */
+/* multi-row matmuls from 5 rows (f32 weights: 16) run rows outer over blocks of 64 columns
+ * (simd_body.inc simd_mm_cols_t) */
+#define MM_ROWS_OUTER 5
+#define MM_ROWS_OUTER_F32 16
+#define MM_NB 64
 
 #define AI2 static inline __attribute__((always_inline, unused)) SIMD_TARGET
 AI2 V V_ZERO(void) { return (V){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
