@@ -418,7 +418,10 @@ def read_moe(cfg, d):
 def route(x, gate_w, k, norm):
     """Router of a sparse block. x [T, H], gate_w [E, H] -> (probabilities [T, E], chosen ids [T, k]
     in order of decreasing probability (ties: lower id first), weights [T, k])."""
-    logits = x @ gate_w.T
+    # einsum's own loop, not x @ gate_w.T: a BLAS (OpenBLAS, once installed, is what numpy's
+    # matmul calls) may compute two equal rows of gate_w in different kernels (an edge tile), so
+    # experts with byte-equal router rows would not tie exactly (test_moe_reference's router_tie)
+    logits = np.einsum("th,eh->te", x, gate_w, optimize=False)
     z = logits - logits.max(axis=-1, keepdims=True)
     p = np.exp(z)
     p = p / p.sum(axis=-1, keepdims=True)
