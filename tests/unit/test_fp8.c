@@ -149,6 +149,7 @@ static const shape shapes[] = {
     {1024, 24, 128, 128, 0}, /* long rows */
     {96, 40, 4, 16, 1},   /* scales over the whole range (the vs-float64 check is skipped) */
     {112, 20, 16, 16, 0}, /* b1 16 with K % 32 = 16: the pairs order's tail is a whole scale block */
+    {24, 10, 1, 16, 0},   /* K below one 32-k step: every k in the tails */
 };
 static const int Ms[] = {1, 3, 5, 17, 70};
 
