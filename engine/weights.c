@@ -340,7 +340,7 @@ static int bucket_impl(eng_engine *e, const mdl_st_tensor *t, size_t n, const ch
     }
     /* FP8 models take device-memory tensors (NCCL, CUDA IPC on a GPU backend) not yet: their value
      * checks (NaN codes, scale range) and online quantization read the tensor bytes on the host */
-    if (write == 2 && strcmp(e->be->ops->name, "cpu") != 0 &&
+    if (write == 2 && !e->be->ops->host_memory &&
         ((ta && na && e->m->cfg.fp8) || (da && ndd && e->draft && e->draft->cfg.fp8))) {
         snprintf(err, errlen,
                  "%s: an FP8 model takes weights from host memory only (HTTP buckets, disk, --weights-from); "

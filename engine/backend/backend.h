@@ -34,6 +34,9 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* 1 when device memory is host memory (the CPU backend): a "device" tensor (an NCCL staging
+     * buffer, a CUDA-IPC mapping) can then be read on the host like any other */
+    int host_memory;
     /* Memory. alloc returns zeroed memory aligned to 64 bytes, or NULL when the arena is full. */
     void *(*alloc)(eng_backend *be, size_t bytes, const char *tag);
     void (*free)(eng_backend *be, void *ptr);

@@ -221,6 +221,7 @@ static void cpu_destroy(eng_backend *be)
 
 static const eng_backend_ops cpu_ops = {
     .name = "cpu",
+    .host_memory = 1,
     .alloc = cpu_alloc_fn,
     .free = cpu_free_fn,
     .contains = cpu_contains,

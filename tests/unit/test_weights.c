@@ -583,8 +583,9 @@ static int bucket_of(rt *x, const char *dir, const char *prefix, int device, cha
 
 /* GPU transports into an FP8 model (target or drafter) are refused with 501 before anything is
  * written: the FP8 value checks and online quantization read tensor bytes on the host. The refusal
- * keys on the backend not being the CPU one, so the test runs the CPU backend under another name
- * (its device memory is host memory, so the same call on a non-FP8 model goes through and writes). */
+ * keys on the backend's device memory not being host memory, so the test runs the CPU backend with
+ * host_memory cleared (its memory still is host memory, so the same call on a non-FP8 model goes
+ * through and writes). */
 static void test_fp8_device_transport_refused(void **state)
 {
     (void)state;
@@ -600,7 +601,7 @@ static void test_fp8_device_transport_refused(void **state)
         assert_true(drafter ? x.d->cfg.fp8 && !x.m->cfg.fp8 : x.m->cfg.fp8);
         const eng_backend_ops *cpu = x.be->ops;
         eng_backend_ops fake = *cpu;
-        fake.name = "cuda";
+        fake.host_memory = 0;
         test_checksums(&x, drafter, before);
         assert_int_equal(eng_weights_begin(x.e, 0, drafter ? ENG_WMODEL_ALL : ENG_WMODEL_TARGET, ENG_PAUSE_WAIT, "v",
                                            NULL, err, sizeof err, &status),
