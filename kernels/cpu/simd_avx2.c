@@ -144,14 +144,7 @@ AI2 void split16v(__m256 lo, __m256 hi, __m256 *e, __m256 *o)
     *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
     *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
 }
-AI2 XP XP_LOAD(const float *x)
-{
-    XP p;
-    split16v(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), &p.e.lo, &p.o.lo);
-    split16v(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24), &p.e.hi, &p.o.hi);
-    return p;
-}
-AI2 WP WP_FROM_F32(V a, V b) /* as XP_LOAD: a rounded value is never denormal, so no flush is left */
+AI2 WP WP_FROM_F32(V a, V b) /* a rounded value is never denormal, so no flush is left */
 {
     WP p;
     split16v(a.lo, a.hi, &p.e.lo, &p.o.lo);

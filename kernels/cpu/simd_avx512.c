@@ -45,7 +45,6 @@ AI5 WP WP_FROM_F32(V va, V vb) /* a rounded value is never denormal: no flush is
     const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     return (WP){_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b)};
 }
-AI5 XP XP_LOAD(const float *x) { return WP_FROM_F32(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)); }
 AI5 WP WP_LOAD(const uint16_t *w)
 {
     const __m512i u = _mm512_loadu_si512((const void *)w); /* lane i: w[2i] | w[2i+1] << 16 */

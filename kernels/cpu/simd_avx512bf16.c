@@ -13,7 +13,6 @@
 #define WP __m512bh
 #define AIB static inline __attribute__((always_inline)) SIMD_TARGET
 /* bf16[j] = x[j] for j < 32: the second operand fills the low half */
-AIB XP XP_LOAD(const float *x) { return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x)); }
 AIB WP WP_LOAD(const uint16_t *w) { return (WP)_mm512_loadu_si512((const void *)w); }
 AIB V V_DP2(V acc, XP x, WP w) { return _mm512_dpbf16_ps(acc, x, w); }
 AIB WP WP_FROM_F32(V a, V b) { return _mm512_cvtne2ps_pbh(b, a); }

@@ -137,12 +137,6 @@ AIS WP WP_LOAD(const uint16_t *w)
     }
     return p;
 }
-AIS XP XP_LOAD(const float *x) /* rounded, then as weights (a rounded value is never denormal) */
-{
-    uint16_t b[32];
-    for (int i = 0; i < 32; i++) b[i] = kern_f32_to_bf16_daz(x[i]);
-    return WP_LOAD(b);
-}
 AIS WP WP_FROM_F32(V a, V b)
 {
     uint16_t h[32];
