@@ -62,7 +62,8 @@ typedef enum {
 } kern_isa;
 
 /* Activation rows rounded to bf16 for the bf16-pairs matmul, rows [r0, r1) of the op's x, row r
- * at buf + (r - r0) * K; for the amx one, whole 16-row blocks in TDPBF16PS's B-tile layout (block
+ * at buf + (r - r0) * K; for the column-lane GEMM (f32 activations) rows [0, r1) transposed
+ * (simd_body.inc simd_mm_cl); for the amx one, whole 16-row blocks in TDPBF16PS's B-tile layout (block
  * of row r0 + 16 b at buf + b * 16 * Kp, Kp = K rounded up to 32, matmul_amx.c). One per thread
  * per op (matmul.c mm_run), reused by every work unit the thread claims in that op and never by
  * another op, so it cannot go stale. */
@@ -88,6 +89,18 @@ typedef struct {
     kern_mm_xb *xb; /* bf16-pairs mode: the calling thread's rounded rows, or NULL (round as it goes) */
 } kern_mm_args;
 
+/* The column-lane GEMM (simd_body.inc simd_mm_cl; ISAs whose kern_simd_ops.mm_cl is set): f32
+ * activations, from KERN_CL_MIN_ROWS rows, in tiles of KERN_CL_ROWS rows, over the thread's
+ * scratch (kern_mm_xb): the rows of M that it holds for a K (0: none, K < 16). */
+#define KERN_CL_ROWS 6
+#define KERN_CL_MIN_ROWS 16
+static inline int kern_cl_scratch_rows(int K, size_t bytes)
+{
+    const size_t J = (size_t)K / 16, fl = bytes / sizeof(float), fixed = 16 * KERN_CL_ROWS * 16 + 256 * J;
+    if (J == 0 || fl <= fixed) return 0;
+    return (int)((fl - fixed) / (128 * J)) * KERN_CL_ROWS;
+}
+
 /* Per-ISA entry points; all give bitwise-identical results (see top of file). */
 typedef struct {
     kern_isa isa;
@@ -99,6 +112,9 @@ typedef struct {
     /* the same for bf16 weights in the "amx" order (matmul_amx.c): native TDPBF16PS or its exact
      * emulation (bitwise the same); ignores a->xb */
     void (*mm_cols_amx)(const kern_mm_args *a, int n0, int n1);
+    /* mm_cols takes the column-lane GEMM for an op of M >= KERN_CL_MIN_ROWS rows of f32
+     * activations when a->xb holds them (kern_cl_scratch_rows) */
+    int mm_cl;
     /* sum_i a[i]*b[i] in the 16-lane scheme */
     float (*dot)(const float *a, const float *b, int n);
     /* out[i * ldo + j] = dot(q[i], k[j], n) for i < nq <= 4, j < nk <= 4: bitwise as nq * nk calls
@@ -269,6 +285,8 @@ int kern_simd_force(kern_isa isa);
 void kern_cpu_parallel(kern_pool *pool, kern_task_fn fn, void *ctx, size_t work);
 /* Test hook: set the threshold (0: always use the pool). Returns the previous value. */
 size_t kern_cpu_set_min_parallel_work(size_t work);
+/* matmul ops so far that ran (some windows of) the column-lane GEMM: for tests */
+long kern_cpu_mm_cl_ops(void);
 
 /* Contiguous share [*b, *e) of 0..total for thread tid of nt, boundaries rounded to align. */
 static inline void kern_split(int64_t total, int tid, int nt, int64_t align, int64_t *b, int64_t *e)
@@ -282,8 +300,8 @@ static inline void kern_split(int64_t total, int tid, int nt, int64_t align, int
 /* The pool's bf16-weight matmul order: KERN_BF16_ACT_OFF, _PAIRS or _AMX (0 for a NULL pool). */
 int kern_pool_bf16_activations(const kern_pool *pool);
 /* Thread tid's KERN_POOL_SCRATCH_BYTES of scratch, private to whichever task runs as tid; NULL
- * for a NULL pool or one without the bf16-activation mode. Contents do not survive a task. */
-#define KERN_POOL_SCRATCH_BYTES ((size_t)512 * 1024)
+ * for a NULL pool (or one whose allocation failed). Contents do not survive a task. */
+#define KERN_POOL_SCRATCH_BYTES ((size_t)2048 * 1024)
 void *kern_pool_scratch(const kern_pool *pool, int tid);
 
 /* Test hook: how long an idle worker spins before sleeping, in microseconds (default 1000, or

@@ -15,6 +15,7 @@ typedef struct {
     const kern_pool *pool; /* for its per-thread scratch */
     int bf16x;       /* bf16 weights in the bf16-pairs scheme (the pool's bf16-activation mode) */
     int amx;         /* bf16 weights in the "amx" order (KERN_BF16_ACT_AMX, matmul_amx.c) */
+    int cl;          /* f32 activations, the ISA's column-lane GEMM (windows of rows that fit) */
     int chunk;       /* output columns per work unit: a multiple of MM_CHUNK_UNIT */
     int nchunks;
     int win;         /* amx: rows per window (units are window-major), else M: one window */
@@ -48,12 +49,14 @@ static void mm_run(void *ctx, int tid, int nt)
         const int b = c * t->chunk, e = b + t->chunk < t->a.N ? b + t->chunk : t->a.N;
         kern_mm_args a = t->a;
         if (w != cur) xb.r0 = xb.r1 = 0, cur = w; /* other rows: nothing packed yet */
-        if ((t->bf16x || t->amx) && xb.buf) a.xb = &xb;
-        if (t->amx) {
+        if ((t->bf16x || t->amx || t->cl) && xb.buf) a.xb = &xb;
+        if (t->amx || t->cl) {
             const int r0 = w * t->win;
             a.x += (size_t)r0 * (size_t)a.K;
             a.out += (size_t)r0 * (size_t)a.N;
             a.M = a.M - r0 < t->win ? a.M - r0 : t->win;
+        }
+        if (t->amx) {
             t->simd->mm_cols_amx(&a, b, e);
         } else if (t->bf16x) {
             t->simd->mm_cols_bf16x(&a, b, e);
@@ -62,6 +65,9 @@ static void mm_run(void *ctx, int tid, int nt)
         }
     }
 }
+
+static atomic_long g_cl_ops;
+long kern_cpu_mm_cl_ops(void) { return atomic_load_explicit(&g_cl_ops, memory_order_relaxed); }
 
 void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
 {
@@ -103,6 +109,13 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
     if (t.amx && pool) { /* windows only where the scratch cannot hold every row (and holds some) */
         const int fit = kern_amx_scratch_rows(p[0], KERN_POOL_SCRATCH_BYTES);
         if (fit >= 32 && fit < M) t.win = fit;
+    }
+    if (t.simd->mm_cl && !t.bf16x && !t.amx && M >= KERN_CL_MIN_ROWS && kern_pool_scratch(pool, 0)) {
+        const int fit = kern_cl_scratch_rows(p[0], KERN_POOL_SCRATCH_BYTES);
+        if (fit >= KERN_CL_MIN_ROWS) {
+            t.cl = 1, t.win = fit < M ? fit : M;
+            atomic_fetch_add_explicit(&g_cl_ops, 1, memory_order_relaxed);
+        }
     }
     t.nunits = t.nchunks * ((M + t.win - 1) / t.win);
     atomic_init(&t.next, 0);

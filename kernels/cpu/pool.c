@@ -37,7 +37,7 @@ struct kern_pool {
     atomic_long spin_ns;
     atomic_int stop;
     int bf16_activations; /* the bf16-weight matmul order: KERN_BF16_ACT_OFF / _PAIRS / _AMX (kern_cpu.h) */
-    void *scratch;        /* n * KERN_POOL_SCRATCH_BYTES, with bf16_activations (or NULL) */
+    void *scratch;        /* n * KERN_POOL_SCRATCH_BYTES (or NULL) */
     /* separate cache lines: `gen` is read-mostly by spinning workers, `done` is written by them */
     _Alignas(64) atomic_uint gen;
     _Alignas(64) atomic_int done;
@@ -132,6 +132,8 @@ kern_pool *kern_pool_create(int nthreads)
     if (!p) return NULL;
     memset(p, 0, sizeof(*p));
     p->n = nthreads;
+    /* every mode's per-thread matmul scratch (NULL if out of memory: the matmuls then run without) */
+    p->scratch = aligned_alloc(64, (size_t)nthreads * KERN_POOL_SCRATCH_BYTES);
     long spin_us = KERN_SPIN_US_DEFAULT;
     const char *env = getenv("GS_KERN_SPIN_US");
     if (env && *env) spin_us = atol(env);
@@ -167,6 +169,7 @@ fail_threads:
 fail_cv:
     pthread_mutex_destroy(&p->mu);
 fail_mu:
+    free(p->scratch);
     free(p);
     return NULL;
 }
@@ -236,8 +239,9 @@ void kern_cpu_parallel(kern_pool *pool, kern_task_fn fn, void *ctx, size_t work)
         kern_pool_run(pool, fn, ctx);
 }
 
-/* The mode's per-thread scratch (activations pre-rounded to bf16, simd_body.inc) is allocated here,
- * once, never in a step; without it (out of memory) the matmul rounds as it goes: the same bits. */
+/* The per-thread scratch (activations pre-rounded to bf16, or a weight panel, simd_body.inc) is
+ * allocated at creation, never in a step; without it (out of memory) the matmuls run without it:
+ * the same bits. This retries the allocation once. */
 void kern_pool_set_bf16_activations(kern_pool *pool, int on)
 {
     pool->bf16_activations = on == KERN_BF16_ACT_AMX ? KERN_BF16_ACT_AMX : on != 0;

@@ -343,6 +343,67 @@ static void test_matmul_bitwise(void **state)
     kern_cpu_set_min_parallel_work(old);
 }
 
+/* The column-lane GEMM (AVX2 from KERN_CL_MIN_ROWS rows with a pool's scratch, simd_body.inc
+ * simd_mm_cl) against the register tiles of the scalar build, bit for bit: k tails, column tails
+ * (the last < 16 columns take the tiles), remainder row tiles, bias and accumulate, f32 and bf16
+ * weights, and ops cut into windows of rows (K = 4096: the scratch holds 78 rows; 160 rows: two
+ * windows of 78, each packed anew, and 4 rows by the tiles). FP8 weights:
+ * test_fp8 test_matmul_equals_dequantized. */
+static void test_matmul_column_lanes(void **state)
+{
+    (void)state;
+    if (kern_simd_force(KERN_ISA_AVX2) != 0) {
+        isa_reset();
+        skip(); /* the only ISA with the path; its order is the tiles' (test_matmul_bitwise) */
+    }
+    size_t old = kern_cpu_set_min_parallel_work(0);
+    kern_pool *pool = kern_pool_create(2);
+    static const int shapes[][3] = {{16, 16, 16},  {48, 40, 23},  {300, 77, 31}, {768, 48, 64},
+                                    {4096, 20, 100}, {4100, 33, 90}, {33, 16, 17}, {4096, 17, 160}};
+    assert_true(kern_cl_scratch_rows(4096, KERN_POOL_SCRATCH_BYTES) < 100);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int variant = 0; variant < 8; variant++) {
+            const int K = shapes[si][0], N = shapes[si][1], M = shapes[si][2];
+            const int bf16 = variant & 1, bias = (variant >> 1) & 1, acc = (variant >> 2) & 1;
+            mm_case c;
+            mm_init(&c, K, N, M, bf16, bias, acc);
+            c.n_rows = M;
+            float *init = falloc((size_t)M * N), *ref = falloc((size_t)M * N);
+            fill(init, (size_t)M * N, -2.0f, 2.0f);
+            memcpy(c.out, init, (size_t)M * N * 4);
+            kern_op op = mm_op(&c);
+            assert_int_equal(kern_simd_force(KERN_ISA_SCALAR), 0);
+            kern_cpu_exec(NULL, &op);
+            memcpy(ref, c.out, (size_t)M * N * 4);
+            memcpy(c.out, init, (size_t)M * N * 4);
+            assert_int_equal(kern_simd_force(KERN_ISA_AVX2), 0);
+            const long before = kern_cpu_mm_cl_ops();
+            kern_cpu_exec(pool, &op);
+            assert_int_equal(kern_cpu_mm_cl_ops(), before + 1);
+            for (size_t i = 0; i < (size_t)M * N; i++)
+                if (memcmp(&c.out[i], &ref[i], 4) != 0)
+                    fail_msg("column-lane GEMM K %d N %d M %d bf16 %d bias %d acc %d: out[%zu, %zu] %.9g, tiles %.9g", K,
+                             N, M, bf16, bias, acc, i / (size_t)N, i % (size_t)N, (double)c.out[i], (double)ref[i]);
+            free(init);
+            free(ref);
+            mm_free(&c);
+        }
+    /* below KERN_CL_MIN_ROWS rows, and without a pool (no scratch), the tiles run */
+    mm_case c;
+    mm_init(&c, 64, 32, KERN_CL_MIN_ROWS, 0, 0, 0);
+    c.n_rows = KERN_CL_MIN_ROWS - 1;
+    kern_op op = mm_op(&c);
+    const long before = kern_cpu_mm_cl_ops();
+    kern_cpu_exec(pool, &op);
+    c.n_rows = KERN_CL_MIN_ROWS;
+    kern_cpu_exec(NULL, &op);
+    assert_int_equal(kern_cpu_mm_cl_ops(), before);
+    mm_free(&c);
+    kern_pool_destroy(pool);
+    isa_reset();
+    kern_cpu_set_min_parallel_work(old);
+}
+
 /* ---- bf16-activation matmul (the "bf16 pairs" scheme of kern_cpu.h) --------------------------- */
 
 /* A float drawn from every class: normal values near 1, huge and tiny normals, denormals, zeros,
@@ -1531,6 +1592,7 @@ int main(void)
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_matmul_reference),
         cmocka_unit_test(test_matmul_bitwise),
+        cmocka_unit_test(test_matmul_column_lanes),
         cmocka_unit_test(test_bf16_round_daz),
         cmocka_unit_test(test_matmul_bf16_activations),
         cmocka_unit_test(test_exp_neg),
