@@ -93,15 +93,23 @@ typedef struct {
  * activations, from KERN_CL_MIN_ROWS rows, in tiles of KERN_CL_ROWS rows, over the thread's
  * scratch (kern_mm_xb): the rows of M that it holds for a K (0: none, K < 16). */
 #define KERN_CL_ROWS 6
-/* below 20 rows, packing the weights costs more than the tile work it saves: Zen 3, 2 threads,
- * bench gemv (125M projections from DRAM), bf16 16 rows 37 -> 43 ms, 20 rows level, 24 rows
- * 57-59 -> 51-53, 32 rows 79-106 -> 59-62 */
-#define KERN_CL_MIN_ROWS 20
+/* below 16 rows, packing the weights costs more than the tile work it saves: Zen 3, 2 threads,
+ * bench gemv (125M projections from DRAM), 5 alternated runs, min ms: 10 rows bf16 17.9 -> 19.5,
+ * FP8 17.4 -> 21.7; 16 rows bf16 23.6 -> 25.3 (median 28.6 -> 26.2), FP8 level, f32 34.9 -> 30.8.
+ * (Before the pack prefetched and padded its lanes, 16 rows bf16 went 37 -> 43 and the threshold
+ * was 20.) */
+#define KERN_CL_MIN_ROWS 16
+/* floats from one lane to the next in the packed weights (16 columns a step) and in a row tile's
+ * packed x (8 rows a step): one 64-byte line more than the lane's steps, so the 16 lanes that a
+ * pack writes at once do not fall in the same L1 sets (unpadded, K = 2048 puts them 8 KiB apart) */
+static inline size_t kern_cl_pw_lane(size_t J) { return 16 * J + 16; }
+static inline size_t kern_cl_xp_lane(size_t J) { return 8 * J + 16; }
 static inline int kern_cl_scratch_rows(int K, size_t bytes)
 {
-    const size_t J = (size_t)K / 16, fl = bytes / sizeof(float), fixed = 16 * KERN_CL_ROWS * 16 + 256 * J;
+    const size_t J = (size_t)K / 16, fl = bytes / sizeof(float);
+    const size_t fixed = 16 * KERN_CL_ROWS * 16 + 16 * kern_cl_pw_lane(J);
     if (J == 0 || fl <= fixed) return 0;
-    return (int)((fl - fixed) / (128 * J)) * KERN_CL_ROWS;
+    return (int)((fl - fixed) / (16 * kern_cl_xp_lane(J))) * KERN_CL_ROWS;
 }
 
 /* Per-ISA entry points; all give bitwise-identical results (see top of file). */
