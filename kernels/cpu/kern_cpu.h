@@ -104,12 +104,14 @@ typedef struct {
  * pack writes at once do not fall in the same L1 sets (unpadded, K = 2048 puts them 8 KiB apart) */
 static inline size_t kern_cl_pw_lane(size_t J) { return 16 * J + 16; }
 static inline size_t kern_cl_xp_lane(size_t J) { return 8 * J + 16; }
+/* floats of one row tile's packed x (16 lanes) */
+static inline size_t kern_cl_xp_tile(size_t J) { return 16 * kern_cl_xp_lane(J); }
 static inline int kern_cl_scratch_rows(int K, size_t bytes)
 {
     const size_t J = (size_t)K / 16, fl = bytes / sizeof(float);
     const size_t fixed = 16 * KERN_CL_ROWS * 16 + 16 * kern_cl_pw_lane(J);
     if (J == 0 || fl <= fixed) return 0;
-    return (int)((fl - fixed) / (16 * kern_cl_xp_lane(J))) * KERN_CL_ROWS;
+    return (int)((fl - fixed) / kern_cl_xp_tile(J)) * KERN_CL_ROWS;
 }
 
 /* Per-ISA entry points; all give bitwise-identical results (see top of file). */
