@@ -100,6 +100,10 @@ typedef struct {
     int fp8_online; /* serve --quantization fp8 on a bf16 / f16 / f32 checkpoint: each arriving
                        projection is quantized block by block into its FP8 storage (no scale tensors
                        in the checkpoint; mdl_fp8_quantize) */
+    int fp8_lm_head; /* online only (serve --quantize-lm-head): an untied target's lm_head is block FP8
+                        too, so a decode step reads one byte per weight of every matrix (as llama.cpp's
+                        Q8_0 does). No checkpoint format stores an FP8 lm_head (Qwen3-FP8 and
+                        DeepSeek-V3 keep it bf16), so only online quantization makes one. */
     unsigned char fp8_skip[MDL_MAX_LAYERS];
     int fp8_fc; /* drafters: fc (the target-features projection) is FP8 too. A drafter's layers are
                    all FP8 or none in q/k/v, whose k / v rows the stacked context K/V copies. */

@@ -470,7 +470,10 @@ int mdl_mkmodel(const mdl_mkmodel_opts *o_in, const char *dir, char *err, size_t
         }
     snprintf(nm, sizeof nm, "%snorm.weight", pre);
     gen(&g, nm, H, 0, 1);
-    if (!drafter && !o->tie) gen(&g, "lm_head.weight", o->vocab, H, 0);
+    if (!drafter && !o->tie) {
+        gen(&g, "lm_head.weight", o->vocab, H, 0);
+        if (o->fp8_lm_head) quantize_fp8(&g, g.n - 1, o->fp8_b0, o->fp8_b1, 1, 0, MDL_FP8_BLOCK);
+    }
     if (o->arch == MDL_ARCH_DSPARK) {
         if (gen_copy(&g, o->target_dir, tcfg.tie ? "model.embed_tokens.weight" : "lm_head.weight",
                      "lm_head.weight", err, errlen) != 0)

@@ -44,8 +44,10 @@ typedef struct {
      * real FP8 checkpoints are, per [fp8_b0, fp8_b1] block s = amax / 448 and q = e4m3(w / s) to
      * nearest even; written as X.weight F8_E4M3 + X.weight_scale_inv F32 with a quantization_config.
      * fp8_dequant: write instead the same model with those weights dequantized (f32(q) * s, in
-     * --dtype) and no quantization_config, the twin an FP8 model must match. */
-    int fp8_b0, fp8_b1, fp8_dequant;
+     * --dtype) and no quantization_config, the twin an FP8 model must match. fp8_lm_head (with
+     * fp8_dequant, untied targets): lm_head dequantized likewise, the twin of serve --quantize-lm-head
+     * (no checkpoint format stores an FP8 lm_head, so there is no quantized form to write). */
+    int fp8_b0, fp8_b1, fp8_dequant, fp8_lm_head;
     /* compressed-tensors FP8 instead (llm-compressor's layout): X.weight_scale in --dtype, per block
      * (fp8_scheme MDL_FP8_BLOCK), per row [N, 1] (CHANNEL) or per tensor [1] (TENSOR; fp8_b0 > 0
      * still marks FP8 on), and a compressed-tensors quantization_config */

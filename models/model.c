@@ -318,6 +318,9 @@ static void build_table(builder *b)
         m->lm_head = m->embed;
         /* alias: lm_head.weight writes the shared matrix and covers embed_tokens' slot */
         add_dest(b, "lm_head.weight", m->embed, 0, c->vocab, 2, m->dests[0].cover);
+    } else if (c->fp8_lm_head) { /* online FP8 (--quantize-lm-head): quantized on arrival, as a projection */
+        m->lm_head = add_proj(b, "lm_head", W, 1, c->vocab, H);
+        add_linear(b, "lm_head", m->lm_head, 0, c->vocab);
     } else {
         m->lm_head = add_whole(b, "lm_head.weight", "lm_head", W, c->vocab, H);
     }

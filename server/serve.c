@@ -246,7 +246,11 @@ static const char *quant_str(const mdl_config *mc, char *out, size_t cap)
     char scheme[32];
     if (mc->fp8_scheme == MDL_FP8_BLOCK) snprintf(scheme, sizeof scheme, "%dx%d blocks", mc->fp8_b0, mc->fp8_b1);
     else snprintf(scheme, sizeof scheme, "per %s", mc->fp8_scheme == MDL_FP8_CHANNEL ? "channel" : "tensor");
-    snprintf(out, cap, "fp8 %s%s", scheme, mc->fp8_online ? " (online)" : mc->fp8_ct ? " (compressed-tensors)" : "");
+    snprintf(out, cap, "fp8 %s%s", scheme,
+             mc->fp8_lm_head  ? " (online, lm_head too)"
+             : mc->fp8_online ? " (online)"
+             : mc->fp8_ct     ? " (compressed-tensors)"
+                              : "");
     return out;
 }
 

@@ -85,6 +85,8 @@ static const char help[] =
     "  --fp8-compressed-tensors   with --fp8 ROWS,COLS: compressed-tensors' block strategy (FP8_BLOCK)\n"
     "  --fp8-dequantized          with --fp8: the same model with the projections dequantized (the\n"
     "                             FP8 model's twin: no quantization_config)\n"
+    "  --fp8-lm-head              with --fp8 ROWS,COLS --fp8-dequantized --no-tie: lm_head dequantized\n"
+    "                             too (the twin of serve --quantization fp8 --quantize-lm-head)\n"
     "\n"
     "Drafters (--arch dflash: z-lab DFlashDraftModel; --arch dspark: DeepSpec Qwen3DSparkModel) take\n"
     "their geometry from the target; --layers sets the drafter depth:\n"
@@ -173,6 +175,7 @@ int srv_cmd_mkmodel(int argc, char **argv)
             srv_arg_flag(argc, argv, &i, "--moe-fused", &o.moe_fused) ||
             srv_arg_str(argc, argv, &i, "--fp8", &fp8) ||
             srv_arg_flag(argc, argv, &i, "--fp8-dequantized", &o.fp8_dequant) ||
+            srv_arg_flag(argc, argv, &i, "--fp8-lm-head", &o.fp8_lm_head) ||
             srv_arg_flag(argc, argv, &i, "--fp8-compressed-tensors", &o.fp8_ct))
             continue;
         srv_die_usage("mkmodel", argv[i]);
@@ -188,6 +191,9 @@ int srv_cmd_mkmodel(int argc, char **argv)
         if (o.fp8_b0 < 1 || o.fp8_b1 < 16) srv_die("--fp8 ROWS,COLS: rows >= 1, columns a power of two >= 16");
     }
     if ((o.fp8_dequant || o.fp8_ct) && !fp8) srv_die("--fp8-dequantized / --fp8-compressed-tensors need --fp8");
+    if (o.fp8_lm_head && (!o.fp8_dequant || o.fp8_ct || !no_tie))
+        srv_die("--fp8-lm-head needs --fp8 ROWS,COLS --fp8-dequantized --no-tie (an FP8 lm_head exists only "
+                "online: serve --quantize-lm-head)");
     if (tie && no_tie) srv_die("--tie and --no-tie are exclusive");
     o.tie = !no_tie;
     o.tokenizer = !no_tok;

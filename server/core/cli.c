@@ -178,6 +178,9 @@ const char srv_runtime_help[] =
     "                         quantized as each tensor arrives (cold load and every update); W8A16;\n"
     "                         the --draft drafter too (unless it is FP8 already, or\n"
     "                         --draft-quantization none)\n"
+    "  --quantize-lm-head     with --quantization fp8: the target's (untied) lm_head as block FP8\n"
+    "                         too, so decoding reads one byte per weight of every matrix, as\n"
+    "                         llama.cpp's Q8_0 does (default off: vLLM and SGLang keep it bf16)\n"
     "  --draft-quantization fp8|none\n"
     "                         the drafter's online FP8 on its own (default: as --quantization)\n"
     "  --bf16-activations     CPU, bf16 weights: round each matmul's activations to bf16 and sum\n"
@@ -245,6 +248,7 @@ int srv_runtime_arg(int argc, char **argv, int *i, srv_runtime_opts *o)
         }
         return 1;
     }
+    if (srv_arg_flag(argc, argv, i, "--quantize-lm-head", &o->quant_lm_head)) return 1;
     const char *qb = NULL;
     if (srv_arg_str(argc, argv, i, "--quantization-block", &qb)) {
         if (sscanf(qb, "%d,%d", &o->quant_b0, &o->quant_b1) != 2 || o->quant_b0 < 1 || o->quant_b0 > 65536 ||
@@ -342,6 +346,16 @@ static int online_fp8(const srv_runtime_opts *o, mdl_config *cfg, const char *fl
     }
     cfg->fp8 = cfg->fp8_online = 1;
     cfg->fp8_fc = cfg->is_drafter;
+    if (o->quant_lm_head && !cfg->is_drafter) {
+        if (cfg->tie) {
+            snprintf(err, errlen,
+                     "--quantize-lm-head: %s ties lm_head to embed_tokens (tie_word_embeddings); only an untied "
+                     "lm_head is quantized",
+                     dir);
+            return -1;
+        }
+        cfg->fp8_lm_head = 1;
+    }
     cfg->fp8_b0 = o->quant_b0 ? o->quant_b0 : 128;
     cfg->fp8_b1 = o->quant_b1 ? o->quant_b1 : 128;
     return 0;
@@ -364,6 +378,10 @@ int srv_runtime_open(srv_runtime *rt, const srv_runtime_opts *o, char *err, size
     }
     mdl_config cfg;
     if (mdl_config_load(o->model_dir, &cfg, err, errlen) != 0) return -1;
+    if (o->quant_lm_head && !o->quantization) {
+        snprintf(err, errlen, "--quantize-lm-head needs --quantization fp8");
+        return -1;
+    }
     if (o->quantization && online_fp8(o, &cfg, "--quantization", o->model_dir, err, errlen) != 0) return -1;
     if (o->backend && strcmp(o->backend, "cuda") == 0) {
         if (o->bf16_activations) {

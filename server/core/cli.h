@@ -31,6 +31,7 @@ typedef struct {
     int bf16_activations; /* --bf16-activations[=amx|pairs|off] (CPU backend): a KERN_BF16_ACT_* mode */
     const char *quantization; /* --quantization fp8: online block FP8 of a bf16 / f32 checkpoint */
     int quant_b0, quant_b1;   /* --quantization-block ROWS,COLS (default 128,128) */
+    int quant_lm_head;        /* --quantize-lm-head: with --quantization fp8, the target's lm_head too */
     const char *draft_quantization; /* --draft-quantization fp8|none (NULL: as quantization) */
     eng_config ecfg;
 } srv_runtime_opts;

@@ -24,6 +24,9 @@ quantization_config).
     cold start on the block-FP8 checkpoint mkmodel writes from the same bf16 weights (same codes, same
     scales: checksums of every parameter, greedy tokens); bf16 P1 pushed to it (shuffled, q / k / v apart)
     equals FP8 Q1b's cold start, and P0 back equals Q0b again; a non-finite bf16 weight is refused (400);
+  - --quantize-lm-head (online FP8 of lm_head too) on an f32 checkpoint: exactly the logprobs of the
+    twin with every projection and lm_head dequantized, and hot == cold for a pushed update
+    (test_online_lm_head);
   - a replica started on Q0 joins with --weights-from the server at Q1 (FP8 codes and scales pulled as
     stored) and equals a cold start on Q1;
   - --bf16-activations on the bf16-based block-FP8 checkpoint Q0b gives exactly the tokens and logprobs
@@ -202,6 +205,69 @@ def test_online(C, binary, root):
     test_bf16_activations(C, binary, root, q0b, p0)
 
 
+def test_online_lm_head(C, binary, root):
+    """serve --quantization fp8 --quantize-lm-head: the untied lm_head is block FP8 too. On an f32
+    checkpoint its logprobs are exactly those of the twin mkmodel --fp8-dequantized --fp8-lm-head writes
+    (every projection and lm_head as f32(q) * s: an FP8 matmul is bitwise the f32 one over the
+    dequantized weights) and differ from the twin with lm_head left f32 (the option takes effect); a
+    bf16 update pushed to it equals a cold start of the same server on that checkpoint (checksums of
+    every parameter, lm_head's codes and scales included, and the twin's logprobs); a non-finite
+    lm_head weight is refused naming it; a tied checkpoint, or the flag without --quantization fp8,
+    fails start-up naming why."""
+    geo = [a for a in FP8[2:] if a not in ("--fp8", "16,32")] + ["--no-tie"]
+    mk_ = lambda name, seed, extra: H.mkmodel(C, binary, os.path.join(root, name), vocab=512,  # noqa: E731
+                                              extra=["--dtype", "f32"] + geo + ["--seed", str(seed)] + extra)
+    twin = ["--fp8", "16,32", "--fp8-dequantized"]
+    p0, p1 = mk_("L-P0", 1, []), mk_("L-P1", 2, [])
+    t0, t1, m0 = mk_("L-T0", 1, twin + ["--fp8-lm-head"]), mk_("L-T1", 2, twin + ["--fp8-lm-head"]), mk_("L-M0", 1, twin)
+    args = ["--quantization", "fp8", "--quantization-block", "16,32", "--quantize-lm-head"]
+
+    def run(model, a):
+        srv = H.Server(C, binary, model, args=a)
+        try:
+            return snap(srv), [logprobs(srv, p) for p in W.PROMPTS]
+        finally:
+            H.stop_clean(C, srv)
+
+    (_, lt0), (_, lt1), (_, lm0) = run(t0, []), run(t1, []), run(m0, [])
+    (cold1, _) = run(p1, args)
+    srv = H.Server(C, binary, p0, args=args)
+    try:
+        got0 = snap(srv), [logprobs(srv, p) for p in W.PROMPTS]
+        sums = got0[0]["target"]
+        C.check("lm_head" in sums and "lm_head.scale" in sums,
+                "--quantize-lm-head: no lm_head scale table among %r" % sorted(sums)[:8])
+        C.check(got0[1][0][1] is not None and got0[1] == lt0,
+                "--quantize-lm-head: online FP8 on P0 vs its dequantized twin T0: %r vs %r" %
+                (str(got0[1])[:300], str(lt0)[:300]))
+        C.check(lt0 != lm0, "the twins with and without an FP8 lm_head give the same logprobs")
+        P0, P1 = W.ckpt(p0), W.ckpt(p1)
+        rng = random.Random(28)
+        full(C, srv, "f32 P1 -> online FP8 + lm_head (mixed)", P1, W.make_buckets(list(P1), "mixed", rng), "p1")
+        W.same(C, "P1 pushed to --quantize-lm-head vs its cold start", snap(srv), cold1, version="p1")
+        C.check([logprobs(srv, p) for p in W.PROMPTS] == lt1, "--quantize-lm-head after P1: not T1's logprobs")
+        full(C, srv, "f32 P0 back (one per bucket)", P0, W.make_buckets(list(P0), "one", rng), "p0")
+        W.same(C, "P0 pushed back to --quantize-lm-head", snap(srv), got0[0], version="p0")
+        arr = P1["lm_head.weight"].to_f64().copy()
+        arr[5, 1] = float("nan")
+        H.post(srv, "/v1/weights/begin", {"mode": "partial", "model": "target"})
+        r = W.post_bucket(srv, W.st_encode([raw("lm_head.weight", "F32", arr)]))
+        H.error_ok(C, "--quantize-lm-head: a NaN lm_head weight", r, 400)
+        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        C.check("lm_head.weight" in msg, "--quantize-lm-head: the 400 does not name lm_head.weight: %r" % msg)
+        H.post(srv, "/v1/weights/abort", {})
+        W.same(C, "--quantize-lm-head after the refused bucket", snap(srv), got0[0])
+    finally:
+        H.stop_clean(C, srv)
+    tied = H.mkmodel(C, binary, os.path.join(root, "L-tied"), vocab=512, extra=["--dtype", "f32"] + geo[:-1])
+    for model, a, needle in ((tied, args, "tie_word_embeddings"), (p0, ["--quantize-lm-head"], "--quantization fp8")):
+        p = subprocess.run([binary, "generate", "--model", model, "--prompt-ids", "1,2,3", "--max-tokens", "1"] + a,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        err = p.stderr.decode(errors="replace")
+        C.check(p.returncode != 0 and needle in err, "--quantize-lm-head refusal (%s): exit %d, stderr %r" %
+                (needle, p.returncode, err[-300:]))
+
+
 def e4m3_values():
     """The float32 value of each of the 256 e4m3 codes, from the OCP spec (sign, exponent bias 7,
     3 mantissa bits, subnormals at exponent 0; the NaN codes 0x7f / 0xff as NaN)."""
@@ -332,6 +398,7 @@ def main():
             H.stop_clean(C, srv)
         test_config_refusals(C, binary, root, q0)
         test_online(C, binary, root)
+        test_online_lm_head(C, binary, root)
     finally:
         H._kill_all()
     return C.finish()
