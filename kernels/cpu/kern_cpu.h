@@ -89,8 +89,8 @@ typedef struct {
     kern_mm_xb *xb; /* bf16-pairs mode: the calling thread's rounded rows, or NULL (round as it goes) */
 } kern_mm_args;
 
-/* The column-lane GEMM (simd_body.inc simd_mm_cl; ISAs whose kern_simd_ops.mm_cl is set): f32
- * activations, from KERN_CL_MIN_ROWS rows, in tiles of KERN_CL_ROWS rows, over the thread's
+/* The column-lane GEMM (simd_body.inc simd_mm_cl; ISAs whose kern_simd_ops.mm_cl_rows /
+ * mm_cl_rows_fp8 is set): f32 activations, from that many rows (AVX2: KERN_CL_MIN_ROWS), in tiles of KERN_CL_ROWS rows, over the thread's
  * scratch (kern_mm_xb): the rows of M that it holds for a K (0: none, K < 16). */
 #define KERN_CL_ROWS 6
 /* below 16 rows, packing the weights costs more than the tile work it saves: Zen 3, 2 threads,
@@ -125,9 +125,10 @@ typedef struct {
     /* the same for bf16 weights in the "amx" order (matmul_amx.c): native TDPBF16PS or its exact
      * emulation (bitwise the same); ignores a->xb */
     void (*mm_cols_amx)(const kern_mm_args *a, int n0, int n1);
-    /* mm_cols takes the column-lane GEMM for an op of M >= KERN_CL_MIN_ROWS rows of f32
-     * activations when a->xb holds them (kern_cl_scratch_rows) */
-    int mm_cl;
+    /* mm_cols takes the column-lane GEMM for an op of M >= mm_cl_rows rows of f32 activations
+     * over f32 / bf16 weights (mm_cl_rows_fp8: FP8 weights) when a->xb holds them
+     * (kern_cl_scratch_rows); 0: never (>= KERN_CL_MIN_ROWS otherwise) */
+    int mm_cl_rows, mm_cl_rows_fp8;
     /* sum_i a[i]*b[i] in the 16-lane scheme */
     float (*dot)(const float *a, const float *b, int n);
     /* out[i * ldo + j] = dot(q[i], k[j], n) for i < nq <= 4, j < nk <= 4: bitwise as nq * nk calls
@@ -300,6 +301,9 @@ void kern_cpu_parallel(kern_pool *pool, kern_task_fn fn, void *ctx, size_t work)
 size_t kern_cpu_set_min_parallel_work(size_t work);
 /* matmul ops so far that ran (some windows of) the column-lane GEMM: for tests */
 long kern_cpu_mm_cl_ops(void);
+/* the rows from which the selected ISA takes the column-lane GEMM for f32 / bf16 (fp8 0) or FP8
+ * (fp8 1) weights; 0: never */
+int kern_cpu_mm_cl_rows(int fp8);
 
 /* Contiguous share [*b, *e) of 0..total for thread tid of nt, boundaries rounded to align. */
 static inline void kern_split(int64_t total, int tid, int nt, int64_t align, int64_t *b, int64_t *e)

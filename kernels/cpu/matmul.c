@@ -68,6 +68,7 @@ static void mm_run(void *ctx, int tid, int nt)
 
 static atomic_long g_cl_ops;
 long kern_cpu_mm_cl_ops(void) { return atomic_load_explicit(&g_cl_ops, memory_order_relaxed); }
+int kern_cpu_mm_cl_rows(int fp8) { return fp8 ? kern_simd()->mm_cl_rows_fp8 : kern_simd()->mm_cl_rows; }
 
 void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
 {
@@ -110,9 +111,10 @@ void kern_cpu_matmul(kern_pool *pool, const kern_op *op)
         const int fit = kern_amx_scratch_rows(p[0], KERN_POOL_SCRATCH_BYTES);
         if (fit >= 32 && fit < M) t.win = fit;
     }
-    if (t.simd->mm_cl && !t.bf16x && !t.amx && M >= KERN_CL_MIN_ROWS && kern_pool_scratch(pool, 0)) {
+    const int cl_rows = p[3] == KERN_DT_FP8 ? t.simd->mm_cl_rows_fp8 : t.simd->mm_cl_rows;
+    if (cl_rows && !t.bf16x && !t.amx && M >= cl_rows && kern_pool_scratch(pool, 0)) {
         const int fit = kern_cl_scratch_rows(p[0], KERN_POOL_SCRATCH_BYTES);
-        if (fit >= KERN_CL_MIN_ROWS) {
+        if (fit >= cl_rows) {
             t.cl = 1, t.win = fit < M ? fit : M;
             atomic_fetch_add_explicit(&g_cl_ops, 1, memory_order_relaxed);
         }

@@ -85,7 +85,7 @@ static SIMD_TARGET void exp_shift_avx512(double *y, const float *l, double mx, i
     .mm_cols = simd_mm_cols_avx512, .dot = simd_dot_avx512, .dots4x4 = simd_dots4x4_avx512,         \
     .axpys = simd_axpys_avx512, .scale = simd_scale_avx512, .exp_shift = exp_shift_avx512,          \
     .silu_mul = simd_silu_mul_avx512, .softmax16 = simd_softmax16_avx512,   \
-    .div = simd_div_avx512
+    .div = simd_div_avx512, .mm_cl_rows_fp8 = KERN_CL_MIN_ROWS_AVX512_FP8
 
 const kern_simd_ops kern_simd_avx512 = {
     .isa = KERN_ISA_AVX512,

@@ -248,7 +248,12 @@ static void test_matmul_equals_dequantized(void **state)
                 for (int threads = 1; threads <= 2; threads++) {
                     assert_int_equal(kern_simd_force(isas[ii]), 0);
                     memcpy(got, init, (size_t)M * N * 4);
+                    /* with a pool's scratch, from the ISA's mm_cl_rows_fp8 rows (AVX2 16, AVX-512 40:
+                     * M 70) the column-lane GEMM runs, and must give the same bits */
+                    const int cl = threads == 2 && kern_cpu_mm_cl_rows(1) && M >= kern_cpu_mm_cl_rows(1);
+                    const long cl0 = kern_cpu_mm_cl_ops();
                     run_mm(threads == 2 ? p2 : NULL, sh, &w, 1, x, got, M, M, bias, acc);
+                    assert_int_equal(kern_cpu_mm_cl_ops(), cl0 + cl);
                     for (size_t i = 0; i < (size_t)M * N; i++)
                         if (fbits(got[i]) != fbits(ref[i]))
                             fail_msg("K %d N %d b %dx%d M %d isa %d threads %d: out[%zu] %.9g, f32 over the "
