@@ -429,8 +429,14 @@ class Graphswap:
 # CPU has AMX, an exact emulation elsewhere, so time it only on an AMX machine)
 # "fp8": graphswap on a block-FP8 checkpoint (Qwen3-FP8 layout, W8A16), llama.cpp on the Q8_0 GGUF
 # hf_to_gguf.py writes from the same checkpoint (dequantized f32(code) * scale, then Q8_0)
+# "fp8lm": graphswap's online FP8 of every matrix, lm_head included (--quantization fp8
+# --quantize-lm-head) on the F32 checkpoint, llama.cpp on the Q8_0 GGUF of its dequantized twin
+# (mkmodel --fp8-dequantized --fp8-lm-head: the same codes and scales, as f32): one byte per weight
+# of every matrix in both engines, like for like with Q8_0 (the "fp8" rows keep lm_head bf16)
 GS_FLAGS = {"f32": (), "bf16": (), "bf16x": ("--bf16-activations",), "bf16amx": ("--bf16-activations=amx",),
-            "fp8": ()}
+            "fp8": (), "fp8lm": ("--quantization", "fp8", "--quantize-lm-head"),
+            "fp8x": ("--bf16-activations",),
+            "fp8lmx": ("--quantization", "fp8", "--quantize-lm-head", "--bf16-activations")}
 # bf16x check tolerances in nats (see CHECKS below and README.md: the engines' bf16 rounding differs)
 BF16X_MAX_TOL = 0.5
 BF16X_MEDIAN_TOL = 0.05
@@ -453,12 +459,15 @@ BF16X_TIE_TOL = 0.05
 Q8_MAX_TOL = 0.3
 Q8_MEDIAN_TOL = 0.15
 Q8_TIE_TOL = 0.2
-FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16", "bf16amx": "bf16", "fp8": "fp8"}
+FILE_DTYPE = {"f32": "f32", "bf16": "bf16", "bf16x": "bf16", "bf16amx": "bf16", "fp8": "fp8", "fp8lm": "fp8lm",
+              "fp8x": "fp8", "fp8lmx": "fp8lm"}
 # the fp8 checkpoint: the bf16 model's geometry and seed, projections block-FP8 (mkmodel --fp8)
 FP8_BLOCK = "128,128"
 MKMODEL_DTYPE = {"f32": ["--dtype", "f32"], "bf16": ["--dtype", "bf16"],
-                 "fp8": ["--dtype", "bf16", "--fp8", FP8_BLOCK]}
-GGUF_OUTTYPE = {"f32": "f32", "bf16": "bf16", "fp8": "q8_0"}
+                 "fp8": ["--dtype", "bf16", "--fp8", FP8_BLOCK], "fp8lm": ["--dtype", "f32"]}
+GGUF_OUTTYPE = {"f32": "f32", "bf16": "bf16", "fp8": "q8_0", "fp8lm": "q8_0"}
+# the checkpoint llama.cpp's GGUF is made from when it is not graphswap's own: fp8lm's twin
+GGUF_TWIN = {"fp8lm": ["--dtype", "f32", "--fp8", FP8_BLOCK, "--fp8-dequantized", "--fp8-lm-head"]}
 
 
 def ensure_checkpoints(a) -> dict[str, dict]:
@@ -466,32 +475,26 @@ def ensure_checkpoints(a) -> dict[str, dict]:
     work.mkdir(parents=True, exist_ok=True)
     out = {}
     for dt in dict.fromkeys(FILE_DTYPE[d] for d in a.dtypes):
-        given = getattr(a, f"checkpoint_{dt}")
+        given = getattr(a, f"checkpoint_{dt}", None)
         if given:
             ck = Path(given)
             if not (ck / "config.json").is_file():
                 die(f"--checkpoint-{dt} {ck}: no config.json")
         else:
-            stem = checkpoint_stem(a)
-            ck = work / f"{stem}-{dt}"
-            args = mkmodel_geometry(a) + MKMODEL_DTYPE[dt]
-            stamp = work / f"{stem}-{dt}.mkmodel.json"
-            ok = (ck / "config.json").is_file() and stamp.is_file() and \
-                json.loads(stamp.read_text()) == args and \
-                any(ck.glob("*.safetensors"))
-            if not ok:
-                log(f"compare.py: making checkpoint {ck} (graphswap mkmodel, {dt})")
-                shutil.rmtree(ck, ignore_errors=True)
-                stamp.unlink(missing_ok=True)
-                cmd = [a.graphswap, "mkmodel", "--out", str(ck)] + args
-                p = run_cmd(cmd, a.timeout)
-                if p.returncode != 0:
-                    die(f"`{' '.join(cmd)}` failed:\n{p.stdout}\n{p.stderr}")
-                stamp.write_text(json.dumps(args))
-        suffix = "-q8_0" if dt == "fp8" else ""
-        gguf = work / f"{ck.name}-{dt}{suffix}.gguf" if given else work / f"{ck.name}{suffix}.gguf"
-        convert_gguf(a, ck, gguf, GGUF_OUTTYPE[dt])
+            ck = make_checkpoint(a, work, f"{checkpoint_stem(a)}-{dt}", MKMODEL_DTYPE[dt], dt)
+        src = ck  # the checkpoint the GGUF is made from
+        if dt in GGUF_TWIN:
+            src = make_checkpoint(a, work, f"{ck.name}-twin", GGUF_TWIN[dt],
+                                  dt + " twin")
+        suffix = "-q8_0" if dt in ("fp8", "fp8lm") else ""
+        gguf = work / f"{src.name}-{dt}{suffix}.gguf" if given else work / f"{src.name}{suffix}.gguf"
+        convert_gguf(a, src, gguf, GGUF_OUTTYPE[dt])
         out[dt] = {"checkpoint": str(ck), "gguf": str(gguf)}
+        if dt == "fp8lm" and (a.check or not a.no_check):
+            # the fp8lmf32 check: the twin as an F32 GGUF (exactly graphswap's dequantized weights)
+            g32 = work / f"{src.name}-asf32.gguf"
+            convert_gguf(a, src, g32, "f32")
+            out[dt]["gguf_as_f32"] = str(g32)
         if dt == "fp8" and (a.check or not a.no_check):
             # the fp8f32 check (below): the dequantized FP8 weights as an F32 GGUF (exact)
             g32 = work / (f"{ck.name}-{dt}-asf32.gguf" if given else f"{ck.name}-asf32.gguf")
@@ -505,6 +508,27 @@ def ensure_checkpoints(a) -> dict[str, dict]:
     for d in a.dtypes:
         out[d] = out[FILE_DTYPE[d]]
     return out
+
+
+def make_checkpoint(a, work: Path, name: str, dtype_args: list[str], what: str) -> Path:
+    """work/name made by graphswap mkmodel (--arch's geometry + dtype_args), unless its stamp shows
+    the same arguments already made it."""
+    ck = work / name
+    args = mkmodel_geometry(a) + dtype_args
+    stamp = work / f"{name}.mkmodel.json"
+    ok = (ck / "config.json").is_file() and stamp.is_file() and \
+        json.loads(stamp.read_text()) == args and \
+        any(ck.glob("*.safetensors"))
+    if not ok:
+        log(f"compare.py: making checkpoint {ck} (graphswap mkmodel, {what})")
+        shutil.rmtree(ck, ignore_errors=True)
+        stamp.unlink(missing_ok=True)
+        cmd = [a.graphswap, "mkmodel", "--out", str(ck)] + args
+        p = run_cmd(cmd, a.timeout)
+        if p.returncode != 0:
+            die(f"`{' '.join(cmd)}` failed:\n{p.stdout}\n{p.stderr}")
+        stamp.write_text(json.dumps(args))
+    return ck
 
 
 def convert_gguf(a, ck: Path, gguf: Path, outtype: str):
@@ -569,16 +593,31 @@ def active_bytes(tensors: dict[str, tuple[list, int]], embed: str, lm_head: str 
             "params_active_per_token": p_active}
 
 
-def model_summary(ck: str, gguf_path: str | None) -> dict:
+def online_fp8_bytes(name: str, shape: list, nbytes: int, lm_head: bool) -> int:
+    """What graphswap stores for a checkpoint tensor under --quantization fp8 (--quantize-lm-head):
+    a projection (lm_head too) as one byte per weight plus an f32 scale per FP8_BLOCK block; any
+    other tensor as the checkpoint has it."""
+    if len(shape) == 2 and (re.search(r"_proj\.weight$", name) or (lm_head and name == "lm_head.weight")):
+        b0, b1 = (int(v) for v in FP8_BLOCK.split(","))
+        r, c = int(shape[0]), int(shape[1])
+        return r * c + -(-r // b0) * -(-c // b1) * 4
+    return nbytes
+
+
+def model_summary(ck: str, gguf_path: str | None, gs_flags=()) -> dict:
     """config.json's architecture keys, and the active-parameter bytes per batch-1 decode token of
-    the checkpoint (what graphswap reads) and of the GGUF (what llama.cpp reads: the router is F32
-    there, norms F32)."""
+    the checkpoint (what graphswap reads; under --quantization fp8 what it stores) and of the GGUF
+    (what llama.cpp reads: the router is F32 there, norms F32)."""
     cfg = json.loads((Path(ck) / "config.json").read_text())
     out = {"config": {k: cfg[k] for k in CONFIG_KEYS if k in cfg}}
     k = int(cfg.get("num_experts_per_tok") or 0)
     E = int(cfg.get("num_experts") or 0)
     tied = bool(cfg.get("tie_word_embeddings", False))
     st = st_tensors(Path(ck))
+    if "--quantization" in gs_flags:
+        lm = "--quantize-lm-head" in gs_flags
+        for n, t in st.items():
+            t["bytes"] = online_fp8_bytes(n, t["shape"], t["bytes"], lm)
     out["graphswap"] = active_bytes({n: (t["shape"], t["bytes"]) for n, t in st.items()
                                      if not n.endswith("rotary_emb.inv_freq")},
                                     "model.embed_tokens.weight", None if tied else "lm_head.weight",
@@ -617,10 +656,18 @@ CHECKS = {
                "gguf_as_f32", "logprob_tol", None, "tie_tol"),
     "fp8": ("block-FP8 checkpoint (W8A16) / Q8_0 of its dequantized weights (the GGUF that is timed)",
             "gguf", "q8_max_tol", "q8_median_tol", "q8_tie_tol"),
+    "fp8lmf32": ("F32 checkpoint, graphswap --quantization fp8 --quantize-lm-head / its dequantized twin as "
+                 "an F32 GGUF", "gguf_as_f32", "logprob_tol", None, "tie_tol"),
+    "fp8lm": ("F32 checkpoint, graphswap --quantization fp8 --quantize-lm-head / Q8_0 of its dequantized "
+              "twin (the GGUF that is timed)", "gguf", "q8_max_tol", "q8_median_tol", "q8_tie_tol"),
+    "fp8x": ("block-FP8 checkpoint, graphswap --bf16-activations / Q8_0 of its dequantized weights",
+             "gguf", "q8_max_tol", "q8_median_tol", "q8_tie_tol"),
+    "fp8lmx": ("F32 checkpoint, graphswap --quantization fp8 --quantize-lm-head --bf16-activations / Q8_0 of "
+               "its dequantized twin", "gguf", "q8_max_tol", "q8_median_tol", "q8_tie_tol"),
 }
 # --dtypes entry -> the checks it runs: fp8 first checks that llama.cpp gets exactly graphswap's
 # weights (fp8f32), then that the Q8_0 GGUF is within Q8_0's rounding of them (fp8)
-CHECK_RUNS = {"fp8": ("fp8f32", "fp8")}
+CHECK_RUNS = {"fp8": ("fp8f32", "fp8"), "fp8lm": ("fp8lmf32", "fp8lm")}
 
 
 def correctness_checks(a, gs: "Graphswap", models: dict) -> dict:
@@ -927,6 +974,17 @@ def write_outputs(a, doc: dict, rows, final: bool):
                   "W8A16, f32 activations), llama.cpp on the Q8_0 GGUF of the same weights (hf_to_gguf.py "
                   "--outtype q8_0: f32(code) x scale, then Q8_0 for every matrix, token_embd and output "
                   "included, norms F32, as llama.cpp's own converter does)")
+    if "fp8lm" in c["dtypes"]:
+        md.append("- dtype fp8lm: graphswap on the F32 checkpoint with --quantization fp8 --quantize-lm-head "
+                  "(every projection and lm_head block-FP8, 128x128 blocks, quantized at load; embeddings and "
+                  "norms f32, one embedding row read per token; W8A16, f32 activations), llama.cpp on the Q8_0 "
+                  "GGUF of its dequantized twin (mkmodel --fp8-dequantized --fp8-lm-head: the same codes and "
+                  "scales), so both read one byte per weight of every matrix")
+    for d in ("fp8x", "fp8lmx"):
+        if d in c["dtypes"]:
+            md.append(f"- dtype {d}: {d[:-1]} with --bf16-activations (each FP8 weight dequantized and rounded to "
+                      "bf16 in registers, activations rounded to bf16, products summed in pairs: vdpbf16ps on "
+                      "AVX512_BF16, an exact emulation elsewhere)")
     md.append("")
     chk = doc.get("check")
     if chk:
@@ -1017,7 +1075,10 @@ def main() -> int:
     ap.add_argument("--dtypes", default="f32,bf16,bf16x",
                     help="f32, bf16, bf16x (the BF16 checkpoint, graphswap with --bf16-activations), "
                          "bf16amx (the same with --bf16-activations=amx), fp8 (a block-FP8 checkpoint "
-                         "against llama.cpp's Q8_0 of the same weights); default the first three")
+                         "against llama.cpp's Q8_0 of the same weights), fp8lm (online FP8 of every "
+                         "matrix, lm_head included, against Q8_0 of the same weights), fp8x / fp8lmx (the "
+                         "two with --bf16-activations: FP8 weights to bf16 in registers, vdpbf16ps where the CPU "
+                         "has AVX512_BF16, as SGLang's CPU backend runs FP8); default the first three")
     ap.add_argument("--arch", choices=["qwen3", "qwen3_moe"], default="qwen3",
                     help="random checkpoints to make: dense Qwen3 (default) or Qwen3-MoE (same attention "
                          "and embeddings, every FFN a MoE: --experts, --experts-per-tok, --moe-intermediate)")
@@ -1064,7 +1125,9 @@ def main() -> int:
         return selftest()
     a.dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
     if not a.dtypes or any(d not in GS_FLAGS for d in a.dtypes):
-        die("--dtypes takes a list of f32, bf16, bf16x, bf16amx, fp8")
+        die("--dtypes takes a list of f32, bf16, bf16x, bf16amx, fp8, fp8lm, fp8x, fp8lmx")
+    if ("fp8lm" in a.dtypes or "fp8lmx" in a.dtypes) and a.arch != "qwen3":
+        die("--dtypes fp8lm makes dense checkpoints only (use --arch qwen3)")
     if "fp8" in a.dtypes and a.arch != "qwen3" and not a.checkpoint_fp8:
         die("--dtypes fp8 makes dense checkpoints only (graphswap mkmodel --fp8 quantizes dense targets); "
             "use --arch qwen3 or --checkpoint-fp8 DIR")
@@ -1091,7 +1154,7 @@ def main() -> int:
 
     gs = Graphswap(a.graphswap, a.threads, a.timeout)
     models = ensure_checkpoints(a)
-    summaries = {dt: model_summary(models[dt]["checkpoint"], models[dt]["gguf"])
+    summaries = {dt: model_summary(models[dt]["checkpoint"], models[dt]["gguf"], GS_FLAGS.get(dt, ()))
                  for dt in dict.fromkeys(FILE_DTYPE[d] for d in a.dtypes)}
     doc = {"config": {"threads": a.threads, "reps": a.reps, "tokens": a.tokens, "batches": a.batches,
                       "prefill": a.prefill, "prefill_reps": a.prefill_reps, "dtypes": a.dtypes,
