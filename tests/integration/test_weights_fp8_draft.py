@@ -19,7 +19,9 @@ Online FP8 of a drafter (serve --quantization fp8 --quantization-block 16,32 --d
 every drafter parameter and derived buffer equals a cold start on the FP8 checkpoint mkmodel writes from
 the same bf16 weights, and so does bf16 P1 pushed to it; --draft-quantization none keeps the drafter as
 it is stored while the target is FP8, and an FP8 drafter checkpoint beside an online-FP8 target loads
-as it is.
+as it is. With --quantize-lm-head (the target's lm_head FP8, which a DFlash drafter drafts through),
+speculative greedy decoding equals plain decoding, and the drafter's trace equals the one on the
+dequantized twin target.
 Environment (ctest): GS_BIN, GS_TEST_TMP, GS_SOURCE_DIR.
 """
 import json
@@ -50,7 +52,7 @@ def mk_draft(C, binary, target, root, name, arch, scheme, dtype, seed, dequant=F
     return W.mk_drafter(C, binary, target, os.path.join(root, name), seed, arch=arch, extra=extra)
 
 
-def traces(C, binary, target, draft, tmp, tag):
+def traces(C, binary, target, draft, tmp, tag, extra=()):
     """(outputs, trace) of a batched greedy run with the drafter, as text."""
     rng = random.Random(11)
     bf = os.path.join(tmp, "batch.jsonl")
@@ -59,7 +61,8 @@ def traces(C, binary, target, draft, tmp, tag):
             f.write(json.dumps({"prompt_ids": [rng.randrange(512) for _ in range(6 + 9 * i)], "max_tokens": 24,
                                 "temperature": 0, "ignore_eos": True}) + "\n")
     tr = os.path.join(tmp, "trace-%s.jsonl" % tag)
-    p = subprocess.run([binary, "generate", "--model", target, "--draft", draft, "--batch-file", bf, "--trace", tr],
+    p = subprocess.run([binary, "generate", "--model", target, "--draft", draft, "--batch-file", bf, "--trace", tr]
+                       + list(extra),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
     C.check(p.returncode == 0, "generate with %s: exit %d: %s" % (tag, p.returncode, p.stderr.decode()[-400:]))
     return p.stdout.decode(), open(tr).read() if os.path.exists(tr) else ""
@@ -169,6 +172,39 @@ def test_online(C, binary, root, rng):
         H.stop_clean(C, srv)
 
 
+def test_lm_head_spec(C, binary, root):
+    """--quantize-lm-head with a DFlash drafter, which drafts through the target's lm_head (now FP8):
+    speculative greedy outputs equal the same server's without the drafter (lossless), and a batched
+    `generate --trace` (every anchor, draft token and acceptance) is byte-identical to the one on the
+    dequantized twin target (projections and lm_head f32(q) * s) with the same f32 drafter
+    (--draft-quantization none on both)."""
+    geo = TGEOM + ["--dtype", "f32", "--seed", "5", "--no-tie"]
+    t = H.mkmodel(C, binary, os.path.join(root, "TL"), vocab=512, extra=geo)
+    tw = H.mkmodel(C, binary, os.path.join(root, "TLtwin"), vocab=512,
+                   extra=geo + ["--fp8", "16,32", "--fp8-dequantized", "--fp8-lm-head"])
+    d = mk_draft(C, binary, t, root, "DL", "dflash", "fp8", "f32", 6, plain=True)
+    args = ["--quantization", "fp8", "--quantization-block", "16,32", "--quantize-lm-head"]
+    outs = {}
+    for tag, a in (("plain", args), ("spec", args + ["--draft", d])):
+        srv = H.Server(C, binary, t, args=a)
+        try:
+            outs[tag] = [W.greedy(srv, p, max_tokens=24)[0] for p in W.PROMPTS]
+            C.check("lm_head.scale" in W.checksums(srv, "target"), "--quantize-lm-head %s: lm_head is not FP8" % tag)
+        finally:
+            H.stop_clean(C, srv)
+    C.check(outs["spec"] == outs["plain"] and isinstance(outs["plain"][0], list),
+            "--quantize-lm-head: speculative greedy outputs differ from plain decoding: %r vs %r" %
+            (outs["spec"], outs["plain"]))
+    tmp = os.path.join(root, "lm-traces")
+    os.makedirs(tmp, exist_ok=True)
+    got = traces(C, binary, t, d, tmp, "online-lm", args + ["--draft-quantization", "none"])
+    want = traces(C, binary, tw, d, tmp, "twin-lm")
+    C.check(got[1] != "" and got == want,
+            "--quantize-lm-head: the drafter's trace differs from the dequantized twin target's")
+    other = traces(C, binary, t, d, tmp, "online-f32-lm", args[:-1] + ["--draft-quantization", "none"])
+    C.check(other[1] != want[1], "the trace does not depend on lm_head's FP8 (no test of the drafts' lm_head)")
+
+
 def main():
     C = H.Checker("weights_fp8_draft")
     binary = H.gs_bin(C)
@@ -184,6 +220,7 @@ def main():
             test_twin(C, binary, target, root, arch, scheme)
             test_updates(C, binary, target_bf, root, arch, scheme, rng)
         test_online(C, binary, root, rng)
+        test_lm_head_spec(C, binary, root)
     finally:
         H._kill_all()
     return C.finish()
