@@ -402,13 +402,19 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
     /* coverage of every model in the session (full mode) */
     /* I3 / I4: a full session finishes only when every destination part of every model in it arrived
      * in this session (mdl_session.covered), before any hook runs */
-    if (e->ws_full) {
+    /* and, either mode, online FP8 codes with their scales (mdl_session_check_pairs) */
+    {
         char miss[400];
-        const char *who = NULL;
-        if (e->ws_has_target && mdl_session_check_coverage(&e->ws_target, miss, sizeof miss) != 0) who = "";
-        else if (e->ws_has_draft && mdl_session_check_coverage(&e->ws_draft, miss, sizeof miss) != 0) who = "drafter: ";
+        const char *who = NULL, *what = "incomplete full update";
+        if (e->ws_full && e->ws_has_target && mdl_session_check_coverage(&e->ws_target, miss, sizeof miss) != 0) who = "";
+        else if (e->ws_full && e->ws_has_draft && mdl_session_check_coverage(&e->ws_draft, miss, sizeof miss) != 0)
+            who = "drafter: ";
+        else if (e->ws_has_target && mdl_session_check_pairs(&e->ws_target, miss, sizeof miss) != 0)
+            who = "", what = "FP8 codes and scales";
+        else if (e->ws_has_draft && mdl_session_check_pairs(&e->ws_draft, miss, sizeof miss) != 0)
+            who = "drafter: ", what = "FP8 codes and scales";
         if (who) {
-            snprintf(err, errlen, "incomplete full update: %s%s", who, miss);
+            snprintf(err, errlen, "%s: %s%s", what, who, miss);
             /* I8: some weights are new, some old: refused until a complete full update */
             if (wrote_any(e)) {
                 fail_inconsistent(e, err);

@@ -55,6 +55,7 @@ static int reset_model(eng_engine *e, const mdl_model *m, const char *prefix, co
         const mdl_dest *d = &m->dests[k];
         /* tied embeddings: lm_head.weight is model.embed_tokens.weight (one storage, one name) */
         if (d->alias) continue; /* (and the fused expert tensors: their per-expert names are reset) */
+        if (d->online_scale) continue; /* online FP8: computed from the reset weights */
         snprintf(name, sizeof name, "%s%s", prefix, d->name);
         if (eng_weights_name_skipped(name, skip, n_skip)) continue;
         const size_t n = (size_t)mdl_dest_ckpt_rows(d) * (size_t)(d->ndim == 2 ? d->cols : 1);

@@ -104,6 +104,8 @@ static int add_dest(builder *b, const char *name, int param, int64_t row0, int64
     d->bcast = 0;
     d->n_cover = 1;
     d->alias = cover >= 0;
+    d->online_scale = 0;
+    d->pair = -1;
     /* I3: one coverage slot per destination part (a qkv row range is its own part); an alias shares
      * its partner's slot, so writing either name covers the shared matrix */
     d->cover = cover >= 0 ? cover : m->n_cover++;
@@ -326,6 +328,27 @@ static void build_table(builder *b)
     }
 }
 
+/* Online FP8: a scale part X.weight_scale_inv for each FP8 weight part X.weight (model.h mdl_dest),
+ * added after the table so that the parts of a fused expert tensor keep contiguous slots. */
+static void add_online_scales(builder *b)
+{
+    mdl_model *m = b->m;
+    const int64_t b0 = m->cfg.fp8_b0;
+    const int n0 = m->n_dests;
+    for (int i = 0; i < n0 && !b->failed; i++) {
+        const mdl_dest d = m->dests[i]; /* a copy: add_dest may move the array */
+        const mdl_param *p = &m->params[d.param];
+        if (d.alias || d.ndim != 2 || p->dt != MDL_DT_F8_E4M3 || p->scale < 0) continue;
+        char ck[224];
+        snprintf(ck, sizeof ck, "%s_scale_inv", d.name);
+        const int c = add_dest(b, ck, p->scale, d.row0 / b0, (d.rows + b0 - 1) / b0, 2, -1);
+        if (c < 0) return;
+        m->dests[m->n_dests - 1].online_scale = 1;
+        m->dests[m->n_dests - 1].pair = d.cover;
+        m->dests[i].pair = c;
+    }
+}
+
 /* The RoPE table the qk_norm_rope op reads (kern.h: f32 inv_freq[hd/2]), computed in double from
  * the config's rope type (models/config_rope.c) and rounded once. Written in place: plans keep the
  * pointer. */
@@ -355,6 +378,7 @@ mdl_model *mdl_model_create(const mdl_config *cfg, eng_backend *be, char *err, s
     if (!m->layer) goto oom;
     builder b = {.m = m};
     build_table(&b);
+    if (cfg->fp8_online && !b.failed) add_online_scales(&b);
     if (b.failed && b.why[0]) {
         snprintf(err, errlen, "%s", b.why);
         mdl_model_destroy(m);
@@ -481,7 +505,10 @@ int mdl_session_begin(mdl_session *s, mdl_model *m, mdl_load_mode mode, char *er
     s->m = m;
     s->mode = mode;
     s->covered = calloc((size_t)m->n_cover, 1);
-    if (!s->covered) {
+    s->raw = calloc((size_t)m->n_cover, 1);
+    s->conv = calloc((size_t)m->n_cover, 1);
+    if (!s->covered || !s->raw || !s->conv) {
+        mdl_session_end(s);
         snprintf(err, errlen, "out of memory starting a load session");
         return -1;
     }
@@ -618,11 +645,15 @@ int mdl_session_validate(const mdl_session *s, const mdl_st_tensor *t, size_t n,
             return -1;
         }
         const mdl_param *p = &m->params[d->param];
-        const int want_f8 = p->dt == MDL_DT_F8_E4M3 && !m->cfg.fp8_online; /* online: quantized on arrival */
+        /* online: bf16 / f16 / f32 weights quantized on arrival, or codes as an export gives them */
+        const int online = p->dt == MDL_DT_F8_E4M3 && m->cfg.fp8_online;
+        const int want_f8 = (p->dt == MDL_DT_F8_E4M3 && !online) || (online && t[i].dtype == MDL_DT_F8_E4M3);
         if (want_f8 ? t[i].dtype != MDL_DT_F8_E4M3 : !mdl_dtype_convertible(t[i].dtype)) {
             snprintf(err, errlen, "%s: tensor %s has dtype %s; expected %s", what, t[i].name,
                      mdl_dtype_name(t[i].dtype),
-                     want_f8 ? "F8_E4M3 (this model's projections are block-FP8)" : "BF16, F16 or F32");
+                     want_f8  ? "F8_E4M3 (this model's projections are block-FP8)"
+                     : online ? "BF16, F16 or F32 (or F8_E4M3 codes with their weight_scale_inv)"
+                              : "BF16, F16 or F32");
             return -1;
         }
         int ok = t[i].ndim == d->ndim &&
@@ -676,6 +707,7 @@ static void session_write(mdl_session *s, const mdl_st_tensor *t, size_t n, int 
             abort();
         }
         if (p->is_scale) m->params[d->param].ckpt_dt = t[i].dtype;
+        if (d->pair >= 0 && !d->online_scale) (t[i].dtype == MDL_DT_F8_E4M3 ? s->raw : s->conv)[d->cover] = 1;
         /* I3: this part arrived in this session (covered is per session: begin zeroes it) */
         for (int c = 0; c < d->n_cover; c++) s->covered[d->cover + c] = 1;
         s->tensors++;
@@ -754,13 +786,36 @@ int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen)
         /* I3 / I4: a full finish requires every slot, so no hook runs on a half-written model */
         if (s->covered[d->cover]) continue;
         /* an alias (the tied lm_head, a fused expert tensor) is satisfied by the names it stands
-         * for; report those */
-        if (d->alias) continue;
+         * for; report those. An online scale part is computed unless codes arrive (check_pairs). */
+        if (d->alias || d->online_scale) continue;
         if (missing++ == 0) n += (size_t)snprintf(err, errlen, "missing tensor %s", d->name);
         else if (missing <= 8 && n < errlen) n += (size_t)snprintf(err + n, errlen - n, ", %s", d->name);
     }
     if (missing > 8 && n < errlen) snprintf(err + n, errlen - n, " (and %zu more)", missing - 8);
     return missing ? -1 : 0;
+}
+
+int mdl_session_check_pairs(const mdl_session *s, char *err, size_t errlen)
+{
+    const mdl_model *m = s->m;
+    for (int i = 0; i < m->n_dests; i++) {
+        const mdl_dest *d = &m->dests[i];
+        if (!d->online_scale) continue;
+        const int w = d->pair, got = s->covered[d->cover];
+        const int len = (int)strlen(d->name) - (int)strlen("_scale_inv"); /* the weight's name */
+        if (s->raw[w] && !got) {
+            snprintf(err, errlen, "%.*s arrived as F8_E4M3 codes without %s", len, d->name, d->name);
+            return -1;
+        }
+        if (got && (!s->raw[w] || s->conv[w])) {
+            snprintf(err, errlen,
+                     "%s arrived without %.*s as F8_E4M3 codes (this model quantizes bf16 / f16 / f32 weights "
+                     "online and computes their scales)",
+                     d->name, len, d->name);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 void mdl_session_run_hook(mdl_session *s)
@@ -771,6 +826,7 @@ void mdl_session_run_hook(mdl_session *s)
 int mdl_session_finish(mdl_session *s, char *err, size_t errlen)
 {
     if (s->mode == MDL_LOAD_FULL && mdl_session_check_coverage(s, err, errlen) != 0) return -1;
+    if (mdl_session_check_pairs(s, err, errlen) != 0) return -1;
     mdl_session_run_hook(s);
     return 0;
 }
@@ -778,7 +834,9 @@ int mdl_session_finish(mdl_session *s, char *err, size_t errlen)
 void mdl_session_end(mdl_session *s)
 {
     free(s->covered);
-    s->covered = NULL;
+    free(s->raw);
+    free(s->conv);
+    s->covered = s->raw = s->conv = NULL;
 }
 
 /* ---- cold load ----------------------------------------------------------------------------------- */

@@ -77,6 +77,13 @@ typedef struct {
     int alias;           /* another name of parts that have names of their own (the tied lm_head,
                             the fused expert tensors): not reported missing, not a checkpoint tensor
                             of its own in checksums and exports */
+    /* Online FP8 (cfg.fp8_online): each FP8 weight part X.weight has a scale part
+     * X.weight_scale_inv (online_scale), its rows of the scale table, so that exports and
+     * checksums carry the scales computed on arrival, and a replica can take codes + scales as they
+     * are (--weights-from). A full update of bf16 / f32 weights does not need the scale parts (no
+     * coverage), but a session that writes codes must write their scales and nothing else may:
+     * mdl_session_check_pairs. pair: the other part's coverage slot (-1: not such a part). */
+    int online_scale, pair;
 } mdl_dest;
 
 /* The leading dimension of d's checkpoint tensor: its rows, or 1 for a per-tensor scale (bcast) */
@@ -133,6 +140,9 @@ typedef struct {
     mdl_model *m;
     mdl_load_mode mode;
     uint8_t *covered; /* [n_cover] */
+    /* [n_cover] online FP8 weight parts that arrived in this session as F8_E4M3 codes (raw) or as
+     * bf16 / f16 / f32 weights, quantized on arrival (conv) */
+    uint8_t *raw, *conv;
     uint64_t tensors, bytes, buckets;
     int wrote;
 } mdl_session;
@@ -151,6 +161,10 @@ void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n);
 void mdl_session_write_device(mdl_session *s, const mdl_st_tensor *t, size_t n);
 /* Full mode coverage only (no hook): 0, or -1 with "missing tensor ..." in err. */
 int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen);
+/* Online FP8, either mode: every weight part that arrived as codes got its scale part in this
+ * session, and every scale part that arrived came with its codes (not with weights that were
+ * quantized on arrival, whose scales are computed). 0, or -1 with the tensor named in err. */
+int mdl_session_check_pairs(const mdl_session *s, char *err, size_t errlen);
 /* Runs the post-load hook if the session wrote anything (exactly once per finish). */
 void mdl_session_run_hook(mdl_session *s);
 /* Full mode: every coverage slot must be set ("missing tensor NAME"). Then the post-load hook runs

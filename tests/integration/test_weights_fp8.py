@@ -24,6 +24,9 @@ quantization_config).
     cold start on the block-FP8 checkpoint mkmodel writes from the same bf16 weights (same codes, same
     scales: checksums of every parameter, greedy tokens); bf16 P1 pushed to it (shuffled, q / k / v apart)
     equals FP8 Q1b's cold start, and P0 back equals Q0b again; a non-finite bf16 weight is refused (400);
+    its export carries the computed scales under the checkpoint's names (checksums equal Q0b's), it takes
+    Q1b's codes + scales as they are, an online replica joins it with --weights-from, and codes without
+    their scale (or the reverse) are refused at finish (test_online_codes);
   - --quantize-lm-head (online FP8 of lm_head too) on an f32 checkpoint: exactly the logprobs of the
     twin with every projection and lm_head dequantized, and hot == cold for a pushed update
     (test_online_lm_head);
@@ -200,9 +203,61 @@ def test_online(C, binary, root):
         H.post(srv, "/v1/weights/abort", {})
         W.same(C, "online FP8 after the refused bucket", snap(srv), want0)
         H.healthy(C, srv, "online FP8")
+        test_online_codes(C, binary, srv, q0b, p0, W.ckpt(q1b), want0, want1)
     finally:
         H.stop_clean(C, srv)
     test_bf16_activations(C, binary, root, q0b, p0)
+
+
+def test_online_codes(C, binary, srv, q0b, p0, Q1b, want0, want1):
+    """The online server (at P0) exports its codes with the scales it computed, named as in the block-FP8
+    checkpoint written from the same weights (checkpoint-name checksums equal Q0b's); takes FP8 codes +
+    scales (Q1b) in a full update, weights and scales in different buckets, and equals Q1b's cold start;
+    a replica started online on P0 joins it with --weights-from and equals it too; codes without their
+    scale, or a scale without its codes, are refused at finish naming the tensor (422)."""
+    def ck_sums(s):
+        r = H.get(s, "/v1/weights/checksums?model=target&names=checkpoint")
+        return ((r.json or {}).get("tensors") or {}) if r.status == 200 else {"_error": r.status}
+
+    ref = H.Server(C, binary, q0b)
+    try:
+        want_ck = ck_sums(ref)
+    finally:
+        H.stop_clean(C, ref)
+    got_ck = ck_sums(srv)
+    C.check(got_ck == want_ck and any(n.endswith("_scale_inv") for n in got_ck),
+            "online FP8: checksums by checkpoint name are not the block-FP8 checkpoint's: %r" %
+            sorted(n for n in set(got_ck) | set(want_ck) if got_ck.get(n) != want_ck.get(n))[:8])
+    rng = random.Random(29)
+    full(C, srv, "FP8 Q1b codes + scales -> online FP8", Q1b, scales_apart(W.make_buckets(list(Q1b), "mixed", rng)),
+         "q1b")
+    W.same(C, "Q1b's codes pushed to online FP8 vs Q1b", snap(srv), want1, version="q1b")
+    online = ["--quantization", "fp8", "--quantization-block", "16,32"]
+    b = H.Server(C, binary, p0, args=online + ["--weights-from", "http://127.0.0.1:%d" % srv.port,
+                                               "--weights-from-timeout", "120"])
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 60 and H.get(b, "/health?ready=1").status != 200:
+            time.sleep(0.1)
+        W.same(C, "an online-FP8 replica joining with --weights-from", snap(b), want1)
+    finally:
+        H.stop_clean(C, b)
+    w = "model.layers.1.mlp.down_proj.weight"
+    for what, names in (("codes without their scale", [w]), ("a scale without its codes", [w + "_scale_inv"])):
+        H.post(srv, "/v1/weights/begin", {"mode": "partial", "model": "target"})
+        r = W.post_bucket(srv, W.st_encode([Q1b[n] for n in names]))
+        C.check(r.status == 200, "online FP8, %s: the bucket itself: %r" % (what, r))
+        r = H.post(srv, "/v1/weights/finish", {})
+        H.error_ok(C, "online FP8: %s" % what, r, 422)
+        H.post(srv, "/v1/weights/abort", {})
+        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        C.check(w + "_scale_inv" in msg, "online FP8, %s: the 422 does not name the scale: %r" % (what, msg))
+        C.check(H.get(srv, "/v1/weights").json.get("state") == "inconsistent",
+                "online FP8, %s: not inconsistent after the refused finish (part of it was written)" % what)
+        # (a refused session that wrote leaves the weights inconsistent until a full update)
+        P0 = W.ckpt(p0)
+        full(C, srv, "bf16 P0 after: %s" % what, P0, W.make_buckets(list(P0), "all", rng), "p0-again")
+        W.same(C, "online FP8 back at P0 after: %s" % what, snap(srv), want0, version="p0-again")
 
 
 def test_online_lm_head(C, binary, root):
