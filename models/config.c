@@ -400,6 +400,12 @@ int mdl_config_parse(const char *json, size_t len, mdl_config *c, char *err, siz
         get_int(root, "max_position_embeddings", 1, 4096, 1, 1 << 24, &c->max_pos, err, errlen))
         goto out;
     if (get_int(root, "head_dim", 1, c->hidden / c->heads, 2, 4096, &c->head_dim, err, errlen)) goto out;
+    if (c->head_dim < 2) { /* the default, hidden_size / num_attention_heads as transformers takes it */
+        snprintf(err, errlen,
+                 "config.json: no head_dim, and hidden_size %d / num_attention_heads %d gives %d (at least 2)",
+                 c->hidden, c->heads, c->head_dim);
+        goto out;
+    }
     if (c->head_dim % 2) {
         snprintf(err, errlen, "config.json: head_dim %d must be even for RoPE", c->head_dim);
         goto out;

@@ -83,6 +83,10 @@ static void test_refusals(void **state)
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"
          "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"head_dim\":15}",
          "head_dim 15 must be even"},
+        /* no head_dim: hidden_size / num_attention_heads is 0 (found by fuzz_config) */
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":2,\"intermediate_size\":8,"
+         "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9}",
+         "no head_dim, and hidden_size 2 / num_attention_heads 4 gives 0"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"
          "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,\"rope_scaling\":{\"type\":\"longrope\"}}",
          "rope_scaling.rope_type \"longrope\" is not supported"},
