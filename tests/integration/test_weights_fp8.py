@@ -267,8 +267,9 @@ def test_online_lm_head(C, binary, root):
     dequantized weights) and differ from the twin with lm_head left f32 (the option takes effect); a
     bf16 update pushed to it equals a cold start of the same server on that checkpoint (checksums of
     every parameter, lm_head's codes and scales included, and the twin's logprobs); a non-finite
-    lm_head weight is refused naming it; a tied checkpoint, or the flag without --quantization fp8,
-    fails start-up naming why."""
+    lm_head weight is refused naming it; a replica started with the same flags on P1 joins it with
+    --weights-from and equals it; a tied checkpoint, or the flag without --quantization fp8, fails
+    start-up naming why."""
     geo = [a for a in FP8[2:] if a not in ("--fp8", "16,32")] + ["--no-tie"]
     mk_ = lambda name, seed, extra: H.mkmodel(C, binary, os.path.join(root, name), vocab=512,  # noqa: E731
                                               extra=["--dtype", "f32"] + geo + ["--seed", str(seed)] + extra)
@@ -312,6 +313,16 @@ def test_online_lm_head(C, binary, root):
         C.check("lm_head.weight" in msg, "--quantize-lm-head: the 400 does not name lm_head.weight: %r" % msg)
         H.post(srv, "/v1/weights/abort", {})
         W.same(C, "--quantize-lm-head after the refused bucket", snap(srv), got0[0])
+        # a replica with the same flags joins with --weights-from: lm_head's codes and scales travel too
+        b = H.Server(C, binary, p1, args=args + ["--weights-from", "http://127.0.0.1:%d" % srv.port,
+                                                 "--weights-from-timeout", "120"])
+        try:
+            t0 = time.time()
+            while time.time() - t0 < 60 and H.get(b, "/health?ready=1").status != 200:
+                time.sleep(0.1)
+            W.same(C, "a --quantize-lm-head replica joining with --weights-from", snap(b), got0[0])
+        finally:
+            H.stop_clean(C, b)
     finally:
         H.stop_clean(C, srv)
     tied = H.mkmodel(C, binary, os.path.join(root, "L-tied"), vocab=512, extra=["--dtype", "f32"] + geo[:-1])
