@@ -280,6 +280,12 @@ def collect_stream(evs, chat=False):
     return out
 
 
+def error_message(r):
+    """The message of an {"error": {"message": ...}} body, or ""."""
+    e = r.json.get("error") if isinstance(r.json, dict) else None
+    return (e.get("message") or "") if isinstance(e, dict) else ""
+
+
 def error_ok(C, what, r, status, field=None):
     """Checks an error response: the status and {"error":{message,type,param,code}} naming the field."""
     ok = C.check(r.status == status, "%s: expected HTTP %d, got %r" % (what, status, r))

@@ -131,7 +131,7 @@ def test_bad_buckets(C, srv, Q1):
     for what, t, needle in table:
         r = W.post_bucket(srv, W.st_encode([Q1["model.layers.0.mlp.up_proj.weight"], t]))
         H.error_ok(C, "bad FP8 bucket: %s" % what, r, 400)
-        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        msg = H.error_message(r)
         C.check(needle in msg, "bad FP8 bucket: %s: the message does not name %s: %r" % (what, needle, msg))
     r = H.post(srv, "/v1/weights/abort", {})
     C.check(r.status == 200 and r.json.get("state") == "ready", "abort after the bad buckets: %r" % r)
@@ -198,7 +198,7 @@ def test_online(C, binary, root):
         r = H.post(srv, "/v1/weights/begin", {"mode": "partial", "model": "target"})
         r = W.post_bucket(srv, W.st_encode([raw(w.name, "BF16", arr)]))
         H.error_ok(C, "online FP8: a non-finite weight", r, 400)
-        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        msg = H.error_message(r)
         C.check(w.name in msg, "online FP8: the 400 does not name %s: %r" % (w.name, msg))
         H.post(srv, "/v1/weights/abort", {})
         W.same(C, "online FP8 after the refused bucket", snap(srv), want0)
@@ -232,16 +232,8 @@ def test_online_codes(C, binary, srv, q0b, p0, Q1b, want0, want1):
     full(C, srv, "FP8 Q1b codes + scales -> online FP8", Q1b, scales_apart(W.make_buckets(list(Q1b), "mixed", rng)),
          "q1b")
     W.same(C, "Q1b's codes pushed to online FP8 vs Q1b", snap(srv), want1, version="q1b")
-    online = ["--quantization", "fp8", "--quantization-block", "16,32"]
-    b = H.Server(C, binary, p0, args=online + ["--weights-from", "http://127.0.0.1:%d" % srv.port,
-                                               "--weights-from-timeout", "120"])
-    try:
-        t0 = time.time()
-        while time.time() - t0 < 60 and H.get(b, "/health?ready=1").status != 200:
-            time.sleep(0.1)
-        W.same(C, "an online-FP8 replica joining with --weights-from", snap(b), want1)
-    finally:
-        H.stop_clean(C, b)
+    test_pull(C, binary, srv, p0, want1, "an online-FP8 replica joining with --weights-from",
+              ["--quantization", "fp8", "--quantization-block", "16,32"])
     w = "model.layers.1.mlp.down_proj.weight"
     for what, names in (("codes without their scale", [w]), ("a scale without its codes", [w + "_scale_inv"])):
         H.post(srv, "/v1/weights/begin", {"mode": "partial", "model": "target"})
@@ -250,7 +242,7 @@ def test_online_codes(C, binary, srv, q0b, p0, Q1b, want0, want1):
         r = H.post(srv, "/v1/weights/finish", {})
         H.error_ok(C, "online FP8: %s" % what, r, 422)
         H.post(srv, "/v1/weights/abort", {})
-        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        msg = H.error_message(r)
         C.check(w + "_scale_inv" in msg, "online FP8, %s: the 422 does not name the scale: %r" % (what, msg))
         C.check(H.get(srv, "/v1/weights").json.get("state") == "inconsistent",
                 "online FP8, %s: not inconsistent after the refused finish (part of it was written)" % what)
@@ -309,20 +301,12 @@ def test_online_lm_head(C, binary, root):
         H.post(srv, "/v1/weights/begin", {"mode": "partial", "model": "target"})
         r = W.post_bucket(srv, W.st_encode([raw("lm_head.weight", "F32", arr)]))
         H.error_ok(C, "--quantize-lm-head: a NaN lm_head weight", r, 400)
-        msg = (((r.json or {}).get("error") or {}).get("message") or "") if isinstance(r.json, dict) else ""
+        msg = H.error_message(r)
         C.check("lm_head.weight" in msg, "--quantize-lm-head: the 400 does not name lm_head.weight: %r" % msg)
         H.post(srv, "/v1/weights/abort", {})
         W.same(C, "--quantize-lm-head after the refused bucket", snap(srv), got0[0])
         # a replica with the same flags joins with --weights-from: lm_head's codes and scales travel too
-        b = H.Server(C, binary, p1, args=args + ["--weights-from", "http://127.0.0.1:%d" % srv.port,
-                                                 "--weights-from-timeout", "120"])
-        try:
-            t0 = time.time()
-            while time.time() - t0 < 60 and H.get(b, "/health?ready=1").status != 200:
-                time.sleep(0.1)
-            W.same(C, "a --quantize-lm-head replica joining with --weights-from", snap(b), got0[0])
-        finally:
-            H.stop_clean(C, b)
+        test_pull(C, binary, srv, p1, got0[0], "a --quantize-lm-head replica joining with --weights-from", args)
     finally:
         H.stop_clean(C, srv)
     tied = H.mkmodel(C, binary, os.path.join(root, "L-tied"), vocab=512, extra=["--dtype", "f32"] + geo[:-1])
@@ -405,16 +389,16 @@ def test_bf16_activations(C, binary, root, q0b, p0):
     C.check(got == twin, "--bf16-activations: online FP8 on P0 vs B0")
 
 
-def test_pull(C, binary, srv, want):
-    """A replica started on Q0 joins with --weights-from the FP8 server (at Q1): FP8 codes and scales
-    travel as they are stored, and the replica equals a cold start on Q1."""
-    b = H.Server(C, binary, want["dir"], args=["--weights-from", "http://127.0.0.1:%d" % srv.port,
-                                               "--weights-from-timeout", "120"])
+def test_pull(C, binary, srv, model, want, what, args=()):
+    """A replica started on `model` (with `args`) joins the server srv with --weights-from: FP8 codes
+    and scales travel as they are stored, and the replica's snapshot equals `want`."""
+    b = H.Server(C, binary, model, args=list(args) + ["--weights-from", "http://127.0.0.1:%d" % srv.port,
+                                                      "--weights-from-timeout", "120"])
     try:
         t0 = time.time()
         while time.time() - t0 < 60 and (H.get(b, "/health?ready=1").status != 200):
             time.sleep(0.1)
-        W.same(C, "an FP8 replica joining with --weights-from", snap(b), want["snap"])
+        W.same(C, what, snap(b), want)
     finally:
         H.stop_clean(C, b)
 
@@ -458,7 +442,7 @@ def main():
             test_missing_scale(C, srv, Q0, Q1, ref0)
             test_bad_buckets(C, srv, Q1)
             full(C, srv, "Q0 -> Q1 before the pull", Q1, W.make_buckets(list(Q1), "all", rng), "q1-pull")
-            test_pull(C, binary, srv, {"dir": q0, "snap": ref1})
+            test_pull(C, binary, srv, q0, ref1, "an FP8 replica joining with --weights-from")
             H.healthy(C, srv, "weights_fp8")
         finally:
             H.stop_clean(C, srv)
