@@ -399,21 +399,18 @@ int eng_weights_finish(eng_engine *e, const char *version, char *err, size_t err
 {
     eng_weights_info *w = &e->winfo;
     if (!w->session_open) return out_of_order(e, "finish", err, errlen, status);
-    /* coverage of every model in the session (full mode) */
     /* I3 / I4: a full session finishes only when every destination part of every model in it arrived
-     * in this session (mdl_session.covered), before any hook runs */
-    /* and, either mode, online FP8 codes with their scales (mdl_session_check_pairs) */
+     * in this session (mdl_session.covered), before any hook runs; either mode, online FP8 codes come
+     * with their scales (mdl_session_check) */
     {
         char miss[400];
-        const char *who = NULL, *what = "incomplete full update";
-        if (e->ws_full && e->ws_has_target && mdl_session_check_coverage(&e->ws_target, miss, sizeof miss) != 0) who = "";
-        else if (e->ws_full && e->ws_has_draft && mdl_session_check_coverage(&e->ws_draft, miss, sizeof miss) != 0)
+        const char *who = NULL;
+        int bad = 0;
+        if (e->ws_has_target && (bad = mdl_session_check(&e->ws_target, miss, sizeof miss)) != 0) who = "";
+        else if (e->ws_has_draft && (bad = mdl_session_check(&e->ws_draft, miss, sizeof miss)) != 0)
             who = "drafter: ";
-        else if (e->ws_has_target && mdl_session_check_pairs(&e->ws_target, miss, sizeof miss) != 0)
-            who = "", what = "FP8 codes and scales";
-        else if (e->ws_has_draft && mdl_session_check_pairs(&e->ws_draft, miss, sizeof miss) != 0)
-            who = "drafter: ", what = "FP8 codes and scales";
         if (who) {
+            const char *what = bad == MDL_CHECK_COVERAGE ? "incomplete full update" : "FP8 codes and scales";
             snprintf(err, errlen, "%s: %s%s", what, who, miss);
             /* I8: some weights are new, some old: refused until a complete full update */
             if (wrote_any(e)) {

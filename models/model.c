@@ -13,9 +13,11 @@
  *        |     + mdl_session_write / _write_device (a dtype-converting copy into each destination,
  *        |     covered[d->cover] = 1, wrote = 1). Any number of buckets, in any order.
  *        |
- *        | mdl_session_finish: FULL: mdl_session_check_coverage, every slot set (the tied lm_head
- *        |   alias excepted) else -1 "missing tensor ..." and the session stays open for the caller
- *        |   to end; then mdl_session_run_hook: model_post_load once if the session wrote anything
+ *        | mdl_session_finish: mdl_session_check: FULL, every slot set (the tied lm_head
+ *        |   alias and the online FP8 scale parts excepted) else -1 "missing tensor ..."; either
+ *        |   mode, online FP8 codes and their scale parts together; a failure leaves the session
+ *        |   open for the caller to end; then mdl_session_run_hook: model_post_load once if the
+ *        |   session wrote anything
  *        v
  *   mdl_session_end    covered freed; what was written stays written (there is no rollback)
  *
@@ -26,7 +28,7 @@
  * (coverage, hook) -> end. Only then does eng_create_spec capture plans. A failure fails start-up.
  * Hot updates (engine/weights.c) run the same steps on the same model and tables: begin, per bucket
  * mdl_session_validate then mdl_session_write[_device] (split so that a bucket spanning target and
- * drafter is validated whole first), at finish mdl_session_check_coverage and mdl_session_run_hook.
+ * drafter is validated whole first), at finish mdl_session_check and mdl_session_run_hook.
  * One table maps a name to the same bytes and one hook derives the same buffers, so after a full
  * update every parameter and derived buffer equals a cold start on that checkpoint (hot == cold),
  * at the addresses the plans baked (I1).
@@ -777,7 +779,7 @@ static void model_post_load(mdl_model *m)
     }
 }
 
-int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen)
+static int check_coverage(const mdl_session *s, char *err, size_t errlen)
 {
     const mdl_model *m = s->m;
     size_t n = 0, missing = 0;
@@ -795,7 +797,7 @@ int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen)
     return missing ? -1 : 0;
 }
 
-int mdl_session_check_pairs(const mdl_session *s, char *err, size_t errlen)
+static int check_pairs(const mdl_session *s, char *err, size_t errlen)
 {
     const mdl_model *m = s->m;
     for (int i = 0; i < m->n_dests; i++) {
@@ -818,6 +820,12 @@ int mdl_session_check_pairs(const mdl_session *s, char *err, size_t errlen)
     return 0;
 }
 
+int mdl_session_check(const mdl_session *s, char *err, size_t errlen)
+{
+    if (s->mode == MDL_LOAD_FULL && check_coverage(s, err, errlen) != 0) return MDL_CHECK_COVERAGE;
+    return check_pairs(s, err, errlen) != 0 ? MDL_CHECK_PAIRS : 0;
+}
+
 void mdl_session_run_hook(mdl_session *s)
 {
     if (s->wrote) model_post_load(s->m); /* exactly once per finish, never for an untouched model */
@@ -825,8 +833,7 @@ void mdl_session_run_hook(mdl_session *s)
 
 int mdl_session_finish(mdl_session *s, char *err, size_t errlen)
 {
-    if (s->mode == MDL_LOAD_FULL && mdl_session_check_coverage(s, err, errlen) != 0) return -1;
-    if (mdl_session_check_pairs(s, err, errlen) != 0) return -1;
+    if (mdl_session_check(s, err, errlen) != 0) return -1;
     mdl_session_run_hook(s);
     return 0;
 }

@@ -82,7 +82,7 @@ typedef struct {
      * checksums carry the scales computed on arrival, and a replica can take codes + scales as they
      * are (--weights-from). A full update of bf16 / f32 weights does not need the scale parts (no
      * coverage), but a session that writes codes must write their scales and nothing else may:
-     * mdl_session_check_pairs. pair: the other part's coverage slot (-1: not such a part). */
+     * mdl_session_check. pair: the other part's coverage slot (-1: not such a part). */
     int online_scale, pair;
 } mdl_dest;
 
@@ -159,16 +159,16 @@ void mdl_session_write(mdl_session *s, const mdl_st_tensor *t, size_t n);
 /* The same write when every t[i].data is device memory of m->be (an NCCL staging buffer, a CUDA-IPC
  * mapping): backend device_convert instead of upload_convert; coverage and counters alike. */
 void mdl_session_write_device(mdl_session *s, const mdl_st_tensor *t, size_t n);
-/* Full mode coverage only (no hook): 0, or -1 with "missing tensor ..." in err. */
-int mdl_session_check_coverage(const mdl_session *s, char *err, size_t errlen);
-/* Online FP8, either mode: every weight part that arrived as codes got its scale part in this
- * session, and every scale part that arrived came with its codes (not with weights that were
- * quantized on arrival, whose scales are computed). 0, or -1 with the tensor named in err. */
-int mdl_session_check_pairs(const mdl_session *s, char *err, size_t errlen);
+/* What a finish requires (no hook): 0; MDL_CHECK_COVERAGE (full mode: a part did not arrive,
+ * "missing tensor ..." in err); or MDL_CHECK_PAIRS (either mode, online FP8: a weight part arrived
+ * as codes without its scale part in this session, or a scale part without its codes: it is
+ * computed when the weights arrive in bf16 / f16 / f32; the tensor named in err). */
+enum { MDL_CHECK_COVERAGE = 1, MDL_CHECK_PAIRS = 2 };
+int mdl_session_check(const mdl_session *s, char *err, size_t errlen);
 /* Runs the post-load hook if the session wrote anything (exactly once per finish). */
 void mdl_session_run_hook(mdl_session *s);
-/* Full mode: every coverage slot must be set ("missing tensor NAME"). Then the post-load hook runs
- * once if anything was written. Returns 0 or -1 with err (the session stays open for an abort). */
+/* mdl_session_check, then the post-load hook once if anything was written. Returns 0 or -1 with
+ * err (the session stays open for an abort). */
 int mdl_session_finish(mdl_session *s, char *err, size_t errlen);
 void mdl_session_end(mdl_session *s); /* frees session state (after finish or to abort) */
 

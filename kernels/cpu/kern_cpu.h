@@ -90,8 +90,9 @@ typedef struct {
 } kern_mm_args;
 
 /* The column-lane GEMM (simd_body.inc simd_mm_cl; ISAs whose kern_simd_ops.mm_cl_rows /
- * mm_cl_rows_fp8 is set): f32 activations, from that many rows (AVX2: KERN_CL_MIN_ROWS), in tiles of KERN_CL_ROWS rows, over the thread's
- * scratch (kern_mm_xb): the rows of M that it holds for a K (0: none, K < 16). */
+ * mm_cl_rows_fp8 is set): f32 activations, from that many rows (AVX2: KERN_CL_MIN_ROWS), in tiles
+ * of KERN_CL_ROWS rows, over the thread's scratch (kern_mm_xb): the rows of M that it holds for a
+ * K (0: none, K < 16). */
 #define KERN_CL_ROWS 6
 /* below 16 rows, packing the weights costs more than the tile work it saves: Zen 3, 2 threads,
  * bench gemv (125M projections from DRAM), 5 alternated runs, min ms: 10 rows bf16 17.9 -> 19.5,
