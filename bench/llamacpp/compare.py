@@ -484,21 +484,16 @@ def ensure_checkpoints(a) -> dict[str, dict]:
             ck = make_checkpoint(a, work, f"{checkpoint_stem(a)}-{dt}", MKMODEL_DTYPE[dt], dt)
         src = ck  # the checkpoint the GGUF is made from
         if dt in GGUF_TWIN:
-            src = make_checkpoint(a, work, f"{ck.name}-twin", GGUF_TWIN[dt],
-                                  dt + " twin")
-        suffix = "-q8_0" if dt in ("fp8", "fp8lm") else ""
+            src = make_checkpoint(a, work, f"{ck.name}-twin", GGUF_TWIN[dt], dt + " twin")
+        suffix = "-q8_0" if GGUF_OUTTYPE[dt] == "q8_0" else ""
         gguf = work / f"{src.name}-{dt}{suffix}.gguf" if given else work / f"{src.name}{suffix}.gguf"
         convert_gguf(a, src, gguf, GGUF_OUTTYPE[dt])
         out[dt] = {"checkpoint": str(ck), "gguf": str(gguf)}
-        if dt == "fp8lm" and (a.check or not a.no_check):
-            # the fp8lmf32 check: the twin as an F32 GGUF (exactly graphswap's dequantized weights)
-            g32 = work / f"{src.name}-asf32.gguf"
+        if dt in ("fp8", "fp8lm") and (a.check or not a.no_check):
+            # the fp8f32 / fp8lmf32 check (below): the dequantized FP8 weights (fp8lm: its twin's, the
+            # same values) as an F32 GGUF (exact)
+            g32 = work / (f"{src.name}-{dt}-asf32.gguf" if given else f"{src.name}-asf32.gguf")
             convert_gguf(a, src, g32, "f32")
-            out[dt]["gguf_as_f32"] = str(g32)
-        if dt == "fp8" and (a.check or not a.no_check):
-            # the fp8f32 check (below): the dequantized FP8 weights as an F32 GGUF (exact)
-            g32 = work / (f"{ck.name}-{dt}-asf32.gguf" if given else f"{ck.name}-asf32.gguf")
-            convert_gguf(a, ck, g32, "f32")
             out[dt]["gguf_as_f32"] = str(g32)
         if dt == "bf16" and "bf16" in a.dtypes and (a.check or not a.no_check):
             # the bf16 check (below): the same bf16 weights widened exactly to an F32 GGUF
